@@ -1,0 +1,161 @@
+//! `hookline egress check URL...`: asks the egress guard about URLs, through the same code the dispatcher runs
+//! before every attempt (parse and judge the URL, resolve the host with the system resolver, judge every
+//! address), without sending anything.
+
+use std::io::Write;
+use std::net::IpAddr;
+use std::path::PathBuf;
+use std::process::ExitCode;
+use std::time::Duration;
+
+use anyhow::Context;
+use hookline_core::egress::{EgressGuard, EgressSettings, Refusal};
+use hookline_core::policy::{self, Policy};
+use hookline_dispatcher::connector::{resolve_target, SystemResolver};
+
+const CHECK_ABOUT: &str = "\
+Judge URLs the way the dispatcher does before every attempt, without sending anything: parse each URL (WHATWG),
+refuse disallowed schemes, user info, bad ports and blocked host names, resolve the host with the system
+resolver, and refuse it if ANY address is non-public (IANA special-purpose ranges, IPv4 embedded in IPv6, cloud
+metadata addresses) or in a denied range.
+
+Prints one JSON line per URL and exits 0, whatever the verdicts:
+  {\"url\":\"https://10.0.0.7/\",\"allowed\":false,\"reason\":\"10.0.0.7 is private (RFC 1918)\",
+   \"addresses\":[],\"outcome\":\"egress_refused\"}
+`outcome` is what a delivery attempt would record: egress_refused, invalid_url, or connect_error when the name
+does not resolve. Bad arguments or an invalid config exit 2.
+
+The rules are the policy's `egress` table plus the config file's `[egress]` table (HOOKLINE_EGRESS__* overrides
+apply) plus the flags below.
+
+Examples:
+  hookline egress check https://hooks.example.com/in 'https://0x7f.1/' 'https://[::ffff:169.254.169.254]/'
+  hookline egress check --allow-http --allow-range 127.0.0.0/8 http://127.0.0.1:8080/hook";
+
+#[derive(clap::Subcommand)]
+pub enum EgressCmd {
+    /// Judge URLs as the dispatcher would, without sending anything.
+    #[command(long_about = CHECK_ABOUT)]
+    Check(CheckArgs),
+}
+
+#[derive(clap::Args)]
+pub struct CheckArgs {
+    /// URLs to judge.
+    #[arg(required = true, value_name = "URL")]
+    urls: Vec<String>,
+
+    /// Policy whose egress rules apply: a built-in profile name or a policy TOML file.
+    #[arg(long, value_name = "NAME|PATH", default_value = policy::DEFAULT_PROFILE)]
+    policy: String,
+
+    /// The shared config file, whose `[egress]` table applies.
+    #[arg(long, value_name = "PATH", env = "HOOKLINE_CONFIG")]
+    config: Option<PathBuf>,
+
+    /// Treat this CIDR range as reachable although non-public (like `egress.allow_ranges`). Repeatable.
+    #[arg(long = "allow-range", value_name = "CIDR")]
+    allow_ranges: Vec<String>,
+
+    /// Allow plain http (like `egress.allow_http`).
+    #[arg(long)]
+    allow_http: bool,
+
+    /// How long to wait for each name to resolve.
+    #[arg(long, value_name = "SECONDS", default_value_t = 5.0)]
+    resolve_timeout: f64,
+}
+
+pub fn run(cmd: EgressCmd) -> anyhow::Result<ExitCode> {
+    match cmd {
+        EgressCmd::Check(args) => check(args),
+    }
+}
+
+fn load_policy(name_or_path: &str) -> anyhow::Result<Policy> {
+    if let Some(p) = policy::builtin(name_or_path) {
+        return Ok(p);
+    }
+    let path = std::path::Path::new(name_or_path);
+    if path.is_file() {
+        let text = std::fs::read_to_string(path).with_context(|| format!("reading {}", path.display()))?;
+        return policy::parse(&text).with_context(|| format!("policy {}", path.display()));
+    }
+    Err(policy::PolicyError::UnknownProfile { name: name_or_path.to_owned() }.into())
+}
+
+fn settings(args: &CheckArgs) -> anyhow::Result<EgressSettings> {
+    let config = hookline_service::Config::load(args.config.as_deref(), std::env::vars())?;
+    let mut s = config.egress;
+    s.allow_ranges.extend(args.allow_ranges.iter().cloned());
+    s.allow_http |= args.allow_http;
+    Ok(s)
+}
+
+fn check(args: CheckArgs) -> anyhow::Result<ExitCode> {
+    if !(args.resolve_timeout.is_finite() && args.resolve_timeout > 0.0) {
+        anyhow::bail!("--resolve-timeout must be a positive number of seconds");
+    }
+    let policy = load_policy(&args.policy)?;
+    let settings = settings(&args)?;
+    // Flags are reported with the config key they extend; name them so the user sees which value is wrong.
+    let guard = EgressGuard::new(&settings, &policy.egress)
+        .map_err(|e| anyhow::anyhow!("{e} (from --allow-range, the config file, or policy {:?})", policy.name))?;
+    for w in guard.startup_warnings() {
+        eprintln!("WARNING: {w}");
+    }
+    let timeout = Duration::from_secs_f64(args.resolve_timeout);
+    let rt = tokio::runtime::Builder::new_current_thread().enable_all().build()?;
+    let stdout = std::io::stdout();
+    let mut out = stdout.lock();
+    for url in &args.urls {
+        let verdict = rt.block_on(judge(&guard, url, timeout));
+        writeln!(out, "{}", serde_json::to_string(&verdict)?)?;
+    }
+    out.flush()?;
+    // A lookup that timed out still occupies a blocking thread; do not wait for it on the way out.
+    rt.shutdown_background();
+    Ok(ExitCode::SUCCESS)
+}
+
+/// One output line. Field order is the documented one: url, allowed, reason, addresses (outcome is extra).
+#[derive(serde::Serialize)]
+struct Verdict<'a> {
+    url: &'a str,
+    allowed: bool,
+    reason: Option<String>,
+    addresses: Vec<IpAddr>,
+    /// What a delivery attempt would record: `egress_refused`, `invalid_url`, `connect_error`; null if allowed.
+    outcome: Option<String>,
+}
+
+/// The same steps as `connector::precheck`, keeping the addresses for the report when a check fails.
+async fn judge<'a>(guard: &EgressGuard, url: &'a str, timeout: Duration) -> Verdict<'a> {
+    let refused = |r: Refusal, addresses: Vec<IpAddr>| Verdict {
+        url,
+        allowed: false,
+        reason: Some(r.reason),
+        addresses,
+        outcome: Some(r.kind.to_string()),
+    };
+    let target = match guard.check_url(url) {
+        Ok(t) => t,
+        Err(r) => return refused(r, Vec::new()),
+    };
+    let dns_failed = |why: String| Verdict {
+        url,
+        allowed: false,
+        reason: Some(format!("resolving {} failed: {why}", target.host)),
+        addresses: Vec::new(),
+        outcome: Some("connect_error".into()),
+    };
+    let addrs = match tokio::time::timeout(timeout, resolve_target(&SystemResolver, &target)).await {
+        Ok(Ok(a)) => a,
+        Ok(Err(e)) => return dns_failed(e.to_string()),
+        Err(_) => return dns_failed(format!("no answer within {timeout:?}")),
+    };
+    match guard.check_resolved(&target, &addrs) {
+        Ok(()) => Verdict { url, allowed: true, reason: None, addresses: addrs, outcome: None },
+        Err(r) => refused(r, addrs),
+    }
+}

@@ -1,0 +1,8 @@
+//! One file per subcommand. Each exposes its clap arguments and `run(args) -> anyhow::Result<ExitCode>`.
+
+pub mod dev;
+pub mod dev_broker;
+pub mod egress;
+pub mod policy;
+pub mod topics;
+pub mod verify;

@@ -1,0 +1,53 @@
+//! `hookline`: the operator CLI. Each subcommand lives in its own file under `cmd/`.
+
+use std::process::ExitCode;
+
+use clap::{Parser, Subcommand};
+
+mod cmd;
+
+/// hookline — Kafka-native webhook delivery. Operator commands.
+#[derive(Parser)]
+#[command(name = "hookline", version, about, long_about = None)]
+struct Cli {
+    #[command(subcommand)]
+    command: Command,
+}
+
+#[derive(Subcommand)]
+enum Command {
+    /// Run the whole pipeline in one process on an embedded, in-memory broker (for trying hookline only).
+    Dev(cmd::dev::DevArgs),
+    /// Run librdkafka's mock cluster alone and print its bootstrap servers.
+    DevBroker(cmd::dev_broker::DevBrokerArgs),
+    /// Create hookline's Kafka topics.
+    #[command(subcommand)]
+    Topics(cmd::topics::TopicsCmd),
+    /// List, show, check and simulate delivery policies.
+    #[command(subcommand)]
+    Policy(cmd::policy::PolicyCmd),
+    /// Check a captured webhook request's signature and say exactly why it fails.
+    Verify(cmd::verify::VerifyArgs),
+    /// Ask the egress guard about URLs without sending anything.
+    #[command(subcommand)]
+    Egress(cmd::egress::EgressCmd),
+}
+
+fn main() -> ExitCode {
+    let cli = Cli::parse();
+    let result = match cli.command {
+        Command::Dev(args) => cmd::dev::run(args),
+        Command::DevBroker(args) => cmd::dev_broker::run(args),
+        Command::Topics(c) => cmd::topics::run(c),
+        Command::Policy(c) => cmd::policy::run(c),
+        Command::Verify(args) => cmd::verify::run(args),
+        Command::Egress(c) => cmd::egress::run(c),
+    };
+    match result {
+        Ok(code) => code,
+        Err(err) => {
+            eprintln!("error: {err:#}");
+            ExitCode::from(2)
+        }
+    }
+}

@@ -1,0 +1,19 @@
+//! hookline's rules, with no I/O: policies and built-in profiles, the retry engine, Retry-After parsing,
+//! endpoint health, request signing and the egress decision. Binaries carry out what these functions decide.
+
+pub mod egress;
+pub mod engine;
+pub mod filter;
+pub mod health;
+pub mod model;
+pub mod outcome;
+pub mod policy;
+pub mod request;
+pub mod retry_after;
+pub mod sign;
+pub mod simulate;
+pub mod subscription;
+
+pub use engine::{decide, Decision, FinalState, Next, Progress, Verdict, Wait};
+pub use outcome::Outcome;
+pub use policy::Policy;

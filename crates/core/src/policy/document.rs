@@ -1,0 +1,298 @@
+//! The policy document: what a TOML policy file can say. Parsing and validation live in `mod.rs`.
+//!
+//! Units are in the field names. Waits are seconds as numbers (fractions allowed, so tests can scale a schedule
+//! down); sub-second knobs are milliseconds.
+
+use serde::{Deserialize, Serialize};
+
+/// A delivery policy: schedule, classification, disablement, request shape and egress rules.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Policy {
+    /// Profile name (`lucibook`, `standard`, ...) or a custom name.
+    pub name: String,
+    #[serde(default)]
+    pub description: String,
+    pub schedule: Schedule,
+    pub attempt: AttemptLimits,
+    /// Tries inside one attempt for outcomes whose rule sets `micro_retry = true`.
+    #[serde(default)]
+    pub micro_retries: Option<MicroRetries>,
+    /// Ordered outcome classification: the first rule whose `when` matches decides.
+    pub classify: Vec<Rule>,
+    /// What running out of attempts (or window) means.
+    pub exhausted: FinalKind,
+    #[serde(default)]
+    pub disable: Option<DisableRule>,
+    /// What happens to a delivery whose subscription is paused or disabled.
+    pub inactive: InactiveAction,
+    #[serde(default)]
+    pub follow_ups: Vec<FollowUp>,
+    pub request: RequestShape,
+    #[serde(default)]
+    pub egress: EgressRules,
+    #[serde(default)]
+    pub status_words: StatusWords,
+}
+
+/// Waits between attempts, each measured from the end of the previous attempt.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Schedule {
+    /// Explicit waits: the wait before attempt n+1 is `waits_s[n-1]`. Exclusive with `exponential`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub waits_s: Option<Vec<f64>>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub exponential: Option<Exponential>,
+    /// Total attempts including the first. For an explicit list it defaults to `waits_s.len() + 1`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub max_attempts: Option<u32>,
+    /// No attempt is scheduled to start later than this long after the first attempt started.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub max_window_s: Option<f64>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub jitter: Option<Jitter>,
+}
+
+/// wait(n) = min(initial_s * multiplier^(n-1), max_s) for the wait after attempt n.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Exponential {
+    pub initial_s: f64,
+    pub multiplier: f64,
+    pub max_s: f64,
+}
+
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Jitter {
+    pub mode: JitterMode,
+    /// 0.2 = ±20% (`plus_minus`) or +0..20% (`plus`).
+    pub ratio: f64,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum JitterMode {
+    PlusMinus,
+    Plus,
+}
+
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct AttemptLimits {
+    /// One deadline for connect + TLS + request + response headers and body.
+    pub timeout_ms: u64,
+    /// At most this many response-body bytes are read (the rest is discarded, the connection closed).
+    pub response_cap_bytes: u64,
+}
+
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct MicroRetries {
+    /// Tries in one attempt, the first included (Fynapse: 2).
+    pub max_tries: u32,
+    pub delay_min_ms: u64,
+    pub delay_max_ms: u64,
+}
+
+/// One classification row.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Rule {
+    /// Matchers, any of which matches: `"2xx"`, `"503"`, `"500-599"`, `"any_status"`, `"timeout"`,
+    /// `"connect_error"`, `"tls_error"`, `"egress_refused"`, `"invalid_url"`, `"any"`.
+    pub when: Vec<String>,
+    pub verdict: VerdictKind,
+    #[serde(default)]
+    pub counts_toward_disable: bool,
+    #[serde(default)]
+    pub retry_after: RetryAfterUse,
+    /// Whether this outcome may be retried inside the same attempt (see `micro_retries`).
+    #[serde(default)]
+    pub micro_retry: bool,
+    /// For `terminal`: the final state. Defaults to `dead`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub terminal_state: Option<FinalKind>,
+    /// A label for docs and logs ("429 is a backoff signal").
+    #[serde(default, skip_serializing_if = "String::is_empty")]
+    pub note: String,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum VerdictKind {
+    Success,
+    Retry,
+    Terminal,
+}
+
+/// How a `Retry-After` header on a retried response is used.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, Default)]
+#[serde(tag = "mode", rename_all = "snake_case", deny_unknown_fields)]
+pub enum RetryAfterUse {
+    #[default]
+    Ignore,
+    /// Next wait = clamp(Retry-After, [the attempt's scheduled wait, max_s]).
+    Clamp { max_s: f64 },
+    /// Next wait = Retry-After * (1 + U[0, jitter_ratio]), at most max_s.
+    BasePlusJitter { jitter_ratio: f64, max_s: f64 },
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum FinalKind {
+    Failed,
+    Dead,
+}
+
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct DisableRule {
+    /// After this many consecutive counted failures.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub after_consecutive_failures: Option<u32>,
+    /// After every counted attempt failed for this long since the first failure (no success in between).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub after_failing_for_s: Option<f64>,
+    pub action: DisableAction,
+    /// Shown on the subscription (`disabledReason`) and in the ops event.
+    pub reason: String,
+    /// Send an ops event and, where SMTP is configured, an e-mail to the owner.
+    #[serde(default = "yes")]
+    pub notify: bool,
+}
+
+fn yes() -> bool {
+    true
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum DisableAction {
+    Pause,
+    Disable,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum InactiveAction {
+    /// Keep the delivery until the subscription is resumed.
+    Hold,
+    /// End it with status `cancelled`.
+    Cancel,
+    /// Drop it from the live path (recorded as skipped; recoverable by replay).
+    Skip,
+}
+
+/// An event emitted when a delivery of `on_event_type` ends `dead` (Relay: `message.failed`).
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct FollowUp {
+    pub on_event_type: String,
+    pub emit_event_type: String,
+}
+
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct RequestShape {
+    pub signature: SignatureScheme,
+    /// Verification tolerance documented to receivers (and used by `hookline verify`).
+    #[serde(default = "default_tolerance")]
+    pub signature_tolerance_s: u64,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub idempotency_key_header: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub event_id_header: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub event_type_header: Option<String>,
+    /// 1 on the first try, counting up across retries and redeliveries.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub attempt_header: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub webhook_id_header: Option<String>,
+    #[serde(default)]
+    pub body_style: BodyStyle,
+    pub body_limit_bytes: u64,
+    pub oversize: OversizeAction,
+}
+
+fn default_tolerance() -> u64 {
+    300
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum SignatureScheme {
+    /// `webhook-id`, `webhook-timestamp`, `webhook-signature: v1,<base64>`.
+    StandardWebhooks,
+    /// `Gauge-Signature: t=<epoch ms>,v1=<hex>` plus legacy `x-pulse-*` copies.
+    Gauge,
+    None,
+}
+
+/// Field names of the JSON body: `occurred_at`/`entity_id` or `occurredAt`/`entityId`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, Default)]
+#[serde(rename_all = "snake_case")]
+pub enum BodyStyle {
+    #[default]
+    SnakeCase,
+    CamelCase,
+}
+
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(tag = "action", rename_all = "snake_case", deny_unknown_fields)]
+pub enum OversizeAction {
+    /// The delivery ends `dead` with reason `oversize`.
+    Dead,
+    /// Cut the string at `pointer` (JSON pointer into the body) until the body fits, and add
+    /// `truncated: true` and `fetchUrl` (from the template; `{event_id}` is replaced) next to it.
+    Truncate { pointer: String, fetch_url_template: String },
+}
+
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct EgressRules {
+    #[serde(default = "https_only")]
+    pub allowed_schemes: Vec<String>,
+    #[serde(default)]
+    pub blocked_hostnames: Vec<String>,
+    /// Extra CIDR ranges refused on top of the built-in non-public tables.
+    #[serde(default)]
+    pub deny_ranges: Vec<String>,
+}
+
+impl Default for EgressRules {
+    fn default() -> Self {
+        Self { allowed_schemes: https_only(), blocked_hostnames: Vec::new(), deny_ranges: Vec::new() }
+    }
+}
+
+fn https_only() -> Vec<String> {
+    vec!["https".to_owned()]
+}
+
+/// The profile's own words for a delivery's state.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct StatusWords {
+    pub pending: String,
+    pub succeeded: String,
+    pub failed: String,
+    pub dead: String,
+    pub cancelled: String,
+    pub skipped: String,
+}
+
+impl Default for StatusWords {
+    fn default() -> Self {
+        Self {
+            pending: "pending".into(),
+            succeeded: "succeeded".into(),
+            failed: "failed".into(),
+            dead: "dead".into(),
+            cancelled: "cancelled".into(),
+            skipped: "skipped".into(),
+        }
+    }
+}

@@ -1,0 +1,84 @@
+//! A subscription's effective state: what its owner set (enabled, paused) combined with what the dispatcher
+//! decided (auto-pause or auto-disable). Each side writes its own record; an automatic decision applies only to
+//! the resume generation it was made in, so a user's resume wins without rewriting the dispatcher's record.
+
+use crate::model::{EndpointCondition, EndpointState, Subscription};
+
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Activity {
+    Active,
+    /// Switched off by its owner (`enabled: false`).
+    Disabled,
+    /// Paused by its owner.
+    Paused,
+    /// Paused by the policy's disable rule, with its reason.
+    AutoPaused(String),
+    /// Disabled by the policy's disable rule, with its reason (`disabledReason`).
+    AutoDisabled(String),
+}
+
+impl Activity {
+    pub fn is_active(&self) -> bool {
+        matches!(self, Activity::Active)
+    }
+
+    /// The word shown in the API: `active`, `paused` or `disabled`.
+    pub fn word(&self) -> &'static str {
+        match self {
+            Activity::Active => "active",
+            Activity::Paused | Activity::AutoPaused(_) => "paused",
+            Activity::Disabled | Activity::AutoDisabled(_) => "disabled",
+        }
+    }
+
+    pub fn reason(&self) -> Option<&str> {
+        match self {
+            Activity::AutoPaused(r) | Activity::AutoDisabled(r) => Some(r),
+            Activity::Paused => Some("paused_by_user"),
+            Activity::Disabled => Some("disabled_by_user"),
+            Activity::Active => None,
+        }
+    }
+}
+
+pub fn activity(sub: &Subscription, state: Option<&EndpointState>) -> Activity {
+    if !sub.enabled {
+        return Activity::Disabled;
+    }
+    if sub.paused {
+        return Activity::Paused;
+    }
+    match state {
+        Some(st) if st.generation == sub.resume_generation => match EndpointCondition::try_from(st.condition) {
+            Ok(EndpointCondition::Paused) => Activity::AutoPaused(st.reason.clone()),
+            Ok(EndpointCondition::Disabled) => Activity::AutoDisabled(st.reason.clone()),
+            _ => Activity::Active,
+        },
+        _ => Activity::Active,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn sub(gen: u64) -> Subscription {
+        Subscription { id: "s".into(), enabled: true, resume_generation: gen, ..Default::default() }
+    }
+
+    #[test]
+    fn owner_settings_win_then_auto_decisions_of_the_current_generation() {
+        let disabled = EndpointState {
+            condition: EndpointCondition::Disabled as i32,
+            reason: "consecutive_failures".into(),
+            generation: 3,
+            ..Default::default()
+        };
+        assert_eq!(activity(&sub(3), Some(&disabled)), Activity::AutoDisabled("consecutive_failures".into()));
+        // The owner re-enabled it (generation bumped): the old automatic decision no longer applies.
+        assert!(activity(&sub(4), Some(&disabled)).is_active());
+        assert_eq!(activity(&Subscription { paused: true, ..sub(4) }, None), Activity::Paused);
+        assert_eq!(activity(&Subscription { enabled: false, ..sub(4) }, None).word(), "disabled");
+        assert!(activity(&sub(0), None).is_active());
+    }
+}

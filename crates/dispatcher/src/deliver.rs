@@ -1,0 +1,336 @@
+//! One delivery task, top to bottom: subscription lookup → inactive handling → lane → request → tries →
+//! engine decision → produced records (attempt, retry | dead letter, endpoint state, ops, follow-ups).
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use bytes::Bytes;
+use hookline_core::health::{self, HealthEvent, Transition};
+use hookline_core::model::{
+    DeliveryTask, EndpointCondition, EndpointState, OpsEvent, RetryEnvelope, TaskOrigin,
+};
+use hookline_core::policy::{DisableAction, InactiveAction, Policy};
+use hookline_core::request::{self, HeaderContext};
+use hookline_core::subscription::{activity, Activity};
+use hookline_core::{decide, FinalState, Next, Progress, Verdict};
+use hookline_kafka::state::SubscriptionEntry;
+use hookline_kafka::topics::tier_for;
+use prost::Message;
+
+use crate::records::{self, final_word, TryContext};
+use crate::{now_ms, Ctx};
+
+/// The delivery was not finished because the process is shutting down: its offset must not be committed.
+#[derive(Debug)]
+pub struct Aborted;
+
+pub async fn deliver(ctx: Arc<Ctx>, task: DeliveryTask, partition: i32) -> Result<(), Aborted> {
+    tracing::debug!(delivery = %task.delivery_id, partition, "task received");
+    if !ctx.states.ready(partition).await {
+        // The partition was revoked before its state was synced: the next owner delivers it.
+        return Err(Aborted);
+    }
+    let now = now_ms();
+    if task.origin == TaskOrigin::Retry as i32 && task.due_at_ms > 0 {
+        metrics::histogram!("hookline_retry_lateness_ms").record((now - task.due_at_ms) as f64);
+    }
+    let Some(entry) = ctx.subs.get(&task.subscription_id) else {
+        // Deleted subscription: nothing to deliver to. Recorded so the delivery has a final state.
+        let rec = records::closing_record(&task, "subscription_deleted", "the subscription was deleted".into(), "cancelled", "cancelled", now, "");
+        ctx.produce(&ctx.topics.attempts(), &task.subscription_id, &rec).await?;
+        metrics::counter!("hookline_deliveries_total", "outcome" => "cancelled").increment(1);
+        return Ok(());
+    };
+    let policy = match &entry.policy {
+        Ok(p) => p.clone(),
+        Err(e) => {
+            let detail = format!("the subscription's policy is invalid: {e}");
+            let rec = records::closing_record(&task, "invalid_policy", detail.clone(), "dead", "dead", now, &entry.sub.policy);
+            let dl = records::dead_letter(&task, "invalid_policy", detail, "dead", "dead", task.attempts_made, String::new(), now);
+            ctx.produce(&ctx.topics.attempts(), &task.subscription_id, &rec).await?;
+            ctx.produce(&ctx.topics.dlq(), &task.subscription_id, &dl).await?;
+            metrics::counter!("hookline_dead_lettered_total", "reason" => "invalid_policy").increment(1);
+            return Ok(());
+        }
+    };
+
+    let state = ctx.states.get(&task.subscription_id);
+    let act = activity(&entry.sub, state.as_ref());
+    if !act.is_active() {
+        return inactive(&ctx, &task, &entry, &policy, &act, now).await;
+    }
+    // Early (a replay scheduled for later, or clocks apart): wait on the tier ladder, never deliver early.
+    if task.due_at_ms > now + 5 {
+        let wait = (task.due_at_ms - now) as u64;
+        return schedule(&ctx, task, wait, now).await;
+    }
+
+    let _lane = ctx.lanes.acquire(&task.subscription_id).await;
+    attempt(&ctx, task, &entry, &policy).await
+}
+
+async fn inactive(
+    ctx: &Ctx,
+    task: &DeliveryTask,
+    entry: &SubscriptionEntry,
+    policy: &Policy,
+    act: &Activity,
+    now: i64,
+) -> Result<(), Aborted> {
+    let why = format!("subscription {} ({})", act.word(), act.reason().unwrap_or(""));
+    match policy.inactive {
+        InactiveAction::Hold => {
+            let mut held = task.clone();
+            held.origin = TaskOrigin::Held as i32;
+            ctx.produce(&ctx.topics.held(), &task.subscription_id, &held).await?;
+            metrics::counter!("hookline_deliveries_held_total").increment(1);
+        }
+        InactiveAction::Cancel => {
+            let word = policy.status_word(FinalState::Cancelled).to_owned();
+            let rec = records::closing_record(task, "inactive", why, "cancelled", &word, now, &policy.name);
+            ctx.produce(&ctx.topics.attempts(), &task.subscription_id, &rec).await?;
+            metrics::counter!("hookline_deliveries_total", "outcome" => "cancelled").increment(1);
+        }
+        InactiveAction::Skip => {
+            let rec = records::closing_record(task, "inactive", why, "skipped", &policy.status_words.skipped, now, &policy.name);
+            ctx.produce(&ctx.topics.attempts(), &task.subscription_id, &rec).await?;
+            metrics::counter!("hookline_deliveries_total", "outcome" => "skipped").increment(1);
+        }
+    }
+    let _ = entry;
+    Ok(())
+}
+
+/// Puts the task on the retry tier for `wait_ms`.
+async fn schedule(ctx: &Ctx, mut task: DeliveryTask, wait_ms: u64, now: i64) -> Result<(), Aborted> {
+    let tier = tier_for(wait_ms);
+    if task.due_at_ms == 0 {
+        task.due_at_ms = now + wait_ms as i64;
+    }
+    let key = task.subscription_id.clone();
+    let env = RetryEnvelope { task: Some(task), enqueued_at_ms: now, tier_delay_ms: tier.delay_ms as i64 };
+    metrics::counter!("hookline_retries_scheduled_total", "tier" => tier.name).increment(1);
+    ctx.produce(&ctx.topics.retry(tier), &key, &env).await
+}
+
+async fn attempt(ctx: &Ctx, mut task: DeliveryTask, entry: &SubscriptionEntry, policy: &Policy) -> Result<(), Aborted> {
+    let attempt_no = task.attempts_made + 1;
+    let event = task.event.clone().unwrap_or_default();
+    let body = match request::body(policy, &event) {
+        Ok(b) => b,
+        Err(e) => {
+            let now = now_ms();
+            let detail = e.to_string();
+            let word = policy.status_word(FinalState::Dead).to_owned();
+            let rec = records::closing_record(&task, "oversize", detail.clone(), "dead", &word, now, &policy.name);
+            let dl = records::dead_letter(&task, "oversize", detail, "dead", &word, task.attempts_made, "oversize".into(), now);
+            ctx.produce(&ctx.topics.attempts(), &task.subscription_id, &rec).await?;
+            ctx.produce(&ctx.topics.dlq(), &task.subscription_id, &dl).await?;
+            metrics::counter!("hookline_dead_lettered_total", "reason" => "oversize").increment(1);
+            return Ok(());
+        }
+    };
+    let mut try_no = 1;
+    loop {
+        let started = now_ms();
+        if task.first_attempt_at_ms == 0 {
+            task.first_attempt_at_ms = started;
+        }
+        tracing::debug!(delivery = %task.delivery_id, attempt_no, try_no, "sending");
+        let result = send_once(ctx, &task, entry, policy, attempt_no, body.clone(), started).await;
+        tracing::debug!(delivery = %task.delivery_id, outcome = %result.outcome, reason = %result.reason, "try finished");
+        let ended = now_ms();
+        let progress = Progress {
+            attempt: attempt_no,
+            try_no,
+            first_attempt_at_ms: task.first_attempt_at_ms,
+            now_ms: ended,
+            wall_clock_ms: ended,
+        };
+        let decision = decide(policy, &progress, &result.outcome, &mut rand::rng());
+        metrics::counter!("hookline_attempts_total", "outcome" => outcome_class(&result.outcome)).increment(1);
+        metrics::histogram!("hookline_attempt_duration_ms").record(result.duration.as_secs_f64() * 1000.0);
+        let cx = TryContext { task: &task, attempt: attempt_no, try_no, started_at_ms: started, policy_name: &policy.name };
+
+        match decision.next {
+            Next::MicroRetry(wait) => {
+                let word = policy.status_words.pending.clone();
+                let rec = records::attempt_record(&cx, &result, &decision, ended + wait.ms as i64, &word);
+                ctx.produce(&ctx.topics.attempts(), &task.subscription_id, &rec).await?;
+                tokio::select! {
+                    _ = tokio::time::sleep(Duration::from_millis(wait.ms)) => {}
+                    _ = ctx.shutdown.cancelled() => return Err(Aborted),
+                }
+                try_no += 1;
+                continue;
+            }
+            Next::NextAttempt(wait) => {
+                let due = ended + wait.ms as i64;
+                let word = policy.status_words.pending.clone();
+                let rec = records::attempt_record(&cx, &result, &decision, due, &word);
+                let mut next = task.clone();
+                next.attempts_made = attempt_no;
+                next.due_at_ms = due;
+                next.scheduled_wait_ms = wait.ms as i64;
+                next.origin = TaskOrigin::Retry as i32;
+                let attempts = ctx.topics.attempts();
+                let (a, b) = tokio::join!(
+                    ctx.produce(&attempts, &task.subscription_id, &rec),
+                    schedule(ctx, next, wait.ms, ended),
+                );
+                a?;
+                b?;
+                metrics::counter!("hookline_deliveries_retried_total").increment(1);
+            }
+            Next::Final(state) => {
+                let word = policy.status_word(state).to_owned();
+                let rec = records::attempt_record(&cx, &result, &decision, 0, &word);
+                ctx.produce(&ctx.topics.attempts(), &task.subscription_id, &rec).await?;
+                metrics::counter!("hookline_deliveries_total", "outcome" => final_word(state)).increment(1);
+                if state == FinalState::Succeeded {
+                    if let Some(ev) = &task.event {
+                        if ev.accepted_at_ms > 0 {
+                            metrics::histogram!("hookline_delivery_latency_ms").record((ended - ev.accepted_at_ms) as f64);
+                        }
+                    }
+                } else {
+                    let reason = if decision.verdict == Verdict::Terminal { "terminal_outcome" } else { "retries_exhausted" };
+                    let mut last = task.clone();
+                    last.attempts_made = attempt_no;
+                    let dl = records::dead_letter(&last, reason, result.reason.clone(), final_word(state), &word, attempt_no, result.outcome.token(), ended);
+                    ctx.produce(&ctx.topics.dlq(), &task.subscription_id, &dl).await?;
+                    metrics::counter!("hookline_dead_lettered_total", "reason" => reason).increment(1);
+                    if state == FinalState::Dead {
+                        follow_ups(ctx, &task, policy, &result.reason, ended).await?;
+                    }
+                }
+            }
+        }
+        let event = match decision.verdict {
+            Verdict::Success => HealthEvent::Success,
+            _ if decision.counts_toward_disable => HealthEvent::CountedFailure,
+            _ => HealthEvent::UncountedFailure,
+        };
+        update_health(ctx, entry, policy, event, ended).await?;
+        return Ok(());
+    }
+}
+
+async fn send_once(
+    ctx: &Ctx,
+    task: &DeliveryTask,
+    entry: &SubscriptionEntry,
+    policy: &Policy,
+    attempt_no: u32,
+    body: Bytes,
+    now: i64,
+) -> crate::sender::TryResult {
+    let event = task.event.as_ref();
+    let secrets = entry.signing_secrets(now);
+    let hctx = HeaderContext {
+        event_id: event.map(|e| e.id.as_str()).unwrap_or(""),
+        event_type: event.map(|e| e.r#type.as_str()).unwrap_or(""),
+        delivery_id: &task.delivery_id,
+        subscription_id: &task.subscription_id,
+        attempt_number: task.prior_attempts + attempt_no,
+        now_ms: now,
+        secrets: &secrets,
+    };
+    let headers = match request::headers(policy, &hctx, &body) {
+        Ok(h) => h,
+        Err(e) => {
+            return crate::sender::TryResult {
+                outcome: hookline_core::Outcome::InvalidUrl,
+                reason: format!("cannot sign the request: {e}"),
+                response_excerpt: String::new(),
+                duration: Duration::ZERO,
+            }
+        }
+    };
+    ctx.sender.send(&entry.egress_key, policy, &entry.sub.url, &headers, body).await
+}
+
+async fn follow_ups(ctx: &Ctx, task: &DeliveryTask, policy: &Policy, reason: &str, now: i64) -> Result<(), Aborted> {
+    let event_type = task.event.as_ref().map(|e| e.r#type.as_str()).unwrap_or("");
+    for f in policy.follow_ups.iter().filter(|f| f.on_event_type == event_type) {
+        let ev = records::follow_up_event(task, &f.emit_event_type, reason, now);
+        ctx.produce(&ctx.topics.events(), &ev.id.clone(), &ev).await?;
+        metrics::counter!("hookline_follow_up_events_total").increment(1);
+    }
+    Ok(())
+}
+
+/// Applies the attempt to the endpoint's counters; writes the state when it changed and reports transitions.
+async fn update_health(
+    ctx: &Ctx,
+    entry: &SubscriptionEntry,
+    policy: &Policy,
+    event: HealthEvent,
+    now: i64,
+) -> Result<(), Aborted> {
+    let id = &entry.sub.id;
+    let topic = ctx.topics.endpoint_state();
+    let (pending, transition, snapshot) = ctx.states.update(id, |st: &mut EndpointState| {
+        let before = st.clone();
+        if entry.sub.resume_generation > st.generation {
+            health::resume(st, entry.sub.resume_generation);
+        }
+        let transition = health::apply(st, policy.disable.as_ref(), event, now);
+        // A success on a healthy endpoint only moves last_success_at: not worth a record per delivery.
+        let material = st.consecutive_failures != before.consecutive_failures
+            || st.condition != before.condition
+            || st.generation != before.generation
+            || st.first_failure_at_ms != before.first_failure_at_ms;
+        let pending = material.then(|| ctx.enqueue(&topic, id, st.encode_to_vec()));
+        (pending, transition, st.clone())
+    });
+    if let Some(p) = pending {
+        ctx.await_enqueued(p, &topic, id, snapshot.encode_to_vec()).await?;
+    }
+    let ops = match transition {
+        Transition::None => None,
+        Transition::Tripped { action, reason } => {
+            let kind = match action {
+                DisableAction::Pause => "endpoint_paused",
+                DisableAction::Disable => "endpoint_disabled",
+            };
+            metrics::counter!("hookline_endpoints_disabled_total", "action" => kind).increment(1);
+            tracing::warn!(subscription = %id, %reason, kind, "endpoint switched off by its policy");
+            Some((kind, reason))
+        }
+        Transition::Recovered => Some(("endpoint_recovered", String::new())),
+    };
+    if let Some((kind, reason)) = ops {
+        let condition = EndpointCondition::try_from(snapshot.condition).unwrap_or(EndpointCondition::Unspecified);
+        let ev = OpsEvent {
+            kind: kind.to_owned(),
+            subscription_id: id.clone(),
+            reason,
+            detail: format!("policy {}; {} consecutive counted failures; condition {:?}", policy.name, snapshot.consecutive_failures, condition),
+            at_ms: now,
+            owner_email: entry.sub.owner_email.clone(),
+            url: entry.sub.url.clone(),
+        };
+        ctx.produce(&ctx.topics.ops(), id, &ev).await?;
+    }
+    Ok(())
+}
+
+fn outcome_class(o: &hookline_core::Outcome) -> &'static str {
+    use hookline_core::Outcome::*;
+    match o {
+        Http { status, .. } => match status {
+            200..=299 => "2xx",
+            300..=399 => "3xx",
+            429 => "429",
+            400..=499 => "4xx",
+            500..=599 => "5xx",
+            _ => "other_status",
+        },
+        Timeout => "timeout",
+        ConnectError => "connect_error",
+        TlsError => "tls_error",
+        EgressRefused => "egress_refused",
+        InvalidUrl => "invalid_url",
+    }
+}

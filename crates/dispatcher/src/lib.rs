@@ -1,0 +1,301 @@
+//! The dispatcher: consumes `deliveries`, sends each task to its endpoint under its subscription's policy, and
+//! produces the outcome (attempt record; retry on a tier, or dead letter; endpoint state; ops events).
+//!
+//! Records of a partition are dispatched concurrently and complete out of order; an offset is stored only when
+//! every record below it has its outcome durably produced (the contiguous completed watermark).
+
+pub mod connector;
+mod deliver;
+pub mod lanes;
+mod records;
+pub mod sender;
+
+use std::sync::Arc;
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
+
+use hookline_core::model::DeliveryTask;
+use hookline_kafka::client::{group_consumer_config, producer};
+use hookline_kafka::produce;
+use hookline_kafka::rebalance::{RebalanceContext, RebalanceEvent};
+use hookline_kafka::state::{EndpointStates, SubscriptionTable};
+use hookline_kafka::table::{self, TableError, TableHandle};
+use hookline_kafka::watermark::Watermarks;
+use hookline_kafka::Topics;
+use hookline_service::{health, telemetry, Config, Readiness};
+use prost::Message as _;
+use rdkafka::consumer::{CommitMode, Consumer, StreamConsumer};
+use rdkafka::error::KafkaError;
+use rdkafka::producer::{DeliveryFuture, FutureProducer, FutureRecord, Producer};
+use rdkafka::{Message, Offset, TopicPartitionList};
+use tokio::sync::{mpsc, Semaphore};
+use tokio_util::sync::CancellationToken;
+
+use crate::connector::{Resolve, SystemResolver};
+use crate::deliver::Aborted;
+use crate::lanes::Lanes;
+use crate::sender::Sender;
+
+#[derive(Debug, thiserror::Error)]
+pub enum DispatcherError {
+    #[error("kafka: {0}")]
+    Kafka(#[from] KafkaError),
+    #[error(transparent)]
+    Table(#[from] TableError),
+    #[error("health endpoint: {0}")]
+    Health(#[from] std::io::Error),
+}
+
+/// Knobs that are not configuration: what tests and dev mode swap in.
+#[derive(Clone, Default)]
+pub struct Options {
+    /// DNS for the egress guard; the system resolver when `None`.
+    pub resolver: Option<Arc<dyn Resolve>>,
+    /// Serve /metrics /healthz /readyz (off when several services share one process and port).
+    pub serve_health: bool,
+    /// A name for logs and client ids (several dispatchers may run in one process in tests).
+    pub instance: Option<String>,
+}
+
+pub(crate) struct Ctx {
+    pub topics: Topics,
+    pub producer: FutureProducer,
+    pub subs: SubscriptionTable,
+    pub states: EndpointStates,
+    pub lanes: Lanes,
+    pub sender: Sender,
+    pub shutdown: CancellationToken,
+}
+
+impl Ctx {
+    /// Produces until acknowledged. librdkafka already retries for `delivery.timeout.ms`; past that the broker is
+    /// really unavailable, and the record is retried here until it lands or the process shuts down (then the
+    /// input offset stays uncommitted and the task is redone by the next owner).
+    pub async fn produce(&self, topic: &str, key: &str, msg: &impl prost::Message) -> Result<(), Aborted> {
+        self.produce_bytes(topic, key, &msg.encode_to_vec()).await
+    }
+
+    async fn produce_bytes(&self, topic: &str, key: &str, payload: &[u8]) -> Result<(), Aborted> {
+        loop {
+            match produce::send(&self.producer, topic, key, payload).await {
+                Ok(_) => return Ok(()),
+                Err(e) => {
+                    tracing::warn!(error = %e, "produce failed; retrying");
+                    tokio::select! {
+                        _ = tokio::time::sleep(Duration::from_secs(1)) => {}
+                        _ = self.shutdown.cancelled() => return Err(Aborted),
+                    }
+                }
+            }
+        }
+    }
+
+    /// Enqueues without waiting, preserving order with other enqueues to the same partition.
+    pub fn enqueue(&self, topic: &str, key: &str, payload: Vec<u8>) -> Option<DeliveryFuture> {
+        self.producer.send_result(FutureRecord::to(topic).key(key).payload(&payload)).ok()
+    }
+
+    /// Waits for an enqueued record; falls back to a reliable produce if it could not be enqueued or failed.
+    pub async fn await_enqueued(&self, f: Option<DeliveryFuture>, topic: &str, key: &str, payload: Vec<u8>) -> Result<(), Aborted> {
+        if let Some(f) = f {
+            if let Ok(Ok(_)) = f.await {
+                return Ok(());
+            }
+        }
+        self.produce_bytes(topic, key, &payload).await
+    }
+}
+
+pub(crate) fn now_ms() -> i64 {
+    SystemTime::now().duration_since(UNIX_EPOCH).map(|d| d.as_millis() as i64).unwrap_or(0)
+}
+
+/// Runs a dispatcher until `shutdown`, then drains: in-flight deliveries get `dispatcher.drain_timeout_ms` to
+/// finish; what does not finish stays uncommitted and is redelivered by the partition's next owner.
+pub async fn run(config: Config, shutdown: CancellationToken, options: Options) -> Result<(), DispatcherError> {
+    let metrics = telemetry::metrics_handle();
+    let readiness = Readiness::default();
+    let instance = options.instance.clone().unwrap_or_else(|| "hookline-dispatcher".into());
+    if options.serve_health {
+        let addr = health::serve(config.dispatcher.health_addr, readiness.clone(), metrics, shutdown.clone()).await?;
+        tracing::info!(%addr, "dispatcher health endpoints listening");
+    }
+    let topics = Topics::new(config.kafka.topic_prefix.clone());
+    let kafka = &config.kafka;
+    let reader_stop = CancellationToken::new();
+
+    let subs = SubscriptionTable::default();
+    let s = subs.clone();
+    let subs_reader = table::spawn(kafka, topics.subscriptions(), &format!("{instance}-subs"), move |_, k, v| s.apply(k, v), reader_stop.clone()).await?;
+    let states = EndpointStates::default();
+    let st = states.clone();
+    let states_reader =
+        table::spawn(kafka, topics.endpoint_state(), &format!("{instance}-states"), move |p, k, v| st.apply(p, k, v), reader_stop.clone()).await?;
+    tokio::select! {
+        _ = async { subs_reader.wait_caught_up().await; states_reader.wait_caught_up().await } => {}
+        _ = shutdown.cancelled() => { reader_stop.cancel(); return Ok(()) }
+    }
+    tracing::info!(subscriptions = subs.len(), "dispatcher state loaded");
+
+    let resolver = options.resolver.clone().unwrap_or_else(|| Arc::new(SystemResolver));
+    let ctx = Arc::new(Ctx {
+        topics: topics.clone(),
+        producer: producer(kafka, &instance)?,
+        subs,
+        states: states.clone(),
+        lanes: Lanes::new(config.dispatcher.per_subscription_concurrency),
+        sender: Sender::new(config.egress.clone(), resolver),
+        shutdown: shutdown.clone(),
+    });
+
+    let (context, mut rebalances) = RebalanceContext::new("dispatcher");
+    let consumer: StreamConsumer<RebalanceContext> =
+        group_consumer_config(kafka, &config.dispatcher.group_id, &instance).create_with_context(context)?;
+    let deliveries = topics.deliveries();
+    consumer.subscribe(&[&deliveries])?;
+    readiness.set(true);
+
+    let max_in_flight = config.dispatcher.max_in_flight;
+    let in_flight = Arc::new(Semaphore::new(max_in_flight));
+    let (done_tx, mut done_rx) = mpsc::unbounded_channel::<(i32, i64)>();
+    let mut marks = Watermarks::new();
+
+    loop {
+        tokio::select! {
+            biased;
+            _ = shutdown.cancelled() => break,
+            Some(ev) = rebalances.recv() => on_rebalance(ev, &mut marks, &states, &states_reader, &deliveries),
+            Some((p, o)) = done_rx.recv() => {
+                if let Some(w) = marks.complete(&deliveries, p, o) {
+                    store(&consumer, &deliveries, p, w);
+                }
+            }
+            next = async {
+                let permit = in_flight.clone().acquire_owned().await.expect("never closed");
+                (permit, consumer.recv().await)
+            } => {
+                let (permit, received) = next;
+                let m = match received {
+                    Ok(m) => m,
+                    Err(e) => {
+                        tracing::warn!(error = %e, "consumer error");
+                        continue;
+                    }
+                };
+                let (p, o) = (m.partition(), m.offset());
+                marks.start(&deliveries, p, o);
+                metrics::gauge!("hookline_dispatcher_in_flight").set((max_in_flight - in_flight.available_permits()) as f64);
+                let task = match m.payload().map(DeliveryTask::decode) {
+                    Some(Ok(t)) => t,
+                    other => {
+                        let detail = match other { Some(Err(e)) => e.to_string(), _ => "empty record".into() };
+                        let ctx = ctx.clone();
+                        let raw = m.payload().unwrap_or_default().to_vec();
+                        let done = done_tx.clone();
+                        let topic = deliveries.clone();
+                        tokio::spawn(async move {
+                            let dl = hookline_core::model::DeadLetter {
+                                reason: "invalid_task".into(), detail, raw: raw.into(), source_topic: topic,
+                                source_partition: p, source_offset: o, at_ms: now_ms(), ..Default::default()
+                            };
+                            if ctx.produce(&ctx.topics.dlq(), "", &dl).await.is_ok() {
+                                metrics::counter!("hookline_dead_lettered_total", "reason" => "invalid_task").increment(1);
+                                let _ = done.send((p, o));
+                            }
+                            drop(permit);
+                        });
+                        continue;
+                    }
+                };
+                let ctx = ctx.clone();
+                let done = done_tx.clone();
+                tokio::spawn(async move {
+                    if deliver::deliver(ctx, task, p).await.is_ok() {
+                        let _ = done.send((p, o));
+                    }
+                    drop(permit);
+                });
+            }
+        }
+    }
+
+    // Drain: let in-flight deliveries finish (their records are produced), storing offsets as they complete.
+    readiness.set(false);
+    let drain = Duration::from_millis(config.dispatcher.drain_timeout_ms);
+    let all = in_flight.clone().acquire_many_owned(max_in_flight as u32);
+    tokio::pin!(all);
+    let deadline = tokio::time::sleep(drain);
+    tokio::pin!(deadline);
+    loop {
+        tokio::select! {
+            _ = &mut all => break,
+            _ = &mut deadline => {
+                tracing::warn!(in_flight = marks.total_in_flight(), "drain deadline passed; unfinished deliveries stay uncommitted");
+                break;
+            }
+            Some((p, o)) = done_rx.recv() => {
+                if let Some(w) = marks.complete(&deliveries, p, o) {
+                    store(&consumer, &deliveries, p, w);
+                }
+            }
+        }
+    }
+    while let Ok((p, o)) = done_rx.try_recv() {
+        if let Some(w) = marks.complete(&deliveries, p, o) {
+            store(&consumer, &deliveries, p, w);
+        }
+    }
+    if let Err(e) = consumer.commit_consumer_state(CommitMode::Sync) {
+        tracing::debug!(error = %e, "final commit");
+    }
+    let _ = ctx.producer.flush(Duration::from_secs(10));
+    reader_stop.cancel();
+    tracing::info!("dispatcher stopped");
+    Ok(())
+}
+
+fn on_rebalance(ev: RebalanceEvent, marks: &mut Watermarks, states: &EndpointStates, reader: &TableHandle, topic: &str) {
+    match ev {
+        RebalanceEvent::Assigned(parts) => {
+            for (_, p) in parts.into_iter().filter(|(t, _)| t == topic) {
+                states.assign(p);
+                // Apply everything earlier owners wrote to this partition's endpoint state before delivering.
+                let (states, reader) = (states.clone(), reader.clone());
+                tracing::debug!(partition = p, "assigned");
+                tokio::spawn(async move {
+                    loop {
+                        match reader.end_offset(p).await {
+                            Ok(end) => {
+                                tracing::debug!(partition = p, end, "syncing endpoint state");
+                                reader.wait_for(p, end).await;
+                                tracing::debug!(partition = p, "endpoint state synced");
+                                states.synced(p);
+                                return;
+                            }
+                            Err(e) => {
+                                tracing::warn!(partition = p, error = %e, "endpoint state end offset; retrying");
+                                tokio::time::sleep(Duration::from_millis(500)).await;
+                            }
+                        }
+                    }
+                });
+            }
+        }
+        RebalanceEvent::Revoked(parts) => {
+            for (t, p) in parts {
+                if t == topic {
+                    marks.forget(&t, p);
+                    states.revoke(p);
+                }
+            }
+        }
+    }
+}
+
+fn store<C: Consumer<X>, X: rdkafka::consumer::ConsumerContext>(consumer: &C, topic: &str, partition: i32, offset: i64) {
+    let mut tpl = TopicPartitionList::new();
+    if tpl.add_partition_offset(topic, partition, Offset::Offset(offset)).is_ok() {
+        if let Err(e) = consumer.store_offsets(&tpl) {
+            tracing::debug!(partition, offset, error = %e, "offset not stored (partition revoked?)");
+        }
+    }
+}

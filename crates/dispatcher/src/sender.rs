@@ -1,0 +1,179 @@
+//! One HTTP try: egress check, connect (through the guarded connector), POST, read at most the response cap,
+//! all under the policy's single deadline. Never follows redirects, never uses a proxy.
+
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use bytes::Bytes;
+use hookline_core::egress::{EgressGuard, EgressSettings};
+use hookline_core::policy::Policy;
+use hookline_core::Outcome;
+use http_body_util::{BodyExt, Full};
+use hyper_util::client::legacy::Client;
+use hyper_util::rt::TokioExecutor;
+
+use crate::connector::{self, GuardedConnector, PrecheckError, Resolve};
+
+type HttpClient = Client<hyper_rustls::HttpsConnector<GuardedConnector>, Full<Bytes>>;
+
+/// What one try produced, for the engine and the attempt log.
+#[derive(Debug, Clone)]
+pub struct TryResult {
+    pub outcome: Outcome,
+    /// "HTTP 503", "Timed out after 10 s", "egress refused: 10.0.0.7 is private (RFC 1918)".
+    pub reason: String,
+    pub response_excerpt: String,
+    pub duration: Duration,
+}
+
+/// Bytes of the response kept for the delivery log.
+const EXCERPT_BYTES: usize = 512;
+
+struct Route {
+    guard: Arc<EgressGuard>,
+    client: HttpClient,
+}
+
+pub struct Sender {
+    settings: EgressSettings,
+    resolver: Arc<dyn Resolve>,
+    /// One guard and connection pool per distinct set of egress rules.
+    routes: Mutex<HashMap<String, Arc<Route>>>,
+}
+
+impl Sender {
+    pub fn new(settings: EgressSettings, resolver: Arc<dyn Resolve>) -> Self {
+        Self { settings, resolver, routes: Mutex::new(HashMap::new()) }
+    }
+
+    fn route(&self, egress_key: &str, policy: &Policy) -> Result<Arc<Route>, String> {
+        let mut routes = self.routes.lock().expect("routes lock");
+        if let Some(r) = routes.get(egress_key) {
+            return Ok(r.clone());
+        }
+        let guard = Arc::new(EgressGuard::new(&self.settings, &policy.egress).map_err(|e| e.to_string())?);
+        let connector = GuardedConnector::new(guard.clone(), self.resolver.clone());
+        let client = Client::builder(TokioExecutor::new())
+            .pool_idle_timeout(Duration::from_secs(30))
+            .pool_max_idle_per_host(64)
+            .build(connector::https_connector(connector));
+        let route = Arc::new(Route { guard, client });
+        routes.insert(egress_key.to_owned(), route.clone());
+        Ok(route)
+    }
+
+    /// Sends one POST. `headers` and `body` were built by `hookline_core::request`.
+    pub async fn send(
+        &self,
+        egress_key: &str,
+        policy: &Policy,
+        url: &str,
+        headers: &hookline_core::request::AttemptHeaders,
+        body: Bytes,
+    ) -> TryResult {
+        let started = Instant::now();
+        let timeout = Duration::from_millis(policy.attempt.timeout_ms);
+        let finish = |outcome: Outcome, reason: String, excerpt: String| TryResult {
+            outcome,
+            reason,
+            response_excerpt: excerpt,
+            duration: started.elapsed(),
+        };
+        let route = match self.route(egress_key, policy) {
+            Ok(r) => r,
+            Err(e) => return finish(Outcome::EgressRefused, format!("egress refused: {e}"), String::new()),
+        };
+        let exchange = async {
+            // Resolve and judge the destination on every attempt, even when a pooled connection exists.
+            match connector::precheck(&route.guard, self.resolver.as_ref(), url).await {
+                Ok(_) => {}
+                Err(PrecheckError::Refused(r)) => {
+                    let reason = format!("egress refused: {}", r.reason);
+                    return (r.outcome(), reason, String::new());
+                }
+                Err(PrecheckError::Resolve(e)) => {
+                    return (Outcome::ConnectError, format!("DNS resolution failed: {e}"), String::new())
+                }
+            }
+            let mut req = http::Request::post(url);
+            for (k, v) in headers.iter() {
+                req = req.header(k, v);
+            }
+            let req = match req.body(Full::new(body)) {
+                Ok(r) => r,
+                Err(e) => return (Outcome::InvalidUrl, format!("invalid request: {e}"), String::new()),
+            };
+            let resp = match route.client.request(req).await {
+                Ok(r) => r,
+                Err(e) => return classify_error(&e),
+            };
+            let status = resp.status().as_u16();
+            let retry_after = resp
+                .headers()
+                .get(http::header::RETRY_AFTER)
+                .and_then(|v| v.to_str().ok())
+                .map(str::to_owned);
+            let excerpt = read_capped(resp.into_body(), policy.attempt.response_cap_bytes).await;
+            (Outcome::Http { status, retry_after }, format!("HTTP {status}"), excerpt)
+        };
+        match tokio::time::timeout(timeout, exchange).await {
+            Ok((outcome, reason, excerpt)) => finish(outcome, reason, excerpt),
+            Err(_) => finish(Outcome::Timeout, format!("Timed out after {}", human_duration(timeout)), String::new()),
+        }
+    }
+}
+
+/// Reads the body up to `cap` bytes and returns the start of it; the rest is not read (the connection is then
+/// dropped rather than reused).
+async fn read_capped(mut body: hyper::body::Incoming, cap: u64) -> String {
+    let mut excerpt = Vec::new();
+    let mut read: u64 = 0;
+    while read < cap {
+        match body.frame().await {
+            Some(Ok(frame)) => {
+                if let Some(data) = frame.data_ref() {
+                    read += data.len() as u64;
+                    if excerpt.len() < EXCERPT_BYTES {
+                        let take = (EXCERPT_BYTES - excerpt.len()).min(data.len());
+                        excerpt.extend_from_slice(&data[..take]);
+                    }
+                }
+            }
+            // A broken body after the status arrived does not change the outcome: the status decides.
+            Some(Err(_)) | None => break,
+        }
+    }
+    String::from_utf8_lossy(&excerpt).into_owned()
+}
+
+fn classify_error(err: &hyper_util::client::legacy::Error) -> (Outcome, String, String) {
+    if let Some(r) = connector::refusal_in(err) {
+        return (r.outcome(), format!("egress refused: {}", r.reason), String::new());
+    }
+    let mut source: Option<&(dyn std::error::Error + 'static)> = Some(err);
+    let mut chain = Vec::new();
+    while let Some(e) = source {
+        if e.downcast_ref::<rustls::Error>().is_some() {
+            return (Outcome::TlsError, format!("TLS error: {e}"), String::new());
+        }
+        if let Some(io) = e.downcast_ref::<std::io::Error>() {
+            if io.get_ref().is_some_and(|inner| inner.downcast_ref::<rustls::Error>().is_some()) {
+                return (Outcome::TlsError, format!("TLS error: {io}"), String::new());
+            }
+        }
+        chain.push(e.to_string());
+        source = e.source();
+    }
+    chain.dedup();
+    (Outcome::ConnectError, format!("connection failed: {}", chain.join(": ")), String::new())
+}
+
+fn human_duration(d: Duration) -> String {
+    let ms = d.as_millis();
+    if ms % 1000 == 0 {
+        format!("{} s", ms / 1000)
+    } else {
+        format!("{ms} ms")
+    }
+}

@@ -1,0 +1,38 @@
+//! `POST /v1/events`: validate, produce to the events topic, answer 202 once Kafka acknowledged it.
+
+use std::sync::Arc;
+
+use axum::body::Bytes;
+use axum::extract::State;
+use axum::http::{HeaderMap, StatusCode};
+use axum::Json;
+use prost::Message as _;
+use serde_json::{json, Value};
+
+use super::{ApiError, ApiState};
+use crate::decode;
+
+pub async fn publish(State(s): State<Arc<ApiState>>, headers: HeaderMap, body: Bytes) -> Result<(StatusCode, Json<Value>), ApiError> {
+    let is_json = headers
+        .get(axum::http::header::CONTENT_TYPE)
+        .and_then(|v| v.to_str().ok())
+        .is_some_and(|v| v.split(';').next().is_some_and(|m| m.trim().eq_ignore_ascii_case("application/json")));
+    if !is_json {
+        return Err(ApiError::new(
+            StatusCode::UNSUPPORTED_MEDIA_TYPE,
+            "unsupported_media_type",
+            "send the event as JSON with `Content-Type: application/json`",
+        ));
+    }
+    let mut event = decode::decode(&body, s.max_event_bytes, true).map_err(|e| {
+        let status = if e.reason == "oversize" { StatusCode::PAYLOAD_TOO_LARGE } else { StatusCode::UNPROCESSABLE_ENTITY };
+        ApiError::new(status, e.reason, e.detail)
+    })?;
+    event.accepted_at_ms = crate::now_ms();
+    // Re-encoded as protobuf: validated once here, decoded cheaply by the fan-out.
+    hookline_kafka::produce::send(&s.producer, &s.topics.events(), &event.id, &event.encode_to_vec())
+        .await
+        .map_err(ApiError::unavailable)?;
+    metrics::counter!("hookline_events_accepted_total", "source" => "http").increment(1);
+    Ok((StatusCode::ACCEPTED, Json(json!({"id": event.id, "accepted_at_ms": event.accepted_at_ms}))))
+}

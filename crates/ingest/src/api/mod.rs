@@ -1,0 +1,137 @@
+//! The HTTP API served by ingest: events in, subscriptions managed. JSON everywhere, errors as
+//! `{"error":{"code":..,"message":..,"field":..}}`, bearer-token auth on everything but health and metrics.
+
+mod events;
+mod subscriptions;
+
+use std::sync::Arc;
+
+use axum::extract::rejection::JsonRejection;
+use axum::extract::{FromRequest, Request, State};
+use axum::http::{header, StatusCode};
+use axum::middleware::{self, Next};
+use axum::response::{IntoResponse, Response};
+use axum::routing::{get, post};
+use axum::{Json, Router};
+use hookline_core::egress::EgressSettings;
+use hookline_kafka::state::{EndpointStates, SubscriptionTable};
+use hookline_kafka::table::TableHandle;
+use hookline_kafka::Topics;
+use rdkafka::producer::FutureProducer;
+use serde::de::DeserializeOwned;
+use serde_json::json;
+use subtle::ConstantTimeEq;
+
+pub struct ApiState {
+    pub topics: Topics,
+    pub producer: FutureProducer,
+    pub subs: SubscriptionTable,
+    pub subs_reader: TableHandle,
+    pub states: EndpointStates,
+    pub tokens: Vec<String>,
+    pub max_event_bytes: usize,
+    pub egress: EgressSettings,
+}
+
+pub fn router(state: Arc<ApiState>, max_request_bytes: usize) -> Router {
+    Router::new()
+        .route("/v1/events", post(events::publish))
+        .route("/v1/subscriptions", post(subscriptions::create).get(subscriptions::list))
+        .route(
+            "/v1/subscriptions/{id}",
+            get(subscriptions::get).patch(subscriptions::update).delete(subscriptions::delete),
+        )
+        .route("/v1/subscriptions/{id}/pause", post(subscriptions::pause))
+        .route("/v1/subscriptions/{id}/resume", post(subscriptions::resume))
+        .route_layer(middleware::from_fn_with_state(state.clone(), auth))
+        .layer(axum::extract::DefaultBodyLimit::max(max_request_bytes))
+        .fallback(|| async { ApiError::new(StatusCode::NOT_FOUND, "not_found", "no such route") })
+        .with_state(state)
+}
+
+async fn auth(State(s): State<Arc<ApiState>>, req: Request, next: Next) -> Response {
+    let presented = req
+        .headers()
+        .get(header::AUTHORIZATION)
+        .and_then(|v| v.to_str().ok())
+        .and_then(|v| v.strip_prefix("Bearer "))
+        .map(str::trim);
+    let Some(presented) = presented else {
+        return ApiError::new(StatusCode::UNAUTHORIZED, "unauthorized", "missing `Authorization: Bearer <token>` header")
+            .into_response();
+    };
+    // Constant-time per token, and every token is compared, so timing reveals neither content nor position.
+    let ok = s.tokens.iter().fold(false, |acc, t| acc | bool::from(t.as_bytes().ct_eq(presented.as_bytes())));
+    if !ok {
+        return ApiError::new(StatusCode::UNAUTHORIZED, "unauthorized", "the bearer token is not valid").into_response();
+    }
+    next.run(req).await
+}
+
+/// An API error with a stable `code`.
+#[derive(Debug)]
+pub struct ApiError {
+    pub status: StatusCode,
+    pub code: &'static str,
+    pub message: String,
+    pub field: Option<String>,
+}
+
+impl ApiError {
+    pub fn new(status: StatusCode, code: &'static str, message: impl Into<String>) -> Self {
+        Self { status, code, message: message.into(), field: None }
+    }
+
+    pub fn field(field: &str, message: impl Into<String>) -> Self {
+        Self {
+            status: StatusCode::UNPROCESSABLE_ENTITY,
+            code: "invalid_field",
+            message: format!("{field}: {}", message.into()),
+            field: Some(field.to_owned()),
+        }
+    }
+
+    pub fn unavailable(e: impl std::fmt::Display) -> Self {
+        Self::new(StatusCode::SERVICE_UNAVAILABLE, "kafka_unavailable", format!("could not write to Kafka: {e}"))
+    }
+}
+
+impl IntoResponse for ApiError {
+    fn into_response(self) -> Response {
+        let mut body = json!({"error": {"code": self.code, "message": self.message}});
+        if let Some(f) = self.field {
+            body["error"]["field"] = json!(f);
+        }
+        (self.status, Json(body)).into_response()
+    }
+}
+
+/// `Json<T>` whose rejections are JSON errors naming the problem.
+pub struct ApiJson<T>(pub T);
+
+impl<S: Send + Sync, T: DeserializeOwned> FromRequest<S> for ApiJson<T> {
+    type Rejection = ApiError;
+
+    async fn from_request(req: Request, state: &S) -> Result<Self, Self::Rejection> {
+        match Json::<T>::from_request(req, state).await {
+            Ok(Json(v)) => Ok(ApiJson(v)),
+            Err(rejection) => Err(json_rejection(rejection)),
+        }
+    }
+}
+
+fn json_rejection(r: JsonRejection) -> ApiError {
+    match r {
+        JsonRejection::MissingJsonContentType(_) => ApiError::new(
+            StatusCode::UNSUPPORTED_MEDIA_TYPE,
+            "unsupported_media_type",
+            "send the body as JSON with `Content-Type: application/json`",
+        ),
+        JsonRejection::JsonDataError(e) => ApiError::new(StatusCode::UNPROCESSABLE_ENTITY, "invalid_body", e.body_text()),
+        JsonRejection::JsonSyntaxError(e) => ApiError::new(StatusCode::BAD_REQUEST, "invalid_json", e.body_text()),
+        JsonRejection::BytesRejection(e) => {
+            ApiError::new(StatusCode::PAYLOAD_TOO_LARGE, "body_too_large", format!("the request body could not be read: {}", e.body_text()))
+        }
+        other => ApiError::new(StatusCode::BAD_REQUEST, "invalid_body", other.body_text()),
+    }
+}

@@ -1,0 +1,285 @@
+//! Subscriptions: create, get, list, update, delete, pause, resume. Written to the compacted `subscriptions`
+//! topic; reads come from the in-memory table, and every write waits until the table has applied it, so a
+//! client reads its own writes.
+
+use std::collections::HashMap;
+use std::sync::Arc;
+
+use axum::extract::{Path, Query, State};
+use axum::http::StatusCode;
+use axum::Json;
+use hookline_core::egress::{EgressGuard, TargetHost};
+use hookline_core::model::{EndpointCondition, Secret, Subscription};
+use hookline_core::policy;
+use hookline_core::subscription::activity;
+use hookline_kafka::state::SubscriptionEntry;
+use prost::Message as _;
+use rand::Rng;
+use serde::Deserialize;
+use serde_json::{json, Value};
+
+use super::{ApiError, ApiJson, ApiState};
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct CreateSubscription {
+    url: String,
+    event_types: Vec<String>,
+    #[serde(default)]
+    policy: Option<String>,
+    #[serde(default)]
+    policy_toml: Option<String>,
+    #[serde(default)]
+    secret: Option<String>,
+    #[serde(default)]
+    description: Option<String>,
+    #[serde(default)]
+    metadata: Option<HashMap<String, String>>,
+    #[serde(default)]
+    enabled: Option<bool>,
+    #[serde(default)]
+    owner_email: Option<String>,
+    #[serde(default)]
+    tenant: Option<String>,
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct UpdateSubscription {
+    url: Option<String>,
+    event_types: Option<Vec<String>>,
+    policy: Option<String>,
+    policy_toml: Option<String>,
+    description: Option<String>,
+    metadata: Option<HashMap<String, String>>,
+    enabled: Option<bool>,
+    owner_email: Option<String>,
+}
+
+#[derive(Deserialize)]
+pub struct ListQuery {
+    limit: Option<usize>,
+    /// The last id of the previous page.
+    after: Option<String>,
+}
+
+pub async fn create(State(s): State<Arc<ApiState>>, ApiJson(req): ApiJson<CreateSubscription>) -> Result<(StatusCode, Json<Value>), ApiError> {
+    let now = crate::now_ms();
+    let mut sub = Subscription {
+        id: format!("sub_{}", hex_id()),
+        url: req.url,
+        event_types: req.event_types,
+        policy: req.policy.unwrap_or_else(|| "standard".into()),
+        policy_toml: req.policy_toml.unwrap_or_default(),
+        description: req.description.unwrap_or_default(),
+        metadata: req.metadata.unwrap_or_default(),
+        enabled: req.enabled.unwrap_or(true),
+        created_at_ms: now,
+        updated_at_ms: now,
+        tenant: req.tenant.unwrap_or_default(),
+        owner_email: req.owner_email.unwrap_or_default(),
+        ..Default::default()
+    };
+    let secret = match req.secret {
+        Some(secret) => {
+            hookline_core::sign::standard_signature(&secret, "probe", 0, b"").map_err(|e| ApiError::field("secret", e.to_string()))?;
+            secret
+        }
+        None => hookline_core::sign::generate_secret(&mut rand::rng()),
+    };
+    sub.secrets = vec![Secret { value: secret.clone(), expires_at_ms: 0 }];
+    validate(&s, &sub).await?;
+    write(&s, &sub).await?;
+    let mut view = view(&s, &SubscriptionEntry::new(sub));
+    // The only time the secret is shown.
+    view["secret"] = json!(secret);
+    Ok((StatusCode::CREATED, Json(view)))
+}
+
+pub async fn get(State(s): State<Arc<ApiState>>, Path(id): Path<String>) -> Result<Json<Value>, ApiError> {
+    let entry = find(&s, &id)?;
+    Ok(Json(view(&s, &entry)))
+}
+
+pub async fn list(State(s): State<Arc<ApiState>>, Query(q): Query<ListQuery>) -> Result<Json<Value>, ApiError> {
+    let limit = q.limit.unwrap_or(50);
+    if !(1..=500).contains(&limit) {
+        return Err(ApiError::field("limit", "must be between 1 and 500"));
+    }
+    let mut all = s.subs.all();
+    all.sort_by(|a, b| a.sub.id.cmp(&b.sub.id));
+    let page: Vec<_> = all
+        .iter()
+        .filter(|e| q.after.as_deref().is_none_or(|after| e.sub.id.as_str() > after))
+        .take(limit + 1)
+        .collect();
+    let more = page.len() > limit;
+    let items: Vec<Value> = page.iter().take(limit).map(|e| view(&s, e)).collect();
+    let next = if more { items.last().and_then(|v| v["id"].as_str().map(str::to_owned)) } else { None };
+    Ok(Json(json!({"items": items, "next_after": next})))
+}
+
+pub async fn update(
+    State(s): State<Arc<ApiState>>,
+    Path(id): Path<String>,
+    ApiJson(req): ApiJson<UpdateSubscription>,
+) -> Result<Json<Value>, ApiError> {
+    let entry = find(&s, &id)?;
+    let mut sub = entry.sub.clone();
+    if let Some(v) = req.url {
+        sub.url = v;
+    }
+    if let Some(v) = req.event_types {
+        sub.event_types = v;
+    }
+    if let Some(v) = req.policy {
+        sub.policy = v;
+        sub.policy_toml.clear();
+    }
+    if let Some(v) = req.policy_toml {
+        sub.policy_toml = v;
+    }
+    if let Some(v) = req.description {
+        sub.description = v;
+    }
+    if let Some(v) = req.metadata {
+        sub.metadata = v;
+    }
+    if let Some(v) = req.owner_email {
+        sub.owner_email = v;
+    }
+    if let Some(enabled) = req.enabled {
+        // Gauge: `PATCH {"enabled": true}` switches an endpoint back on and clears `disabledReason`.
+        if enabled && !activity(&sub, s.states.get(&id).as_ref()).is_active() {
+            sub.resume_generation += 1;
+            sub.paused = false;
+        }
+        sub.enabled = enabled;
+    }
+    sub.updated_at_ms = crate::now_ms();
+    validate(&s, &sub).await?;
+    write(&s, &sub).await?;
+    Ok(Json(view(&s, &SubscriptionEntry::new(sub))))
+}
+
+pub async fn delete(State(s): State<Arc<ApiState>>, Path(id): Path<String>) -> Result<StatusCode, ApiError> {
+    find(&s, &id)?;
+    let (p, o) = produce(&s, &id, None).await?;
+    s.subs_reader.wait_for(p, o + 1).await;
+    Ok(StatusCode::NO_CONTENT)
+}
+
+pub async fn pause(State(s): State<Arc<ApiState>>, Path(id): Path<String>) -> Result<Json<Value>, ApiError> {
+    let mut sub = find(&s, &id)?.sub.clone();
+    sub.paused = true;
+    sub.updated_at_ms = crate::now_ms();
+    write(&s, &sub).await?;
+    Ok(Json(view(&s, &SubscriptionEntry::new(sub))))
+}
+
+/// Resumes a paused subscription, including one the policy paused automatically (LuciBook's auto-pause).
+pub async fn resume(State(s): State<Arc<ApiState>>, Path(id): Path<String>) -> Result<Json<Value>, ApiError> {
+    let mut sub = find(&s, &id)?.sub.clone();
+    if !sub.enabled {
+        return Err(ApiError::new(StatusCode::CONFLICT, "subscription_disabled", "the subscription is disabled; enable it with PATCH {\"enabled\": true}"));
+    }
+    sub.paused = false;
+    sub.resume_generation += 1;
+    sub.updated_at_ms = crate::now_ms();
+    write(&s, &sub).await?;
+    Ok(Json(view(&s, &SubscriptionEntry::new(sub))))
+}
+
+fn find(s: &ApiState, id: &str) -> Result<Arc<SubscriptionEntry>, ApiError> {
+    s.subs
+        .get(id)
+        .ok_or_else(|| ApiError::new(StatusCode::NOT_FOUND, "not_found", format!("no subscription {id}")))
+}
+
+async fn validate(s: &ApiState, sub: &Subscription) -> Result<(), ApiError> {
+    if sub.event_types.is_empty() {
+        return Err(ApiError::field("event_types", "at least one event type (or \"*\") is required"));
+    }
+    for (i, t) in sub.event_types.iter().enumerate() {
+        hookline_core::filter::validate(t).map_err(|e| ApiError::field(&format!("event_types[{i}]"), e))?;
+    }
+    let pol = policy::resolve(&sub.policy, &sub.policy_toml).map_err(|e| {
+        let field = if sub.policy_toml.is_empty() { "policy" } else { "policy_toml" };
+        ApiError::field(field, e.to_string())
+    })?;
+    let guard = EgressGuard::new(&s.egress, &pol.egress).map_err(|e| ApiError::field("policy_toml", e.to_string()))?;
+    let target = guard.check_url(&sub.url).map_err(|r| ApiError::field("url", r.reason))?;
+    // Resolved now as well as on every attempt: a name that points inside is refused when it is saved.
+    let addrs = match &target.host {
+        TargetHost::Ip(ip) => vec![*ip],
+        TargetHost::Name(name) => tokio::net::lookup_host((name.as_str(), target.port))
+            .await
+            .map_err(|e| ApiError::field("url", format!("cannot resolve {name}: {e}")))?
+            .map(|a| a.ip())
+            .collect(),
+    };
+    guard.check_resolved(&target, &addrs).map_err(|r| ApiError::field("url", r.reason))?;
+    if sub.metadata.len() > 50 || sub.metadata.iter().any(|(k, v)| k.len() > 100 || v.len() > 1000) {
+        return Err(ApiError::field("metadata", "at most 50 entries, keys up to 100 and values up to 1000 bytes"));
+    }
+    Ok(())
+}
+
+async fn write(s: &ApiState, sub: &Subscription) -> Result<(), ApiError> {
+    let (p, o) = produce(s, &sub.id, Some(sub.encode_to_vec())).await?;
+    s.subs_reader.wait_for(p, o + 1).await;
+    Ok(())
+}
+
+async fn produce(s: &ApiState, id: &str, value: Option<Vec<u8>>) -> Result<(i32, i64), ApiError> {
+    let topic = s.topics.subscriptions();
+    let record = rdkafka::producer::FutureRecord::<str, [u8]>::to(&topic).key(id);
+    let record = match &value {
+        Some(v) => record.payload(v.as_slice()),
+        None => record,
+    };
+    s.producer
+        .send(record, std::time::Duration::from_secs(10))
+        .await
+        .map(|d| (d.partition, d.offset))
+        .map_err(|(e, _)| ApiError::unavailable(e))
+}
+
+/// The API's view: never the secret.
+fn view(s: &ApiState, e: &SubscriptionEntry) -> Value {
+    let sub = &e.sub;
+    let state = s.states.get(&sub.id);
+    let act = activity(sub, state.as_ref());
+    let st = state.unwrap_or_default();
+    let auto_reason = match act {
+        hookline_core::subscription::Activity::AutoPaused(ref r) | hookline_core::subscription::Activity::AutoDisabled(ref r) => Some(r.clone()),
+        _ => None,
+    };
+    json!({
+        "id": sub.id,
+        "url": sub.url,
+        "event_types": sub.event_types,
+        "policy": if sub.policy_toml.is_empty() { json!(sub.policy) } else { json!("inline") },
+        "policy_error": e.policy.as_ref().err(),
+        "description": sub.description,
+        "metadata": sub.metadata,
+        "enabled": sub.enabled && !matches!(act, hookline_core::subscription::Activity::AutoDisabled(_)),
+        "paused": sub.paused || matches!(act, hookline_core::subscription::Activity::AutoPaused(_)),
+        "state": act.word(),
+        "disabled_reason": auto_reason,
+        "disabledReason": auto_reason,
+        "consecutive_failures": st.consecutive_failures,
+        "first_failure_at_ms": (st.first_failure_at_ms > 0).then_some(st.first_failure_at_ms),
+        "last_success_at_ms": (st.last_success_at_ms > 0).then_some(st.last_success_at_ms),
+        "endpoint_condition": EndpointCondition::try_from(st.condition).map(|c| c.as_str_name()).unwrap_or("ENDPOINT_CONDITION_UNSPECIFIED"),
+        "owner_email": sub.owner_email,
+        "tenant": sub.tenant,
+        "created_at_ms": sub.created_at_ms,
+        "updated_at_ms": sub.updated_at_ms,
+    })
+}
+
+fn hex_id() -> String {
+    let bytes: [u8; 12] = rand::rng().random();
+    bytes.iter().map(|b| format!("{b:02x}")).collect()
+}

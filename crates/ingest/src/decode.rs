@@ -1,0 +1,219 @@
+//! Decoding and validating an upstream event: a JSON envelope or the protobuf `Event`. A rejection names a
+//! stable reason (the dead-letter `reason`) and a detail a producer can act on.
+
+use bytes::Bytes;
+use hookline_core::model::Event;
+use prost::Message;
+use serde::Deserialize;
+use serde_json::value::RawValue;
+
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("{reason}: {detail}")]
+pub struct Invalid {
+    /// `oversize`, `invalid_utf8`, `invalid_json`, `missing_field`, `invalid_field`, `invalid_protobuf`, `empty`.
+    pub reason: &'static str,
+    pub detail: String,
+}
+
+fn invalid(reason: &'static str, detail: impl Into<String>) -> Invalid {
+    Invalid { reason, detail: detail.into() }
+}
+
+/// Longest accepted id and type.
+const MAX_NAME: usize = 256;
+
+#[derive(Deserialize)]
+struct Envelope<'a> {
+    id: Option<String>,
+    #[serde(rename = "type")]
+    event_type: Option<String>,
+    #[serde(alias = "occurredAt")]
+    occurred_at: Option<serde_json::Value>,
+    tenant: Option<String>,
+    #[serde(alias = "entityId")]
+    entity_id: Option<String>,
+    #[serde(borrow)]
+    data: Option<&'a RawValue>,
+}
+
+/// Decodes one record of the events topic (or an API body when `json_only`).
+pub fn decode(bytes: &[u8], max_bytes: usize, json_only: bool) -> Result<Event, Invalid> {
+    if bytes.is_empty() {
+        return Err(invalid("empty", "the record has no value"));
+    }
+    if bytes.len() > max_bytes {
+        return Err(invalid("oversize", format!("{} bytes is over the limit of {max_bytes}", bytes.len())));
+    }
+    let first = bytes.iter().copied().find(|b| !b.is_ascii_whitespace());
+    if json_only || first == Some(b'{') || first == Some(b'[') || first == Some(b'"') {
+        decode_json(bytes)
+    } else {
+        decode_protobuf(bytes)
+    }
+}
+
+fn decode_json(bytes: &[u8]) -> Result<Event, Invalid> {
+    let text = std::str::from_utf8(bytes)
+        .map_err(|e| invalid("invalid_utf8", format!("the event is not valid UTF-8 (at byte {})", e.valid_up_to())))?;
+    let env: Envelope<'_> = serde_json::from_str(text).map_err(|e| invalid("invalid_json", e.to_string()))?;
+    let id = required(env.id, "id")?;
+    let event_type = required(env.event_type, "type")?;
+    let occurred_at_ms = match env.occurred_at {
+        None | Some(serde_json::Value::Null) => 0,
+        Some(serde_json::Value::Number(n)) => n
+            .as_i64()
+            .filter(|v| *v >= 0)
+            .ok_or_else(|| invalid("invalid_field", "occurred_at: a number must be whole milliseconds since the epoch"))?,
+        Some(serde_json::Value::String(s)) => parse_rfc3339_ms(&s)
+            .ok_or_else(|| invalid("invalid_field", format!("occurred_at: {s:?} is not an RFC 3339 timestamp")))?,
+        Some(_) => return Err(invalid("invalid_field", "occurred_at: must be an RFC 3339 string or epoch milliseconds")),
+    };
+    Ok(Event {
+        id,
+        r#type: event_type,
+        occurred_at_ms,
+        tenant: env.tenant.unwrap_or_default(),
+        entity_id: env.entity_id.unwrap_or_default(),
+        data_json: env.data.map(|d| Bytes::copy_from_slice(d.get().as_bytes())).unwrap_or_default(),
+        accepted_at_ms: 0,
+    })
+}
+
+fn decode_protobuf(bytes: &[u8]) -> Result<Event, Invalid> {
+    let ev = Event::decode(bytes).map_err(|e| invalid("invalid_protobuf", e.to_string()))?;
+    check_name(&ev.id, "id")?;
+    check_name(&ev.r#type, "type")?;
+    if !ev.data_json.is_empty() {
+        let text = std::str::from_utf8(&ev.data_json)
+            .map_err(|_| invalid("invalid_utf8", "data_json is not valid UTF-8"))?;
+        serde_json::from_str::<&RawValue>(text)
+            .map_err(|e| invalid("invalid_json", format!("data_json: {e}")))?;
+    }
+    Ok(ev)
+}
+
+fn required(v: Option<String>, field: &str) -> Result<String, Invalid> {
+    let v = v.ok_or_else(|| invalid("missing_field", format!("`{field}` is required")))?;
+    check_name(&v, field)?;
+    Ok(v)
+}
+
+fn check_name(v: &str, field: &str) -> Result<(), Invalid> {
+    if v.trim().is_empty() {
+        return Err(invalid("missing_field", format!("`{field}` must not be empty")));
+    }
+    if v.len() > MAX_NAME {
+        return Err(invalid("invalid_field", format!("`{field}` is longer than {MAX_NAME} bytes")));
+    }
+    if v.chars().any(char::is_control) {
+        return Err(invalid("invalid_field", format!("`{field}` contains control characters")));
+    }
+    Ok(())
+}
+
+/// `2026-01-02T03:04:05Z`, with optional fraction and `±hh:mm` offset, to epoch milliseconds.
+pub fn parse_rfc3339_ms(s: &str) -> Option<i64> {
+    let b = s.as_bytes();
+    if b.len() < 20 || b[4] != b'-' || b[7] != b'-' || !matches!(b[10], b'T' | b't' | b' ') || b[13] != b':' || b[16] != b':' {
+        return None;
+    }
+    let num = |r: std::ops::Range<usize>| -> Option<i64> {
+        let part = s.get(r)?;
+        part.bytes().all(|c| c.is_ascii_digit()).then(|| part.parse().ok()).flatten()
+    };
+    let (y, mo, d, h, mi, sec) = (num(0..4)?, num(5..7)?, num(8..10)?, num(11..13)?, num(14..16)?, num(17..19)?);
+    if !(1..=12).contains(&mo) || !(1..=31).contains(&d) || h > 23 || mi > 59 || sec > 60 {
+        return None;
+    }
+    let mut i = 19;
+    let mut millis = 0i64;
+    if b.get(i) == Some(&b'.') {
+        i += 1;
+        let start = i;
+        while i < b.len() && b[i].is_ascii_digit() {
+            i += 1;
+        }
+        if i == start {
+            return None;
+        }
+        let frac = &s[start..i.min(start + 3)];
+        millis = frac.parse::<i64>().ok()? * 10i64.pow(3 - frac.len() as u32);
+    }
+    let offset_min = match b.get(i)? {
+        b'Z' | b'z' if i + 1 == b.len() => 0,
+        sign @ (b'+' | b'-') if i + 6 == b.len() && b[i + 3] == b':' => {
+            let v = num(i + 1..i + 3)? * 60 + num(i + 4..i + 6)?;
+            if *sign == b'-' { -v } else { v }
+        }
+        _ => return None,
+    };
+    // Days from civil (Howard Hinnant's algorithm).
+    let (y2, m2) = if mo <= 2 { (y - 1, mo + 9) } else { (y, mo - 3) };
+    let era = y2.div_euclid(400);
+    let yoe = y2 - era * 400;
+    let doy = (153 * m2 + 2) / 5 + d - 1;
+    let doe = yoe * 365 + yoe / 4 - yoe / 100 + doy;
+    let days = era * 146_097 + doe - 719_468;
+    Some(((days * 86_400 + h * 3_600 + mi * 60 + sec - offset_min * 60) * 1000) + millis)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const MAX: usize = 1 << 20;
+
+    #[test]
+    fn accepts_a_json_envelope() {
+        let ev = decode(
+            br#"{"id":"evt_1","type":"message.received","occurred_at":"2026-01-01T00:00:01.5Z","tenant":"t","entityId":"e9","data":{"text":"hi"}}"#,
+            MAX,
+            false,
+        )
+        .unwrap();
+        assert_eq!(ev.id, "evt_1");
+        assert_eq!(ev.r#type, "message.received");
+        assert_eq!(ev.occurred_at_ms, 1_767_225_601_500);
+        assert_eq!(ev.entity_id, "e9");
+        assert_eq!(&ev.data_json[..], br#"{"text":"hi"}"#);
+    }
+
+    #[test]
+    fn accepts_protobuf() {
+        let ev = Event { id: "e".into(), r#type: "t".into(), data_json: Bytes::from_static(b"[1]"), ..Default::default() };
+        assert_eq!(decode(&ev.encode_to_vec(), MAX, false).unwrap(), ev);
+    }
+
+    #[test]
+    fn rejects_bad_input_with_reasons() {
+        let cases: &[(&[u8], &str)] = &[
+            (b"", "empty"),
+            (b"{not json", "invalid_json"),
+            (b"{\"id\":\"a\",\"id\":\"b\",\"type\":\"t\"}", "invalid_json"),
+            (b"{\"type\":\"t\"}", "missing_field"),
+            (b"{\"id\":\"\",\"type\":\"t\"}", "missing_field"),
+            (b"{\"id\":\"a\",\"type\":7}", "invalid_json"),
+            (b"{\"id\":\"a\",\"type\":\"t\",\"occurred_at\":\"yesterday\"}", "invalid_field"),
+            (b"{\"id\":\"a\xff\",\"type\":\"t\"}", "invalid_utf8"),
+            (b"\x0a\x03abc\x12", "invalid_protobuf"),
+            (b"\xff\xff\xff", "invalid_protobuf"),
+        ];
+        for (input, reason) in cases {
+            let err = decode(input, MAX, false).unwrap_err();
+            assert_eq!(err.reason, *reason, "{:?}: {err}", String::from_utf8_lossy(input));
+        }
+        let deep = format!("{{\"id\":\"a\",\"type\":\"t\",\"data\":{}{}}}", "[".repeat(1000), "]".repeat(1000));
+        assert_eq!(decode(deep.as_bytes(), MAX, false).unwrap_err().reason, "invalid_json");
+        assert_eq!(decode(&vec![b' '; 100], 10, false).unwrap_err().reason, "oversize");
+    }
+
+    #[test]
+    fn rfc3339() {
+        assert_eq!(parse_rfc3339_ms("1970-01-01T00:00:00Z"), Some(0));
+        assert_eq!(parse_rfc3339_ms("1970-01-01T01:00:00+01:00"), Some(0));
+        assert_eq!(parse_rfc3339_ms("2026-10-21T07:28:00.123Z"), Some(1_792_567_680_123));
+        for bad in ["", "2026-13-01T00:00:00Z", "2026-01-01T00:00:00", "2026-01-01T00:00:00.Z", "x026-01-01T00:00:00Z"] {
+            assert_eq!(parse_rfc3339_ms(bad), None, "{bad}");
+        }
+    }
+}

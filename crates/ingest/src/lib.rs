@@ -1,0 +1,114 @@
+//! Ingest: fans events out from the `events` topic to one delivery task per matching subscription, and serves
+//! the HTTP API (events in, subscriptions managed, /metrics /healthz /readyz).
+
+pub mod api;
+pub mod decode;
+pub mod fanout;
+
+use std::net::SocketAddr;
+use std::sync::Arc;
+use std::time::{SystemTime, UNIX_EPOCH};
+
+use hookline_kafka::client::producer;
+use hookline_kafka::state::{EndpointStates, SubscriptionTable};
+use hookline_kafka::table::{self, TableError};
+use hookline_kafka::Topics;
+use hookline_service::{health, telemetry, Config, Readiness};
+use rdkafka::error::KafkaError;
+use rdkafka::producer::Producer;
+use tokio::sync::oneshot;
+use tokio_util::sync::CancellationToken;
+
+#[derive(Debug, thiserror::Error)]
+pub enum IngestError {
+    #[error("kafka: {0}")]
+    Kafka(#[from] KafkaError),
+    #[error(transparent)]
+    Table(#[from] TableError),
+    #[error("listening on {addr}: {source}")]
+    Listen {
+        addr: SocketAddr,
+        #[source]
+        source: std::io::Error,
+    },
+}
+
+#[derive(Default)]
+pub struct Options {
+    /// Receives the API's bound address once it listens (tests bind port 0).
+    pub bound: Option<oneshot::Sender<SocketAddr>>,
+    pub instance: Option<String>,
+}
+
+pub(crate) fn now_ms() -> i64 {
+    SystemTime::now().duration_since(UNIX_EPOCH).map(|d| d.as_millis() as i64).unwrap_or(0)
+}
+
+/// Runs ingest until `shutdown`: reads the subscription table to its end, then serves the API and fans out.
+pub async fn run(config: Config, shutdown: CancellationToken, options: Options) -> Result<(), IngestError> {
+    let instance = options.instance.unwrap_or_else(|| "hookline-ingest".into());
+    let metrics = telemetry::metrics_handle();
+    let readiness = Readiness::default();
+    let topics = Topics::new(config.kafka.topic_prefix.clone());
+    let reader_stop = CancellationToken::new();
+
+    let subs = SubscriptionTable::default();
+    let s = subs.clone();
+    let subs_reader =
+        table::spawn(&config.kafka, topics.subscriptions(), &format!("{instance}-subs"), move |_, k, v| s.apply(k, v), reader_stop.clone()).await?;
+    let states = EndpointStates::default();
+    let st = states.clone();
+    let states_reader =
+        table::spawn(&config.kafka, topics.endpoint_state(), &format!("{instance}-states"), move |p, k, v| st.apply(p, k, v), reader_stop.clone())
+            .await?;
+    let producer = producer(&config.kafka, &instance)?;
+
+    if config.ingest.api_tokens.is_empty() {
+        tracing::warn!("ingest.api_tokens is empty: every API request will be refused with 401");
+    }
+    let state = Arc::new(api::ApiState {
+        topics: topics.clone(),
+        producer: producer.clone(),
+        subs: subs.clone(),
+        subs_reader: subs_reader.clone(),
+        states,
+        tokens: config.ingest.api_tokens.clone(),
+        max_event_bytes: config.ingest.max_event_bytes,
+        egress: config.egress.clone(),
+    });
+    let app = api::router(state, config.ingest.max_request_bytes).merge(health::routes(readiness.clone(), metrics));
+    let addr = config.ingest.listen_addr;
+    let listener = tokio::net::TcpListener::bind(addr).await.map_err(|source| IngestError::Listen { addr, source })?;
+    let bound = listener.local_addr().map_err(|source| IngestError::Listen { addr, source })?;
+    tracing::info!(%bound, "ingest API listening");
+    if let Some(tx) = options.bound {
+        let _ = tx.send(bound);
+    }
+    let server_stop = shutdown.clone();
+    let server = tokio::spawn(async move {
+        let _ = axum::serve(listener, app).with_graceful_shutdown(server_stop.cancelled_owned()).await;
+    });
+
+    // Fan-out needs the whole subscription table, or early events would reach nobody.
+    tokio::select! {
+        _ = async { subs_reader.wait_caught_up().await; states_reader.wait_caught_up().await } => {}
+        _ = shutdown.cancelled() => { reader_stop.cancel(); return Ok(()) }
+    }
+    readiness.set(true);
+    tracing::info!(subscriptions = subs.len(), "ingest ready");
+    let fan = Arc::new(fanout::Fanout {
+        topics,
+        producer: producer.clone(),
+        subs,
+        max_event_bytes: config.ingest.max_event_bytes,
+        shutdown: shutdown.clone(),
+    });
+    let result = fanout::run(fan, &config, &instance).await;
+    readiness.set(false);
+    let _ = server.await;
+    let _ = producer.flush(std::time::Duration::from_secs(10));
+    reader_stop.cancel();
+    result?;
+    tracing::info!("ingest stopped");
+    Ok(())
+}

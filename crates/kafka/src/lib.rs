@@ -1,0 +1,16 @@
+//! hookline's Kafka plumbing, shared by every binary: client settings (acks=all, idempotence, murmur2), topic
+//! names and the retry-tier ladder, per-partition offset watermarks, compacted-table readers, producing with
+//! acknowledgement, and the embedded mock broker for dev mode and tests.
+
+pub mod client;
+pub mod mock;
+pub mod produce;
+pub mod rebalance;
+pub mod settings;
+pub mod state;
+pub mod table;
+pub mod topics;
+pub mod watermark;
+
+pub use settings::KafkaSettings;
+pub use topics::{Tier, Topics, TIERS};

@@ -1,0 +1,77 @@
+//! Producing a record and waiting for the broker's acknowledgement.
+
+use std::time::Duration;
+
+use rdkafka::error::KafkaError;
+use rdkafka::message::OwnedHeaders;
+use rdkafka::producer::{FutureProducer, FutureRecord};
+
+#[derive(Debug, thiserror::Error)]
+#[error("producing to {topic} failed: {source}")]
+pub struct ProduceError {
+    pub topic: String,
+    #[source]
+    pub source: KafkaError,
+}
+
+/// How long a record may wait for room in the producer's local queue before the send fails.
+const QUEUE_TIMEOUT: Duration = Duration::from_secs(10);
+
+/// Sends one record and waits until it is acknowledged by all in-sync replicas. Returns (partition, offset).
+pub async fn send(
+    producer: &FutureProducer,
+    topic: &str,
+    key: &str,
+    payload: &[u8],
+) -> Result<(i32, i64), ProduceError> {
+    send_with_headers(producer, topic, key, payload, None).await
+}
+
+pub async fn send_with_headers(
+    producer: &FutureProducer,
+    topic: &str,
+    key: &str,
+    payload: &[u8],
+    headers: Option<OwnedHeaders>,
+) -> Result<(i32, i64), ProduceError> {
+    let mut record = FutureRecord::to(topic).key(key).payload(payload);
+    if let Some(h) = headers {
+        record = record.headers(h);
+    }
+    match producer.send(record, QUEUE_TIMEOUT).await {
+        Ok(delivery) => Ok((delivery.partition, delivery.offset)),
+        Err((source, _)) => {
+            metrics::counter!("hookline_kafka_produce_errors_total", "topic" => topic_kind(topic)).increment(1);
+            Err(ProduceError { topic: topic.to_owned(), source })
+        }
+    }
+}
+
+/// Sends a tombstone (null value) for `key`.
+pub async fn send_tombstone(producer: &FutureProducer, topic: &str, key: &str) -> Result<(), ProduceError> {
+    let record: FutureRecord<'_, str, [u8]> = FutureRecord::to(topic).key(key);
+    match producer.send(record, QUEUE_TIMEOUT).await {
+        Ok(_) => Ok(()),
+        Err((source, _)) => Err(ProduceError { topic: topic.to_owned(), source }),
+    }
+}
+
+/// A bounded label for a topic: its name without the configurable prefix, and tiers folded into `retry`.
+pub fn topic_kind(topic: &str) -> &'static str {
+    const KINDS: &[&str] =
+        &["events", "deliveries", "held", "dlq", "subscriptions", "endpoint-state", "attempts", "ops"];
+    if topic.contains(".retry.") || topic.starts_with("retry.") {
+        return "retry";
+    }
+    KINDS.iter().find(|k| topic.ends_with(*k)).copied().unwrap_or("other")
+}
+
+#[cfg(test)]
+mod tests {
+    #[test]
+    fn topic_kind_is_bounded() {
+        assert_eq!(super::topic_kind("hookline.retry.15m"), "retry");
+        assert_eq!(super::topic_kind("x.endpoint-state"), "endpoint-state");
+        assert_eq!(super::topic_kind("anything"), "other");
+    }
+}

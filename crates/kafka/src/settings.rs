@@ -1,0 +1,75 @@
+//! The `[kafka]` table of the config file.
+
+use std::collections::BTreeMap;
+
+use serde::{Deserialize, Serialize};
+
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct KafkaSettings {
+    /// `host:port,host:port`.
+    pub bootstrap_servers: String,
+    /// Prepended to every topic name.
+    pub topic_prefix: String,
+    /// Partitions of the work and state topics (deliveries, retry tiers, held, endpoint-state, subscriptions,
+    /// attempts). They must all be equal: that is what co-partitions them by subscription id.
+    pub partitions: i32,
+    /// Partitions of the `events` input topic.
+    pub event_partitions: i32,
+    pub replication_factor: i32,
+    /// Passed to librdkafka as is (SASL, SSL, tuning): `"security.protocol" = "SASL_SSL"`.
+    /// hookline's own safety settings (acks, idempotence, partitioner, offset storing) cannot be overridden here.
+    pub properties: BTreeMap<String, String>,
+    /// How long a producer keeps retrying a record before reporting failure.
+    pub delivery_timeout_ms: u64,
+    /// Producer batching delay: a small value keeps latency low.
+    pub linger_ms: u64,
+}
+
+impl Default for KafkaSettings {
+    fn default() -> Self {
+        Self {
+            bootstrap_servers: "localhost:9092".into(),
+            topic_prefix: "hookline.".into(),
+            partitions: 12,
+            event_partitions: 12,
+            replication_factor: 3,
+            properties: BTreeMap::new(),
+            delivery_timeout_ms: 120_000,
+            linger_ms: 2,
+        }
+    }
+}
+
+/// Properties hookline sets itself; overriding them would break a delivery guarantee.
+pub const PROTECTED_PROPERTIES: &[&str] = &[
+    "acks",
+    "enable.idempotence",
+    "partitioner",
+    "enable.auto.offset.store",
+    "group.id",
+    "bootstrap.servers",
+];
+
+impl KafkaSettings {
+    pub fn validate(&self) -> Result<(), String> {
+        if self.bootstrap_servers.trim().is_empty() {
+            return Err("kafka.bootstrap_servers: must not be empty".into());
+        }
+        if self.partitions < 1 {
+            return Err(format!("kafka.partitions: must be at least 1, got {}", self.partitions));
+        }
+        if self.event_partitions < 1 {
+            return Err(format!("kafka.event_partitions: must be at least 1, got {}", self.event_partitions));
+        }
+        if self.replication_factor < 1 {
+            return Err(format!("kafka.replication_factor: must be at least 1, got {}", self.replication_factor));
+        }
+        if let Some(k) = self.properties.keys().find(|k| PROTECTED_PROPERTIES.contains(&k.as_str())) {
+            return Err(format!(
+                "kafka.properties.{k}: hookline sets this itself (at-least-once delivery depends on it); remove it"
+            ));
+        }
+        Ok(())
+    }
+}

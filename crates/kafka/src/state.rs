@@ -1,0 +1,179 @@
+//! In-memory views of the two compacted state topics: subscriptions (written by ingest's API) and endpoint
+//! state (written by the dispatcher that owns the subscription's partition).
+
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex, RwLock};
+
+use hookline_core::model::{EndpointState, Subscription};
+use hookline_core::policy::{self, Policy};
+use prost::Message;
+use tokio::sync::watch;
+
+/// A subscription with its policy parsed once.
+#[derive(Debug)]
+pub struct SubscriptionEntry {
+    pub sub: Subscription,
+    /// The parsed policy, or why it could not be used (deliveries then dead-letter with `invalid_policy`).
+    pub policy: Result<Arc<Policy>, String>,
+    /// Identifies the policy's egress rules, so HTTP clients can be shared between subscriptions with equal rules.
+    pub egress_key: String,
+}
+
+impl SubscriptionEntry {
+    pub fn new(sub: Subscription) -> Self {
+        let policy = policy::resolve(&sub.policy, &sub.policy_toml).map(Arc::new).map_err(|e| e.to_string());
+        let egress_key = match &policy {
+            Ok(p) => format!("{:?}", p.egress),
+            Err(_) => String::new(),
+        };
+        Self { sub, policy, egress_key }
+    }
+
+    /// Secrets that sign now: the newest, plus older ones still inside their rotation overlap.
+    pub fn signing_secrets(&self, now_ms: i64) -> Vec<String> {
+        self.sub
+            .secrets
+            .iter()
+            .enumerate()
+            .filter(|(i, s)| *i == 0 || s.expires_at_ms == 0 || s.expires_at_ms > now_ms)
+            .map(|(_, s)| s.value.clone())
+            .collect()
+    }
+}
+
+/// Subscriptions by id. Cloning shares it.
+#[derive(Clone, Default)]
+pub struct SubscriptionTable {
+    inner: Arc<RwLock<HashMap<String, Arc<SubscriptionEntry>>>>,
+}
+
+impl SubscriptionTable {
+    /// Applies one record of the subscriptions topic (`None` = tombstone = deleted).
+    pub fn apply(&self, key: &[u8], value: Option<&[u8]>) {
+        let id = String::from_utf8_lossy(key).into_owned();
+        let mut map = self.inner.write().expect("subscription table lock");
+        match value.filter(|v| !v.is_empty()).map(Subscription::decode) {
+            None => {
+                map.remove(&id);
+            }
+            Some(Ok(sub)) => {
+                map.insert(id, Arc::new(SubscriptionEntry::new(sub)));
+            }
+            Some(Err(e)) => tracing::warn!(subscription = %id, error = %e, "undecodable subscription record ignored"),
+        }
+    }
+
+    pub fn get(&self, id: &str) -> Option<Arc<SubscriptionEntry>> {
+        self.inner.read().expect("subscription table lock").get(id).cloned()
+    }
+
+    pub fn all(&self) -> Vec<Arc<SubscriptionEntry>> {
+        let mut v: Vec<_> = self.inner.read().expect("subscription table lock").values().cloned().collect();
+        v.sort_by(|a, b| a.sub.created_at_ms.cmp(&b.sub.created_at_ms).then_with(|| a.sub.id.cmp(&b.sub.id)));
+        v
+    }
+
+    /// Subscriptions whose event-type filter matches.
+    pub fn matching(&self, event_type: &str) -> Vec<Arc<SubscriptionEntry>> {
+        self.inner
+            .read()
+            .expect("subscription table lock")
+            .values()
+            .filter(|e| hookline_core::filter::matches_any(&e.sub.event_types, event_type))
+            .cloned()
+            .collect()
+    }
+
+    pub fn len(&self) -> usize {
+        self.inner.read().expect("subscription table lock").len()
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Ownership {
+    /// Assigned; the reader is still applying what earlier owners wrote.
+    Syncing,
+    /// Assigned and synced: this process is the only writer; the reader ignores the partition.
+    Owned,
+}
+
+/// Endpoint states by subscription id. The dispatcher owning a partition writes its states; everyone else reads.
+#[derive(Clone, Default)]
+pub struct EndpointStates {
+    map: Arc<RwLock<HashMap<String, EndpointState>>>,
+    owned: Arc<Mutex<HashMap<i32, (Ownership, watch::Sender<bool>)>>>,
+}
+
+impl EndpointStates {
+    /// Applies one record of the endpoint-state topic, unless this process owns (writes) that partition.
+    pub fn apply(&self, partition: i32, key: &[u8], value: Option<&[u8]>) {
+        if matches!(self.owned.lock().expect("ownership lock").get(&partition), Some((Ownership::Owned, _))) {
+            return;
+        }
+        let id = String::from_utf8_lossy(key).into_owned();
+        let mut map = self.map.write().expect("endpoint state lock");
+        match value.filter(|v| !v.is_empty()).map(EndpointState::decode) {
+            None => {
+                map.remove(&id);
+            }
+            Some(Ok(st)) => {
+                map.insert(id, st);
+            }
+            Some(Err(e)) => tracing::warn!(subscription = %id, error = %e, "undecodable endpoint state ignored"),
+        }
+    }
+
+    pub fn get(&self, id: &str) -> Option<EndpointState> {
+        self.map.read().expect("endpoint state lock").get(id).cloned()
+    }
+
+    /// Read-modify-write of one subscription's state under the table lock, so concurrent deliveries to the same
+    /// endpoint never lose an update. `f` should also enqueue the produce of the new state (a synchronous enqueue
+    /// keeps the topic's order equal to the order of updates).
+    pub fn update<R>(&self, id: &str, f: impl FnOnce(&mut EndpointState) -> R) -> R {
+        let mut map = self.map.write().expect("endpoint state lock");
+        let state = map
+            .entry(id.to_owned())
+            .or_insert_with(|| EndpointState { subscription_id: id.to_owned(), ..Default::default() });
+        f(state)
+    }
+
+    /// A partition was assigned: records keep being applied until `synced` is called.
+    pub fn assign(&self, partition: i32) {
+        let mut owned = self.owned.lock().expect("ownership lock");
+        owned.entry(partition).or_insert_with(|| (Ownership::Syncing, watch::channel(false).0));
+    }
+
+    /// Everything earlier owners wrote to the partition has been applied: from now on this process writes it.
+    pub fn synced(&self, partition: i32) {
+        let mut owned = self.owned.lock().expect("ownership lock");
+        if let Some((o, tx)) = owned.get_mut(&partition) {
+            *o = Ownership::Owned;
+            tx.send_replace(true);
+        }
+    }
+
+    pub fn revoke(&self, partition: i32) {
+        self.owned.lock().expect("ownership lock").remove(&partition);
+    }
+
+    /// Waits until the partition is synced. A record can arrive before its partition's assignment is processed,
+    /// so an unknown partition counts as being assigned. Returns false if the partition is revoked meanwhile.
+    pub async fn ready(&self, partition: i32) -> bool {
+        let rx = self
+            .owned
+            .lock()
+            .expect("ownership lock")
+            .entry(partition)
+            .or_insert_with(|| (Ownership::Syncing, watch::channel(false).0))
+            .1
+            .subscribe();
+        let mut rx = rx;
+        let ready = rx.wait_for(|r| *r).await.is_ok();
+        ready
+    }
+}

@@ -1,0 +1,163 @@
+//! A compacted topic read into memory: read every partition from the beginning to its end ("caught up"), then
+//! keep following it. The caller decides what a record means; this only moves bytes and tracks progress.
+
+use std::collections::{HashMap, HashSet};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use rdkafka::consumer::{Consumer, StreamConsumer};
+use rdkafka::error::KafkaError;
+use rdkafka::{Message, Offset, TopicPartitionList};
+use tokio::sync::{watch, Notify};
+use tokio_util::sync::CancellationToken;
+
+use crate::client::table_consumer_config;
+use crate::settings::KafkaSettings;
+
+#[derive(Debug, thiserror::Error)]
+pub enum TableError {
+    #[error("topic {0} does not exist or has no partitions (run `hookline topics create`)")]
+    MissingTopic(String),
+    #[error("reading topic {topic}: {source}")]
+    Kafka {
+        topic: String,
+        #[source]
+        source: KafkaError,
+    },
+}
+
+/// Reaching the end of a partition is how a table reader knows it caught up, not an error worth logging.
+pub struct QuietEof;
+
+impl rdkafka::ClientContext for QuietEof {
+    fn error(&self, error: KafkaError, reason: &str) {
+        if error.rdkafka_error_code() != Some(rdkafka::types::RDKafkaErrorCode::PartitionEOF) {
+            tracing::error!(%error, reason, "kafka client error");
+        }
+    }
+}
+
+impl rdkafka::consumer::ConsumerContext for QuietEof {}
+
+#[derive(Default)]
+struct Positions {
+    /// Next offset to read, per partition.
+    next: Mutex<HashMap<i32, i64>>,
+    moved: Notify,
+}
+
+/// A running reader. Cloning shares it.
+#[derive(Clone)]
+pub struct TableHandle {
+    topic: String,
+    consumer: Arc<StreamConsumer<QuietEof>>,
+    caught_up: watch::Receiver<bool>,
+    positions: Arc<Positions>,
+}
+
+impl TableHandle {
+    /// Resolves once every partition was read to the end it had when reading started.
+    pub async fn wait_caught_up(&self) {
+        let mut rx = self.caught_up.clone();
+        let _ = rx.wait_for(|c| *c).await;
+    }
+
+    pub fn is_caught_up(&self) -> bool {
+        *self.caught_up.borrow()
+    }
+
+    /// The partition's current end offset (high watermark).
+    pub async fn end_offset(&self, partition: i32) -> Result<i64, TableError> {
+        let consumer = self.consumer.clone();
+        let topic = self.topic.clone();
+        tokio::task::spawn_blocking(move || consumer.fetch_watermarks(&topic, partition, Duration::from_secs(10)))
+            .await
+            .expect("watermark lookup does not panic")
+            .map(|(_, high)| high)
+            .map_err(|source| TableError::Kafka { topic: self.topic.clone(), source })
+    }
+
+    /// Waits until the reader has applied every record of `partition` below `offset`.
+    pub async fn wait_for(&self, partition: i32, offset: i64) {
+        loop {
+            let moved = self.positions.moved.notified();
+            let at = self.positions.next.lock().expect("positions lock").get(&partition).copied().unwrap_or(0);
+            if at >= offset {
+                return;
+            }
+            moved.await;
+        }
+    }
+}
+
+/// Starts reading `topic`. `apply(partition, key, value)` runs for every record in order; `value` is `None` for a
+/// tombstone. The reader stops when `cancel` fires.
+pub async fn spawn<F>(
+    settings: &KafkaSettings,
+    topic: String,
+    client_id: &str,
+    mut apply: F,
+    cancel: CancellationToken,
+) -> Result<TableHandle, TableError>
+where
+    F: FnMut(i32, &[u8], Option<&[u8]>) + Send + 'static,
+{
+    let kafka = |source| TableError::Kafka { topic: topic.clone(), source };
+    let consumer: StreamConsumer<QuietEof> =
+        table_consumer_config(settings, client_id).create_with_context(QuietEof).map_err(kafka)?;
+    let consumer = Arc::new(consumer);
+    let partitions = {
+        let (c, t) = (consumer.clone(), topic.clone());
+        tokio::task::spawn_blocking(move || c.fetch_metadata(Some(&t), Duration::from_secs(10)))
+            .await
+            .expect("metadata lookup does not panic")
+            .map_err(kafka)?
+            .topics()
+            .iter()
+            .find(|t| t.name() == topic)
+            .map(|t| t.partitions().len() as i32)
+            .unwrap_or(0)
+    };
+    if partitions == 0 {
+        return Err(TableError::MissingTopic(topic));
+    }
+    let mut tpl = TopicPartitionList::new();
+    for p in 0..partitions {
+        tpl.add_partition_offset(&topic, p, Offset::Beginning).map_err(kafka)?;
+    }
+    consumer.assign(&tpl).map_err(kafka)?;
+
+    let (caught_tx, caught_rx) = watch::channel(false);
+    let positions = Arc::new(Positions::default());
+    let handle =
+        TableHandle { topic: topic.clone(), consumer: consumer.clone(), caught_up: caught_rx, positions: positions.clone() };
+
+    tokio::spawn(async move {
+        let mut at_end: HashSet<i32> = HashSet::new();
+        loop {
+            let received = tokio::select! {
+                _ = cancel.cancelled() => break,
+                r = consumer.recv() => r,
+            };
+            match received {
+                Ok(m) => {
+                    let key = m.key().unwrap_or_default();
+                    apply(m.partition(), key, m.payload());
+                    positions.next.lock().expect("positions lock").insert(m.partition(), m.offset() + 1);
+                    positions.moved.notify_waiters();
+                }
+                Err(KafkaError::PartitionEOF(p)) => {
+                    if at_end.insert(p) && at_end.len() as i32 == partitions {
+                        tracing::debug!(%topic, "table caught up");
+                        let _ = caught_tx.send(true);
+                    }
+                }
+                Err(e) => {
+                    tracing::warn!(%topic, error = %e, "table reader error; retrying");
+                    tokio::time::sleep(Duration::from_millis(200)).await;
+                }
+            }
+        }
+    });
+    Ok(handle)
+}

@@ -1,0 +1,152 @@
+//! Topic names and the fixed ladder of retry-delay tiers.
+
+/// One retry tier: a topic whose records are held at least `delay_ms` after they were enqueued.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Tier {
+    pub name: &'static str,
+    pub delay_ms: u64,
+}
+
+/// The ladder, shortest first. A retry goes to the largest tier not longer than its remaining wait, and is
+/// re-routed on release while time remains, so any wait is reached with bounded lateness and no early release.
+/// Ratios of ~4 keep the number of hops for a 12 h wait small (4h + 4h + 4h) while short waits stay precise.
+pub const TIERS: &[Tier] = &[
+    Tier { name: "1s", delay_ms: 1_000 },
+    Tier { name: "4s", delay_ms: 4_000 },
+    Tier { name: "15s", delay_ms: 15_000 },
+    Tier { name: "1m", delay_ms: 60_000 },
+    Tier { name: "4m", delay_ms: 240_000 },
+    Tier { name: "15m", delay_ms: 900_000 },
+    Tier { name: "1h", delay_ms: 3_600_000 },
+    Tier { name: "4h", delay_ms: 14_400_000 },
+];
+
+/// The tier for a remaining wait: the largest not longer than it, or the shortest for waits under a second
+/// (the scheduler holds those until their due time, not the tier's full delay).
+pub fn tier_for(remaining_ms: u64) -> &'static Tier {
+    TIERS.iter().rev().find(|t| t.delay_ms <= remaining_ms).unwrap_or(&TIERS[0])
+}
+
+/// Whether a topic is compacted (state, keyed by subscription id) or deleted by time.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Cleanup {
+    Compact,
+    Delete,
+}
+
+/// A topic hookline uses, with how it is created.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct TopicSpec {
+    pub name: String,
+    pub cleanup: Cleanup,
+    /// Whether it must have the co-partitioned (work) partition count.
+    pub co_partitioned: bool,
+    /// Retention for delete topics (ms); None = broker default.
+    pub retention_ms: Option<u64>,
+}
+
+/// Topic names under a prefix (default `hookline.`).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Topics {
+    prefix: String,
+}
+
+impl Topics {
+    pub fn new(prefix: impl Into<String>) -> Self {
+        Self { prefix: prefix.into() }
+    }
+
+    fn name(&self, base: &str) -> String {
+        format!("{}{}", self.prefix, base)
+    }
+
+    pub fn events(&self) -> String {
+        self.name("events")
+    }
+    pub fn deliveries(&self) -> String {
+        self.name("deliveries")
+    }
+    pub fn retry(&self, tier: &Tier) -> String {
+        self.name(&format!("retry.{}", tier.name))
+    }
+    /// Deliveries waiting for their paused subscription to be resumed.
+    pub fn held(&self) -> String {
+        self.name("held")
+    }
+    pub fn dlq(&self) -> String {
+        self.name("dlq")
+    }
+    pub fn subscriptions(&self) -> String {
+        self.name("subscriptions")
+    }
+    pub fn endpoint_state(&self) -> String {
+        self.name("endpoint-state")
+    }
+    pub fn attempts(&self) -> String {
+        self.name("attempts")
+    }
+    pub fn ops(&self) -> String {
+        self.name("ops")
+    }
+
+    /// Every topic, with how `hookline topics create` makes it.
+    pub fn all(&self) -> Vec<TopicSpec> {
+        let day = 24 * 3_600_000u64;
+        let mut specs = vec![
+            TopicSpec { name: self.events(), cleanup: Cleanup::Delete, co_partitioned: false, retention_ms: Some(30 * day) },
+            TopicSpec { name: self.deliveries(), cleanup: Cleanup::Delete, co_partitioned: true, retention_ms: Some(7 * day) },
+        ];
+        specs.extend(TIERS.iter().map(|t| TopicSpec {
+            name: self.retry(t),
+            cleanup: Cleanup::Delete,
+            co_partitioned: true,
+            retention_ms: Some(7 * day),
+        }));
+        specs.extend([
+            TopicSpec { name: self.held(), cleanup: Cleanup::Delete, co_partitioned: true, retention_ms: Some(30 * day) },
+            TopicSpec { name: self.dlq(), cleanup: Cleanup::Delete, co_partitioned: false, retention_ms: Some(30 * day) },
+            TopicSpec { name: self.subscriptions(), cleanup: Cleanup::Compact, co_partitioned: true, retention_ms: None },
+            TopicSpec { name: self.endpoint_state(), cleanup: Cleanup::Compact, co_partitioned: true, retention_ms: None },
+            TopicSpec { name: self.attempts(), cleanup: Cleanup::Delete, co_partitioned: true, retention_ms: Some(30 * day) },
+            TopicSpec { name: self.ops(), cleanup: Cleanup::Delete, co_partitioned: false, retention_ms: Some(30 * day) },
+        ]);
+        specs
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn tier_is_largest_not_longer_than_remaining() {
+        assert_eq!(tier_for(0).name, "1s");
+        assert_eq!(tier_for(999).name, "1s");
+        assert_eq!(tier_for(1_000).name, "1s");
+        assert_eq!(tier_for(3_999).name, "1s");
+        assert_eq!(tier_for(4_000).name, "4s");
+        assert_eq!(tier_for(59_999).name, "15s");
+        assert_eq!(tier_for(60_000).name, "1m");
+        assert_eq!(tier_for(43_200_000).name, "4h");
+        for w in [0u64, 1, 500, 1_000, 5_000, 70_000, 3_600_000, 86_400_000] {
+            let t = tier_for(w);
+            assert!(t.delay_ms <= w.max(TIERS[0].delay_ms), "tier {} for {w}", t.name);
+        }
+    }
+
+    #[test]
+    fn ladder_is_strictly_increasing() {
+        assert!(TIERS.windows(2).all(|w| w[0].delay_ms < w[1].delay_ms));
+    }
+
+    #[test]
+    fn names_use_the_prefix_and_state_topics_are_compacted() {
+        let t = Topics::new("acme.");
+        assert_eq!(t.deliveries(), "acme.deliveries");
+        assert_eq!(t.retry(&TIERS[3]), "acme.retry.1m");
+        let all = t.all();
+        assert!(all.iter().all(|s| s.name.starts_with("acme.")));
+        let compacted: Vec<_> = all.iter().filter(|s| s.cleanup == Cleanup::Compact).map(|s| s.name.as_str()).collect();
+        assert_eq!(compacted, ["acme.subscriptions", "acme.endpoint-state"]);
+    }
+}

@@ -1,0 +1,98 @@
+//! Per-partition completion tracking: records complete out of order, and the offset that may be committed is the
+//! contiguous completed watermark (the lowest offset still in flight, or one past the highest seen).
+
+use std::collections::{BTreeSet, HashMap};
+
+#[derive(Debug, Default)]
+struct Partition {
+    in_flight: BTreeSet<i64>,
+    /// One past the highest offset ever started.
+    next: Option<i64>,
+}
+
+/// Watermarks for every (topic, partition) a consumer reads.
+#[derive(Debug, Default)]
+pub struct Watermarks {
+    partitions: HashMap<(String, i32), Partition>,
+}
+
+impl Watermarks {
+    pub fn new() -> Self {
+        Self::default()
+    }
+
+    /// A record was taken into work.
+    pub fn start(&mut self, topic: &str, partition: i32, offset: i64) {
+        let p = self.partitions.entry((topic.to_owned(), partition)).or_default();
+        p.in_flight.insert(offset);
+        p.next = Some(p.next.map_or(offset + 1, |n| n.max(offset + 1)));
+    }
+
+    /// A record's outcome is durable. Returns the new committable offset (the next offset to consume) when the
+    /// watermark moved.
+    pub fn complete(&mut self, topic: &str, partition: i32, offset: i64) -> Option<i64> {
+        let p = self.partitions.get_mut(&(topic.to_owned(), partition))?;
+        let before = Self::mark(p);
+        if !p.in_flight.remove(&offset) {
+            return None;
+        }
+        let after = Self::mark(p);
+        (after != before).then_some(after).flatten()
+    }
+
+    /// The committable offset for a partition.
+    pub fn committable(&self, topic: &str, partition: i32) -> Option<i64> {
+        self.partitions.get(&(topic.to_owned(), partition)).and_then(Self::mark)
+    }
+
+    pub fn in_flight(&self, topic: &str, partition: i32) -> usize {
+        self.partitions.get(&(topic.to_owned(), partition)).map_or(0, |p| p.in_flight.len())
+    }
+
+    pub fn total_in_flight(&self) -> usize {
+        self.partitions.values().map(|p| p.in_flight.len()).sum()
+    }
+
+    /// Forget a partition (revoked): its uncommitted records will be read again by the next owner.
+    pub fn forget(&mut self, topic: &str, partition: i32) {
+        self.partitions.remove(&(topic.to_owned(), partition));
+    }
+
+    fn mark(p: &Partition) -> Option<i64> {
+        p.in_flight.first().copied().or(p.next)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn watermark_waits_for_the_lowest_in_flight_offset() {
+        let mut w = Watermarks::new();
+        for o in 10..15 {
+            w.start("t", 0, o);
+        }
+        assert_eq!(w.committable("t", 0), Some(10));
+        assert_eq!(w.complete("t", 0, 12), None, "a gap below keeps the watermark");
+        assert_eq!(w.complete("t", 0, 11), None);
+        assert_eq!(w.complete("t", 0, 10), Some(13), "moves past every completed offset");
+        assert_eq!(w.complete("t", 0, 14), None);
+        assert_eq!(w.complete("t", 0, 13), Some(15));
+        assert_eq!(w.in_flight("t", 0), 0);
+    }
+
+    #[test]
+    fn partitions_are_independent_and_unknown_completions_are_ignored() {
+        let mut w = Watermarks::new();
+        w.start("t", 0, 5);
+        w.start("t", 1, 7);
+        assert_eq!(w.complete("t", 1, 7), Some(8));
+        assert_eq!(w.committable("t", 0), Some(5));
+        assert_eq!(w.complete("t", 0, 99), None);
+        assert_eq!(w.complete("other", 0, 5), None);
+        w.forget("t", 0);
+        assert_eq!(w.committable("t", 0), None);
+        assert_eq!(w.total_in_flight(), 0);
+    }
+}

@@ -1,0 +1,354 @@
+//! The retry-scheduler: consumes the retry tier topics and the `held` topic. A tier record is kept in memory until
+//! min(enqueued + tier delay, due) — the partition is paused while too many are held, the poll loop keeps
+//! running — then re-routed to a shorter tier if time remains, or forwarded to `deliveries`. A held delivery is
+//! kept until its subscription is active again. Offsets are stored only after the forward is acknowledged.
+
+pub mod tiers;
+
+use std::cmp::Reverse;
+use std::collections::{BinaryHeap, HashMap};
+use std::sync::Arc;
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
+
+use hookline_core::model::{DeliveryTask, RetryEnvelope, TaskOrigin};
+use hookline_core::subscription::activity;
+use hookline_kafka::client::{group_consumer_config, producer};
+use hookline_kafka::rebalance::{RebalanceContext, RebalanceEvent};
+use hookline_kafka::state::{EndpointStates, SubscriptionTable};
+use hookline_kafka::table::{self, TableError};
+use hookline_kafka::watermark::Watermarks;
+use hookline_kafka::{Topics, TIERS};
+use hookline_service::{health, telemetry, Config, Readiness};
+use prost::Message as _;
+use rdkafka::consumer::{CommitMode, Consumer, StreamConsumer};
+use rdkafka::error::KafkaError;
+use rdkafka::producer::{FutureProducer, Producer};
+use rdkafka::{Message, Offset, TopicPartitionList};
+use tokio::sync::mpsc;
+use tokio::time::Instant;
+use tokio_util::sync::CancellationToken;
+
+use crate::tiers::{release_at_ms, route, Route};
+
+#[derive(Debug, thiserror::Error)]
+pub enum SchedulerError {
+    #[error("kafka: {0}")]
+    Kafka(#[from] KafkaError),
+    #[error(transparent)]
+    Table(#[from] TableError),
+    #[error("health endpoint: {0}")]
+    Health(#[from] std::io::Error),
+}
+
+#[derive(Clone, Default)]
+pub struct Options {
+    pub serve_health: bool,
+    pub instance: Option<String>,
+}
+
+fn now_ms() -> i64 {
+    SystemTime::now().duration_since(UNIX_EPOCH).map(|d| d.as_millis() as i64).unwrap_or(0)
+}
+
+type Tp = (String, i32);
+
+/// A record waiting in memory.
+enum Waiting {
+    Tier(RetryEnvelope),
+    Held(DeliveryTask),
+}
+
+struct Scheduler {
+    topics: Topics,
+    producer: FutureProducer,
+    subs: SubscriptionTable,
+    states: EndpointStates,
+    shutdown: CancellationToken,
+    max_held: usize,
+    /// (release time, topic, partition, offset) of tier records.
+    timers: BinaryHeap<Reverse<(i64, String, i32, i64)>>,
+    waiting: HashMap<(String, i32, i64), Waiting>,
+    held_count: HashMap<Tp, usize>,
+    paused: HashMap<Tp, bool>,
+}
+
+pub async fn run(config: Config, shutdown: CancellationToken, options: Options) -> Result<(), SchedulerError> {
+    let instance = options.instance.clone().unwrap_or_else(|| "hookline-retry-scheduler".into());
+    let metrics = telemetry::metrics_handle();
+    let readiness = Readiness::default();
+    if options.serve_health {
+        let addr = health::serve(config.retry_scheduler.health_addr, readiness.clone(), metrics, shutdown.clone()).await?;
+        tracing::info!(%addr, "retry-scheduler health endpoints listening");
+    }
+    let topics = Topics::new(config.kafka.topic_prefix.clone());
+    let reader_stop = CancellationToken::new();
+    let subs = SubscriptionTable::default();
+    let s = subs.clone();
+    let subs_reader = table::spawn(&config.kafka, topics.subscriptions(), &format!("{instance}-subs"), move |_, k, v| s.apply(k, v), reader_stop.clone()).await?;
+    let states = EndpointStates::default();
+    let st = states.clone();
+    let states_reader =
+        table::spawn(&config.kafka, topics.endpoint_state(), &format!("{instance}-states"), move |p, k, v| st.apply(p, k, v), reader_stop.clone()).await?;
+    tokio::select! {
+        _ = async { subs_reader.wait_caught_up().await; states_reader.wait_caught_up().await } => {}
+        _ = shutdown.cancelled() => { reader_stop.cancel(); return Ok(()) }
+    }
+
+    let (context, mut rebalances) = RebalanceContext::new("retry-scheduler");
+    let consumer: StreamConsumer<RebalanceContext> =
+        group_consumer_config(&config.kafka, &config.retry_scheduler.group_id, &instance).create_with_context(context)?;
+    let mut inputs: Vec<String> = TIERS.iter().map(|t| topics.retry(t)).collect();
+    inputs.push(topics.held());
+    let input_refs: Vec<&str> = inputs.iter().map(String::as_str).collect();
+    consumer.subscribe(&input_refs)?;
+    readiness.set(true);
+
+    let mut sched = Scheduler {
+        topics: topics.clone(),
+        producer: producer(&config.kafka, &instance)?,
+        subs,
+        states,
+        shutdown: shutdown.clone(),
+        max_held: config.retry_scheduler.max_held_per_partition,
+        timers: BinaryHeap::new(),
+        waiting: HashMap::new(),
+        held_count: HashMap::new(),
+        paused: HashMap::new(),
+    };
+    let (done_tx, mut done_rx) = mpsc::unbounded_channel::<(String, i32, i64)>();
+    let mut marks = Watermarks::new();
+    let held_topic = topics.held();
+    // Held deliveries are re-checked on this beat: resuming a subscription releases them within it.
+    let mut held_check = tokio::time::interval(Duration::from_millis(500));
+    held_check.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+
+    loop {
+        let next_timer = sched.timers.peek().map(|Reverse((at, ..))| *at);
+        let sleep_until = next_timer.map_or_else(
+            || Instant::now() + Duration::from_secs(3600),
+            |at| Instant::now() + Duration::from_millis(at.saturating_sub(now_ms()).max(0) as u64),
+        );
+        tokio::select! {
+            biased;
+            _ = shutdown.cancelled() => break,
+            Some(ev) = rebalances.recv() => {
+                if let RebalanceEvent::Revoked(parts) = ev {
+                    for (t, p) in parts {
+                        marks.forget(&t, p);
+                        sched.forget(&t, p);
+                    }
+                }
+            }
+            Some((t, p, o)) = done_rx.recv() => {
+                if let Some(w) = marks.complete(&t, p, o) {
+                    store(&consumer, &t, p, w);
+                }
+            }
+            _ = tokio::time::sleep_until(sleep_until), if next_timer.is_some() => {
+                let now = now_ms();
+                while let Some(Reverse((at, ..))) = sched.timers.peek() {
+                    if *at > now { break; }
+                    let Reverse((_, t, p, o)) = sched.timers.pop().expect("peeked");
+                    if let Some(Waiting::Tier(env)) = sched.waiting.remove(&(t.clone(), p, o)) {
+                        sched.release_tier(&consumer, env, (t, p, o), &done_tx, now);
+                    }
+                }
+            }
+            _ = held_check.tick() => {
+                let ready: Vec<(String, i32, i64)> = sched.waiting.iter()
+                    .filter_map(|(k, w)| match w { Waiting::Held(task) if sched.may_release_held(task) => Some(k.clone()), _ => None })
+                    .collect();
+                for k in ready {
+                    if let Some(Waiting::Held(task)) = sched.waiting.remove(&k) {
+                        sched.release_held(&consumer, task, k, &done_tx);
+                    }
+                }
+            }
+            received = consumer.recv() => {
+                let m = match received {
+                    Ok(m) => m,
+                    Err(e) => { tracing::warn!(error = %e, "retry consumer error"); continue; }
+                };
+                let (t, p, o) = (m.topic().to_owned(), m.partition(), m.offset());
+                marks.start(&t, p, o);
+                let payload = m.payload().unwrap_or_default();
+                let key = (t.clone(), p, o);
+                if t == held_topic {
+                    match DeliveryTask::decode(payload) {
+                        Ok(task) if sched.may_release_held(&task) => sched.release_held(&consumer, task, key, &done_tx),
+                        Ok(task) => sched.hold(&consumer, key, Waiting::Held(task)),
+                        Err(e) => sched.dead_letter(payload, &e.to_string(), key, &done_tx),
+                    }
+                } else {
+                    match RetryEnvelope::decode(payload) {
+                        Ok(env) if env.task.is_some() => {
+                            let at = release_at_ms(&env);
+                            if at <= now_ms() {
+                                sched.release_tier(&consumer, env, key, &done_tx, now_ms());
+                            } else {
+                                sched.timers.push(Reverse((at, t, p, o)));
+                                sched.hold(&consumer, key, Waiting::Tier(env));
+                            }
+                        }
+                        Ok(_) => sched.dead_letter(payload, "retry envelope without a task", key, &done_tx),
+                        Err(e) => sched.dead_letter(payload, &e.to_string(), key, &done_tx),
+                    }
+                }
+                metrics::gauge!("hookline_retry_held").set(sched.waiting.len() as f64);
+            }
+        }
+    }
+
+    // Held records stay uncommitted; only finished forwards are stored. Give those a moment to land.
+    readiness.set(false);
+    let deadline = tokio::time::sleep(Duration::from_millis(config.retry_scheduler.drain_timeout_ms));
+    tokio::pin!(deadline);
+    while marks.total_in_flight() > sched.waiting.len() {
+        tokio::select! {
+            _ = &mut deadline => break,
+            Some((t, p, o)) = done_rx.recv() => {
+                if let Some(w) = marks.complete(&t, p, o) { store(&consumer, &t, p, w); }
+            }
+        }
+    }
+    let _ = consumer.commit_consumer_state(CommitMode::Sync);
+    let _ = sched.producer.flush(Duration::from_secs(10));
+    reader_stop.cancel();
+    tracing::info!("retry-scheduler stopped");
+    Ok(())
+}
+
+impl Scheduler {
+    fn may_release_held(&self, task: &DeliveryTask) -> bool {
+        match self.subs.get(&task.subscription_id) {
+            // Deleted: the dispatcher records it as cancelled.
+            None => true,
+            Some(e) => activity(&e.sub, self.states.get(&task.subscription_id).as_ref()).is_active(),
+        }
+    }
+
+    fn hold<C: Consumer<X>, X: rdkafka::consumer::ConsumerContext>(&mut self, consumer: &C, key: (String, i32, i64), w: Waiting) {
+        let tp = (key.0.clone(), key.1);
+        self.waiting.insert(key, w);
+        let n = self.held_count.entry(tp.clone()).or_default();
+        *n += 1;
+        if *n >= self.max_held && !self.paused.get(&tp).copied().unwrap_or(false) {
+            let mut tpl = TopicPartitionList::new();
+            tpl.add_partition(&tp.0, tp.1);
+            if consumer.pause(&tpl).is_ok() {
+                self.paused.insert(tp, true);
+            }
+        }
+    }
+
+    fn unhold<C: Consumer<X>, X: rdkafka::consumer::ConsumerContext>(&mut self, consumer: &C, tp: Tp) {
+        let n = self.held_count.entry(tp.clone()).or_default();
+        *n = n.saturating_sub(1);
+        if *n < self.max_held && self.paused.get(&tp).copied().unwrap_or(false) {
+            let mut tpl = TopicPartitionList::new();
+            tpl.add_partition(&tp.0, tp.1);
+            if consumer.resume(&tpl).is_ok() {
+                self.paused.insert(tp, false);
+            }
+        }
+    }
+
+    fn forget(&mut self, topic: &str, partition: i32) {
+        self.waiting.retain(|(t, p, _), _| !(t == topic && *p == partition));
+        self.timers.retain(|Reverse((_, t, p, _))| !(t == topic && *p == partition));
+        self.held_count.remove(&(topic.to_owned(), partition));
+        self.paused.remove(&(topic.to_owned(), partition));
+    }
+
+    fn release_tier<C: Consumer<X>, X: rdkafka::consumer::ConsumerContext>(
+        &mut self,
+        consumer: &C,
+        env: RetryEnvelope,
+        key: (String, i32, i64),
+        done: &mpsc::UnboundedSender<(String, i32, i64)>,
+        now: i64,
+    ) {
+        self.unhold(consumer, (key.0.clone(), key.1));
+        let mut task = env.task.unwrap_or_default();
+        let sub = task.subscription_id.clone();
+        let (topic, payload) = match route(task.due_at_ms, now) {
+            Route::Deliver => {
+                task.origin = TaskOrigin::Retry as i32;
+                (self.topics.deliveries(), task.encode_to_vec())
+            }
+            Route::Tier(tier) => {
+                metrics::counter!("hookline_retry_rerouted_total", "tier" => tier.name).increment(1);
+                let env = RetryEnvelope { task: Some(task), enqueued_at_ms: now, tier_delay_ms: tier.delay_ms as i64 };
+                (self.topics.retry(tier), env.encode_to_vec())
+            }
+        };
+        self.forward(topic, sub, payload, key, done);
+    }
+
+    fn release_held<C: Consumer<X>, X: rdkafka::consumer::ConsumerContext>(
+        &mut self,
+        consumer: &C,
+        mut task: DeliveryTask,
+        key: (String, i32, i64),
+        done: &mpsc::UnboundedSender<(String, i32, i64)>,
+    ) {
+        if self.waiting.contains_key(&key) {
+            return;
+        }
+        let tp = (key.0.clone(), key.1);
+        if self.held_count.get(&tp).copied().unwrap_or(0) > 0 {
+            self.unhold(consumer, tp);
+        }
+        task.origin = TaskOrigin::Held as i32;
+        let sub = task.subscription_id.clone();
+        metrics::counter!("hookline_held_released_total").increment(1);
+        self.forward(self.topics.deliveries(), sub, task.encode_to_vec(), key, done);
+    }
+
+    fn dead_letter(&self, payload: &[u8], detail: &str, key: (String, i32, i64), done: &mpsc::UnboundedSender<(String, i32, i64)>) {
+        let dl = hookline_core::model::DeadLetter {
+            reason: "invalid_task".into(),
+            detail: detail.to_owned(),
+            raw: payload.to_vec().into(),
+            source_topic: key.0.clone(),
+            source_partition: key.1,
+            source_offset: key.2,
+            at_ms: now_ms(),
+            ..Default::default()
+        };
+        metrics::counter!("hookline_dead_lettered_total", "reason" => "invalid_task").increment(1);
+        self.forward(self.topics.dlq(), String::new(), dl.encode_to_vec(), key, done);
+    }
+
+    /// Produces in the background; the offset completes when the broker acknowledged it.
+    fn forward(&self, topic: String, key: String, payload: Vec<u8>, at: (String, i32, i64), done: &mpsc::UnboundedSender<(String, i32, i64)>) {
+        let producer = self.producer.clone();
+        let shutdown = self.shutdown.clone();
+        let done = done.clone();
+        let producer = Arc::new(producer);
+        tokio::spawn(async move {
+            loop {
+                match hookline_kafka::produce::send(&producer, &topic, &key, &payload).await {
+                    Ok(_) => {
+                        let _ = done.send(at);
+                        return;
+                    }
+                    Err(e) => {
+                        tracing::warn!(error = %e, "forward failed; retrying");
+                        tokio::select! {
+                            _ = tokio::time::sleep(Duration::from_secs(1)) => {}
+                            _ = shutdown.cancelled() => return,
+                        }
+                    }
+                }
+            }
+        });
+    }
+}
+
+fn store<C: Consumer<X>, X: rdkafka::consumer::ConsumerContext>(consumer: &C, topic: &str, partition: i32, offset: i64) {
+    let mut tpl = TopicPartitionList::new();
+    if tpl.add_partition_offset(topic, partition, Offset::Offset(offset)).is_ok() {
+        let _ = consumer.store_offsets(&tpl);
+    }
+}

@@ -1,0 +1,300 @@
+//! One TOML file shared by all binaries, with environment overrides: `HOOKLINE_<SECTION>__<KEY>=value`
+//! (e.g. `HOOKLINE_KAFKA__BOOTSTRAP_SERVERS=kafka:9092`, `HOOKLINE_DISPATCHER__MAX_IN_FLIGHT=5000`). Values are
+//! read as TOML when they parse as a number, boolean or array, otherwise as a string. Under
+//! `kafka.properties`, `_` in the key stands for `.` (`HOOKLINE_KAFKA__PROPERTIES__SASL_USERNAME`).
+//! Unknown keys are errors, in the file and in the environment.
+
+use std::net::SocketAddr;
+use std::path::Path;
+
+use hookline_core::egress::EgressSettings;
+use hookline_kafka::KafkaSettings;
+use serde::{Deserialize, Serialize};
+
+#[derive(Debug, Clone, Serialize, Deserialize, Default)]
+#[serde(deny_unknown_fields, default)]
+pub struct Config {
+    pub kafka: KafkaSettings,
+    pub telemetry: TelemetrySettings,
+    pub ingest: IngestSettings,
+    pub dispatcher: DispatcherSettings,
+    pub retry_scheduler: RetrySchedulerSettings,
+    pub egress: EgressSettings,
+}
+
+#[derive(Debug, Clone, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct TelemetrySettings {
+    /// `json` (one object per line) or `pretty`.
+    pub log_format: LogFormat,
+    /// A tracing filter: `info`, `hookline_dispatcher=debug,info`. `RUST_LOG` wins when set.
+    pub log_level: String,
+}
+
+impl Default for TelemetrySettings {
+    fn default() -> Self {
+        Self { log_format: LogFormat::Json, log_level: "info".into() }
+    }
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum LogFormat {
+    Json,
+    Pretty,
+}
+
+#[derive(Debug, Clone, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct IngestSettings {
+    /// The HTTP API (and /metrics, /healthz, /readyz).
+    pub listen_addr: SocketAddr,
+    /// Bearer tokens accepted by the API. Empty: every API request is refused (401), health and metrics stay open.
+    pub api_tokens: Vec<String>,
+    /// Largest accepted event (the whole JSON envelope or protobuf record).
+    pub max_event_bytes: usize,
+    /// Largest accepted HTTP request body.
+    pub max_request_bytes: usize,
+    /// Consumer group of the fan-out.
+    pub group_id: String,
+}
+
+impl Default for IngestSettings {
+    fn default() -> Self {
+        Self {
+            listen_addr: "0.0.0.0:8080".parse().expect("literal address"),
+            api_tokens: Vec::new(),
+            max_event_bytes: 1 << 20,
+            max_request_bytes: 2 << 20,
+            group_id: "hookline-ingest".into(),
+        }
+    }
+}
+
+#[derive(Debug, Clone, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct DispatcherSettings {
+    /// /metrics, /healthz, /readyz.
+    pub health_addr: SocketAddr,
+    /// Deliveries taken from Kafka and not yet finished, across all partitions (memory bound).
+    pub max_in_flight: usize,
+    /// Concurrent HTTP requests to one subscription's endpoint.
+    pub per_subscription_concurrency: usize,
+    /// On SIGTERM, how long in-flight deliveries may take to finish before the rest is handed back uncommitted.
+    pub drain_timeout_ms: u64,
+    pub group_id: String,
+}
+
+impl Default for DispatcherSettings {
+    fn default() -> Self {
+        Self {
+            health_addr: "0.0.0.0:9091".parse().expect("literal address"),
+            max_in_flight: 10_000,
+            per_subscription_concurrency: 16,
+            drain_timeout_ms: 30_000,
+            group_id: "hookline-dispatcher".into(),
+        }
+    }
+}
+
+#[derive(Debug, Clone, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct RetrySchedulerSettings {
+    pub health_addr: SocketAddr,
+    /// Records held in memory per tier partition; past this the partition is paused until the head is released.
+    pub max_held_per_partition: usize,
+    pub drain_timeout_ms: u64,
+    pub group_id: String,
+}
+
+impl Default for RetrySchedulerSettings {
+    fn default() -> Self {
+        Self {
+            health_addr: "0.0.0.0:9092".parse().expect("literal address"),
+            max_held_per_partition: 2_000,
+            drain_timeout_ms: 10_000,
+            group_id: "hookline-retry-scheduler".into(),
+        }
+    }
+}
+
+#[derive(Debug, thiserror::Error)]
+pub enum ConfigError {
+    #[error("reading config file {path}: {source}")]
+    Read {
+        path: String,
+        #[source]
+        source: std::io::Error,
+    },
+    #[error("config file {path}: {message}")]
+    Parse { path: String, message: String },
+    #[error("environment variable {var}: {message}")]
+    Env { var: String, message: String },
+    #[error("config: {0}")]
+    Invalid(String),
+}
+
+impl Config {
+    /// Reads `path` (if given), applies `HOOKLINE_*` overrides from `env`, and validates.
+    /// `env` is passed in (usually `std::env::vars()`) so nothing here reads or writes process-global state.
+    pub fn load(path: Option<&Path>, env: impl IntoIterator<Item = (String, String)>) -> Result<Self, ConfigError> {
+        let (text, origin) = match path {
+            Some(p) => (
+                std::fs::read_to_string(p)
+                    .map_err(|source| ConfigError::Read { path: p.display().to_string(), source })?,
+                p.display().to_string(),
+            ),
+            None => (String::new(), "(defaults)".to_owned()),
+        };
+        Self::from_toml_with_env(&text, &origin, env)
+    }
+
+    pub fn from_toml_with_env(
+        text: &str,
+        origin: &str,
+        env: impl IntoIterator<Item = (String, String)>,
+    ) -> Result<Self, ConfigError> {
+        let mut table: toml::Table =
+            toml::from_str(text).map_err(|e| ConfigError::Parse { path: origin.to_owned(), message: e.to_string() })?;
+        let mut overrides: Vec<(String, String)> =
+            env.into_iter().filter(|(k, _)| k.starts_with("HOOKLINE_") && k.contains("__")).collect();
+        overrides.sort();
+        for (var, value) in &overrides {
+            apply_override(&mut table, var, value)?;
+        }
+        let config: Config = table.try_into().map_err(|e: toml::de::Error| ConfigError::Parse {
+            path: if overrides.is_empty() { origin.to_owned() } else { format!("{origin} + HOOKLINE_* overrides") },
+            message: e.to_string(),
+        })?;
+        config.validate()?;
+        Ok(config)
+    }
+
+    pub fn validate(&self) -> Result<(), ConfigError> {
+        self.kafka.validate().map_err(ConfigError::Invalid)?;
+        self.egress.validate().map_err(|e| ConfigError::Invalid(e.to_string()))?;
+        if self.dispatcher.max_in_flight == 0 {
+            return Err(ConfigError::Invalid("dispatcher.max_in_flight: must be at least 1".into()));
+        }
+        if self.dispatcher.per_subscription_concurrency == 0 {
+            return Err(ConfigError::Invalid("dispatcher.per_subscription_concurrency: must be at least 1".into()));
+        }
+        if self.retry_scheduler.max_held_per_partition == 0 {
+            return Err(ConfigError::Invalid("retry_scheduler.max_held_per_partition: must be at least 1".into()));
+        }
+        if self.ingest.max_event_bytes == 0 {
+            return Err(ConfigError::Invalid("ingest.max_event_bytes: must be at least 1".into()));
+        }
+        if self.ingest.api_tokens.iter().any(|t| t.len() < 16) {
+            return Err(ConfigError::Invalid("ingest.api_tokens: every token must be at least 16 characters".into()));
+        }
+        Ok(())
+    }
+}
+
+fn apply_override(table: &mut toml::Table, var: &str, value: &str) -> Result<(), ConfigError> {
+    let path: Vec<String> = var["HOOKLINE_".len()..].split("__").map(|s| s.to_ascii_lowercase()).collect();
+    let err = |message: String| ConfigError::Env { var: var.to_owned(), message };
+    if path.iter().any(String::is_empty) {
+        return Err(err("empty key segment".into()));
+    }
+    let (last, parents) = path.split_last().expect("split of a non-empty string");
+    let mut cursor = table;
+    for seg in parents {
+        let entry = cursor.entry(seg.clone()).or_insert_with(|| toml::Value::Table(toml::Table::new()));
+        cursor = entry.as_table_mut().ok_or_else(|| err(format!("`{seg}` is not a table")))?;
+    }
+    let key = if parents.len() == 2 && parents[0] == "kafka" && parents[1] == "properties" {
+        last.replace('_', ".")
+    } else {
+        last.clone()
+    };
+    cursor.insert(key, parse_env_value(value));
+    Ok(())
+}
+
+fn parse_env_value(value: &str) -> toml::Value {
+    #[derive(Deserialize)]
+    struct Wrapper {
+        v: toml::Value,
+    }
+    match toml::from_str::<Wrapper>(&format!("v = {value}")) {
+        Ok(Wrapper { v: v @ (toml::Value::Integer(_) | toml::Value::Float(_) | toml::Value::Boolean(_) | toml::Value::Array(_)) }) => v,
+        _ => toml::Value::String(value.to_owned()),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn env(pairs: &[(&str, &str)]) -> Vec<(String, String)> {
+        pairs.iter().map(|(k, v)| (k.to_string(), v.to_string())).collect()
+    }
+
+    #[test]
+    fn defaults_are_valid() {
+        let c = Config::from_toml_with_env("", "t", env(&[])).unwrap();
+        assert_eq!(c.kafka.topic_prefix, "hookline.");
+        assert_eq!(c.dispatcher.per_subscription_concurrency, 16);
+    }
+
+    #[test]
+    fn env_overrides_file_and_types_follow_the_value() {
+        let c = Config::from_toml_with_env(
+            "[kafka]\nbootstrap_servers = \"a:1\"\n",
+            "t",
+            env(&[
+                ("HOOKLINE_KAFKA__BOOTSTRAP_SERVERS", "b:2,c:3"),
+                ("HOOKLINE_DISPATCHER__MAX_IN_FLIGHT", "77"),
+                ("HOOKLINE_KAFKA__PROPERTIES__SASL_USERNAME", "svc"),
+                ("HOOKLINE_CONFIG", "ignored: no section separator"),
+                ("OTHER__X", "ignored"),
+            ]),
+        )
+        .unwrap();
+        assert_eq!(c.kafka.bootstrap_servers, "b:2,c:3");
+        assert_eq!(c.dispatcher.max_in_flight, 77);
+        assert_eq!(c.kafka.properties.get("sasl.username").map(String::as_str), Some("svc"));
+    }
+
+    #[test]
+    fn unknown_keys_are_named() {
+        let e = Config::from_toml_with_env("[dispatcher]\nmax_inflight = 3\n", "f.toml", env(&[])).unwrap_err();
+        assert!(e.to_string().contains("max_inflight"), "{e}");
+        let e = Config::from_toml_with_env("", "f.toml", env(&[("HOOKLINE_DISPATCHER__NOPE", "1")])).unwrap_err();
+        assert!(e.to_string().contains("nope"), "{e}");
+    }
+
+    #[test]
+    fn invalid_values_name_the_key() {
+        let e = Config::from_toml_with_env("[dispatcher]\nmax_in_flight = 0\n", "f", env(&[])).unwrap_err();
+        assert!(e.to_string().contains("dispatcher.max_in_flight"), "{e}");
+        let e = Config::from_toml_with_env("[kafka.properties]\nacks = \"1\"\n", "f", env(&[])).unwrap_err();
+        assert!(e.to_string().contains("kafka.properties.acks"), "{e}");
+    }
+}
+
+impl Config {
+    /// Settings for `hookline dev` and tests: one local broker, few partitions, loopback receivers allowed over
+    /// plain http (the egress allow-list is logged loudly at start), readable logs.
+    pub fn dev(bootstrap_servers: &str, partitions: i32, api_token: &str) -> Self {
+        let mut c = Config::default();
+        c.kafka.bootstrap_servers = bootstrap_servers.to_owned();
+        c.kafka.partitions = partitions;
+        c.kafka.event_partitions = partitions;
+        c.kafka.replication_factor = 1;
+        c.kafka.linger_ms = 1;
+        c.ingest.listen_addr = "127.0.0.1:0".parse().expect("literal address");
+        c.ingest.api_tokens = vec![api_token.to_owned()];
+        c.dispatcher.health_addr = "127.0.0.1:0".parse().expect("literal address");
+        c.retry_scheduler.health_addr = "127.0.0.1:0".parse().expect("literal address");
+        c.dispatcher.drain_timeout_ms = 5_000;
+        c.retry_scheduler.drain_timeout_ms = 2_000;
+        c.egress.allow_ranges = vec!["127.0.0.0/8".into(), "::1/128".into()];
+        c.egress.allow_http = true;
+        c.telemetry.log_format = LogFormat::Pretty;
+        c.telemetry.log_level = "warn".into();
+        c
+    }
+}

@@ -1,0 +1,38 @@
+//! Logs (tracing) and the Prometheus recorder.
+
+use std::sync::OnceLock;
+
+use metrics_exporter_prometheus::{Matcher, PrometheusBuilder, PrometheusHandle};
+use tracing_subscriber::EnvFilter;
+
+use crate::config::{LogFormat, TelemetrySettings};
+
+static RECORDER: OnceLock<PrometheusHandle> = OnceLock::new();
+
+/// Installs the log subscriber (once per process; later calls are no-ops, so dev mode can run every service in
+/// one process) and returns the Prometheus handle that renders `/metrics`.
+pub fn init(settings: &TelemetrySettings) -> PrometheusHandle {
+    let filter = EnvFilter::try_from_default_env().unwrap_or_else(|_| EnvFilter::new(&settings.log_level));
+    let _ = match settings.log_format {
+        LogFormat::Json => tracing_subscriber::fmt().json().with_env_filter(filter).try_init(),
+        LogFormat::Pretty => tracing_subscriber::fmt().with_env_filter(filter).try_init(),
+    };
+    metrics_handle()
+}
+
+/// The process's Prometheus handle, installing the recorder on first use.
+pub fn metrics_handle() -> PrometheusHandle {
+    RECORDER
+        .get_or_init(|| {
+            let ms = [1.0, 2.5, 5.0, 10.0, 25.0, 50.0, 100.0, 250.0, 500.0, 1000.0, 2500.0, 5000.0, 10000.0, 30000.0];
+            let recorder = PrometheusBuilder::new()
+                .set_buckets_for_metric(Matcher::Suffix("_ms".into()), &ms)
+                .expect("bucket list is not empty")
+                .build_recorder();
+            let handle = recorder.handle();
+            // Another recorder may already be installed (an embedding application); then ours only renders zeros.
+            let _ = metrics::set_global_recorder(recorder);
+            handle
+        })
+        .clone()
+}

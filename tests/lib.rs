@@ -1,0 +1,1 @@
+//! The hookline workspace's integration tests live in `tests/integration/`.
