@@ -1,1 +1,5 @@
-//! Cross-crate integration tests: one binary.
+//! Cross-crate integration tests: the real ingest, dispatcher and retry-scheduler against the embedded broker,
+//! with receivers on 127.0.0.1:0.
+
+mod pipeline;
+mod support;

@@ -55,6 +55,7 @@ pub fn decode(bytes: &[u8], max_bytes: usize, json_only: bool) -> Result<Event, 
 fn decode_json(bytes: &[u8]) -> Result<Event, Invalid> {
     let text = std::str::from_utf8(bytes)
         .map_err(|e| invalid("invalid_utf8", format!("the event is not valid UTF-8 (at byte {})", e.valid_up_to())))?;
+    check_depth(text.as_bytes())?;
     let env: Envelope<'_> = serde_json::from_str(text).map_err(|e| invalid("invalid_json", e.to_string()))?;
     let id = required(env.id, "id")?;
     let event_type = required(env.event_type, "type")?;
@@ -79,6 +80,37 @@ fn decode_json(bytes: &[u8]) -> Result<Event, Invalid> {
     })
 }
 
+/// Deepest accepted nesting of arrays and objects: receivers' parsers have limits too (serde_json's is 128).
+const MAX_DEPTH: usize = 128;
+
+/// A raw-value capture skips serde_json's recursion limit, so nesting is bounded here, in one linear scan.
+fn check_depth(json: &[u8]) -> Result<(), Invalid> {
+    let (mut depth, mut in_string, mut escaped) = (0usize, false, false);
+    for &b in json {
+        if in_string {
+            match (escaped, b) {
+                (true, _) => escaped = false,
+                (false, b'\\') => escaped = true,
+                (false, b'"') => in_string = false,
+                _ => {}
+            }
+            continue;
+        }
+        match b {
+            b'"' => in_string = true,
+            b'[' | b'{' => {
+                depth += 1;
+                if depth > MAX_DEPTH {
+                    return Err(invalid("invalid_json", format!("nesting deeper than {MAX_DEPTH} levels")));
+                }
+            }
+            b']' | b'}' => depth = depth.saturating_sub(1),
+            _ => {}
+        }
+    }
+    Ok(())
+}
+
 fn decode_protobuf(bytes: &[u8]) -> Result<Event, Invalid> {
     let ev = Event::decode(bytes).map_err(|e| invalid("invalid_protobuf", e.to_string()))?;
     check_name(&ev.id, "id")?;
@@ -86,6 +118,7 @@ fn decode_protobuf(bytes: &[u8]) -> Result<Event, Invalid> {
     if !ev.data_json.is_empty() {
         let text = std::str::from_utf8(&ev.data_json)
             .map_err(|_| invalid("invalid_utf8", "data_json is not valid UTF-8"))?;
+        check_depth(text.as_bytes())?;
         serde_json::from_str::<&RawValue>(text)
             .map_err(|e| invalid("invalid_json", format!("data_json: {e}")))?;
     }
@@ -202,6 +235,8 @@ mod tests {
             let err = decode(input, MAX, false).unwrap_err();
             assert_eq!(err.reason, *reason, "{:?}: {err}", String::from_utf8_lossy(input));
         }
+        let nested_string = format!("{{\"id\":\"a\",\"type\":\"t\",\"data\":\"{}\"}}", "[".repeat(1000));
+        assert!(decode(nested_string.as_bytes(), MAX, false).is_ok(), "brackets inside strings are not nesting");
         let deep = format!("{{\"id\":\"a\",\"type\":\"t\",\"data\":{}{}}}", "[".repeat(1000), "]".repeat(1000));
         assert_eq!(decode(deep.as_bytes(), MAX, false).unwrap_err().reason, "invalid_json");
         assert_eq!(decode(&vec![b' '; 100], 10, false).unwrap_err().reason, "oversize");

@@ -1,0 +1,261 @@
+//! The test harness: an embedded broker, the three services in-process, a scripted receiver on 127.0.0.1:0, and
+//! collectors that read the attempts and dead-letter topics. Waiting is on signals (Notify), with a deadline.
+
+use std::collections::HashMap;
+use std::net::SocketAddr;
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use axum::extract::{Path, State};
+use axum::http::{HeaderMap, StatusCode};
+use axum::response::{IntoResponse, Response};
+use bytes::Bytes;
+use hookline_core::model::{AttemptRecord, DeadLetter};
+use hookline_kafka::mock::DevBroker;
+use hookline_kafka::Topics;
+use http_body_util::{BodyExt, Full};
+use hyper_util::client::legacy::{connect::HttpConnector, Client};
+use hyper_util::rt::TokioExecutor;
+use serde_json::Value;
+use tokio::sync::Notify;
+use tokio_util::sync::CancellationToken;
+
+pub const TOKEN: &str = "integration-test-token";
+
+/// One request as the receiver saw it.
+#[derive(Debug, Clone)]
+pub struct Received {
+    pub path: String,
+    pub headers: HeaderMap,
+    pub body: Bytes,
+    pub at: Instant,
+}
+
+/// What a path answers: the n-th request gets `script[n]`, the last entry repeating. `None` hangs.
+pub type Script = Vec<Option<(u16, Option<&'static str>)>>;
+
+#[derive(Default)]
+pub struct ReceiverState {
+    pub requests: Mutex<Vec<Received>>,
+    scripts: Mutex<HashMap<String, Script>>,
+    pub changed: Notify,
+}
+
+pub struct Pipeline {
+    /// `None` only after drop. Never destroyed while clients are alive: librdkafka consumers closing against a
+    /// vanished broker block the runtime's shutdown.
+    broker: Option<DevBroker>,
+    services: Vec<tokio::task::JoinHandle<()>>,
+    pub api: SocketAddr,
+    pub receiver: SocketAddr,
+    pub seen: Arc<ReceiverState>,
+    pub attempts: Arc<Collected<AttemptRecord>>,
+    pub dlq: Arc<Collected<DeadLetter>>,
+    pub config: hookline_service::Config,
+    pub shutdown: CancellationToken,
+    client: Client<HttpConnector, Full<Bytes>>,
+}
+
+pub struct Collected<T> {
+    pub items: Mutex<Vec<T>>,
+    pub changed: Notify,
+}
+
+impl<T> Default for Collected<T> {
+    fn default() -> Self {
+        Self { items: Mutex::new(Vec::new()), changed: Notify::new() }
+    }
+}
+
+/// Waits until `cond` holds, re-checking whenever `notify` fires; panics with `what` after `limit`.
+pub async fn wait_for(notify: &Notify, limit: Duration, what: &str, mut cond: impl FnMut() -> bool) {
+    let deadline = Instant::now() + limit;
+    loop {
+        let notified = notify.notified();
+        tokio::pin!(notified);
+        // Registered before the check, so a notification between the check and the wait is not lost.
+        notified.as_mut().enable();
+        if cond() {
+            return;
+        }
+        let left = deadline.saturating_duration_since(Instant::now());
+        if left.is_zero() || tokio::time::timeout(left, notified).await.is_err() && !cond() {
+            panic!("timed out after {limit:?} waiting for {what}");
+        }
+    }
+}
+
+impl Pipeline {
+    pub async fn start(partitions: i32) -> Pipeline {
+        let topics = Topics::new("hookline.");
+        let broker = DevBroker::start(&topics, partitions, partitions).expect("mock broker");
+        let mut config = hookline_service::Config::dev(&broker.bootstrap_servers(), partitions, TOKEN);
+        config.telemetry.log_level = "warn".into();
+        // Logs only when asked for (RUST_LOG=hookline_dispatcher=debug cargo test ...).
+        if std::env::var_os("RUST_LOG").is_some() {
+            hookline_service::telemetry::init(&config.telemetry);
+        }
+        let shutdown = CancellationToken::new();
+        let (tx, rx) = tokio::sync::oneshot::channel();
+        let services = vec![
+            tokio::spawn({
+                let f = hookline_ingest::run(config.clone(), shutdown.clone(), hookline_ingest::Options { bound: Some(tx), ..Default::default() });
+                async move { f.await.expect("ingest runs") }
+            }),
+            tokio::spawn({
+                let f = hookline_dispatcher::run(config.clone(), shutdown.clone(), Default::default());
+                async move { f.await.expect("dispatcher runs") }
+            }),
+            tokio::spawn({
+                let f = hookline_retry_scheduler::run(config.clone(), shutdown.clone(), Default::default());
+                async move { f.await.expect("retry-scheduler runs") }
+            }),
+        ];
+        let api = rx.await.expect("ingest starts");
+
+        let seen = Arc::new(ReceiverState::default());
+        let app = axum::Router::new().route("/{path}", axum::routing::post(receive)).with_state(seen.clone());
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.expect("bind receiver");
+        let receiver = listener.local_addr().expect("receiver address");
+        tokio::spawn(async move {
+            let _ = axum::serve(listener, app).await;
+        });
+
+        let attempts = collect::<AttemptRecord>(&config, topics.attempts(), shutdown.clone()).await;
+        let dlq = collect::<DeadLetter>(&config, topics.dlq(), shutdown.clone()).await;
+        Pipeline {
+            broker: Some(broker),
+            services,
+            api,
+            receiver,
+            seen,
+            attempts,
+            dlq,
+            config,
+            shutdown,
+            client: Client::builder(TokioExecutor::new()).build_http(),
+        }
+    }
+
+    pub fn script(&self, path: &str, script: Script) {
+        self.seen.scripts.lock().unwrap().insert(path.to_owned(), script);
+    }
+
+    pub fn url(&self, path: &str) -> String {
+        format!("http://{}/{path}", self.receiver)
+    }
+
+    pub async fn call(&self, method: &str, path: &str, body: Option<Value>) -> (u16, Value) {
+        let req = http::Request::builder()
+            .method(method)
+            .uri(format!("http://{}{path}", self.api))
+            .header("authorization", format!("Bearer {TOKEN}"))
+            .header("content-type", "application/json")
+            .body(Full::new(body.map(|b| Bytes::from(b.to_string())).unwrap_or_default()))
+            .unwrap();
+        let resp = self.client.request(req).await.expect("API answers");
+        let status = resp.status().as_u16();
+        let bytes = resp.into_body().collect().await.unwrap().to_bytes();
+        (status, serde_json::from_slice(&bytes).unwrap_or(Value::Null))
+    }
+
+    /// Creates a subscription and returns (id, secret).
+    pub async fn subscribe(&self, body: Value) -> (String, String) {
+        let (status, v) = self.call("POST", "/v1/subscriptions", Some(body)).await;
+        assert_eq!(status, 201, "create subscription: {v}");
+        (v["id"].as_str().unwrap().to_owned(), v["secret"].as_str().unwrap().to_owned())
+    }
+
+    pub async fn publish(&self, id: &str, event_type: &str) {
+        let (status, v) = self
+            .call("POST", "/v1/events", Some(serde_json::json!({"id": id, "type": event_type, "data": {"n": 1}})))
+            .await;
+        assert_eq!(status, 202, "publish: {v}");
+    }
+
+    pub fn requests_to(&self, path: &str) -> Vec<Received> {
+        self.seen.requests.lock().unwrap().iter().filter(|r| r.path == path).cloned().collect()
+    }
+
+    pub fn finals(&self) -> Vec<AttemptRecord> {
+        self.attempts.items.lock().unwrap().iter().filter(|a| !a.final_state.is_empty()).cloned().collect()
+    }
+
+    pub async fn wait_finals(&self, n: usize, limit: Duration) {
+        let attempts = self.attempts.clone();
+        wait_for(&self.attempts.changed, limit, &format!("{n} final states"), || {
+            attempts.items.lock().unwrap().iter().filter(|a| !a.final_state.is_empty()).count() >= n
+        })
+        .await;
+    }
+}
+
+impl Pipeline {
+    /// Stops the services (they drain and commit) while the broker is still up.
+    pub async fn stop(mut self) {
+        self.shutdown.cancel();
+        for s in self.services.drain(..) {
+            s.await.expect("service stops cleanly");
+        }
+    }
+}
+
+impl Drop for Pipeline {
+    fn drop(&mut self) {
+        self.shutdown.cancel();
+        // Leaked on purpose: clients still owned by the test's runtime must be able to close against it.
+        std::mem::forget(self.broker.take());
+    }
+}
+
+async fn collect<T: prost::Message + Default + Send + 'static>(
+    config: &hookline_service::Config,
+    topic: String,
+    stop: CancellationToken,
+) -> Arc<Collected<T>> {
+    let c = Arc::new(Collected::<T>::default());
+    let c2 = c.clone();
+    hookline_kafka::table::spawn(
+        &config.kafka,
+        topic,
+        "integration-collector",
+        move |_, _, v| {
+            if let Some(item) = v.and_then(|v| T::decode(v).ok()) {
+                c2.items.lock().unwrap().push(item);
+                c2.changed.notify_waiters();
+            }
+        },
+        stop,
+    )
+    .await
+    .expect("collector");
+    c
+}
+
+async fn receive(State(s): State<Arc<ReceiverState>>, Path(path): Path<String>, headers: HeaderMap, body: Bytes) -> Response {
+    let nth = {
+        let mut reqs = s.requests.lock().unwrap();
+        let nth = reqs.iter().filter(|r| r.path == path).count();
+        reqs.push(Received { path: path.clone(), headers, body, at: Instant::now() });
+        nth
+    };
+    s.changed.notify_waiters();
+    let step = {
+        let scripts = s.scripts.lock().unwrap();
+        scripts.get(&path).and_then(|sc| sc.get(nth).or(sc.last()).cloned()).unwrap_or(Some((204, None)))
+    };
+    match step {
+        None => {
+            // Hang until the client gives up.
+            std::future::pending::<()>().await;
+            unreachable!()
+        }
+        Some((status, retry_after)) => {
+            let mut resp = (StatusCode::from_u16(status).unwrap(), "scripted").into_response();
+            if let Some(ra) = retry_after {
+                resp.headers_mut().insert("retry-after", ra.parse().unwrap());
+            }
+            resp
+        }
+    }
+}
