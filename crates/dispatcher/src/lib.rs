@@ -136,6 +136,12 @@ pub async fn run(config: Config, shutdown: CancellationToken, options: Options) 
     }
     tracing::info!(subscriptions = subs.len(), "dispatcher state loaded");
 
+    // Loudly, at start: an allow-list makes non-public addresses reachable.
+    if let Ok(guard) = hookline_core::egress::EgressGuard::new(&config.egress, &Default::default()) {
+        for w in guard.startup_warnings() {
+            tracing::warn!("{w}");
+        }
+    }
     let resolver = options.resolver.clone().unwrap_or_else(|| Arc::new(SystemResolver));
     let ctx = Arc::new(Ctx {
         topics: topics.clone(),

@@ -86,8 +86,8 @@ impl Sender {
         };
         let exchange = async {
             // Resolve and judge the destination on every attempt, even when a pooled connection exists.
-            match connector::precheck(&route.guard, self.resolver.as_ref(), url).await {
-                Ok(_) => {}
+            let target = match connector::precheck(&route.guard, self.resolver.as_ref(), url).await {
+                Ok((target, _)) => target,
                 Err(PrecheckError::Refused(r)) => {
                     let reason = format!("egress refused: {}", r.reason);
                     return (r.outcome(), reason, String::new());
@@ -95,8 +95,9 @@ impl Sender {
                 Err(PrecheckError::Resolve(e)) => {
                     return (Outcome::ConnectError, format!("DNS resolution failed: {e}"), String::new())
                 }
-            }
-            let mut req = http::Request::post(url);
+            };
+            // The parsed, normalised URL that was judged, never the raw string.
+            let mut req = http::Request::post(target.url.as_str());
             for (k, v) in headers.iter() {
                 req = req.header(k, v);
             }
@@ -118,7 +119,12 @@ impl Sender {
             (Outcome::Http { status, retry_after }, format!("HTTP {status}"), excerpt)
         };
         match tokio::time::timeout(timeout, exchange).await {
-            Ok((outcome, reason, excerpt)) => finish(outcome, reason, excerpt),
+            Ok((outcome, reason, excerpt)) => {
+                if matches!(outcome, Outcome::EgressRefused | Outcome::InvalidUrl) {
+                    metrics::counter!("hookline_egress_refusals_total", "outcome" => if outcome == Outcome::EgressRefused { "egress_refused" } else { "invalid_url" }).increment(1);
+                }
+                finish(outcome, reason, excerpt)
+            }
             Err(_) => finish(Outcome::Timeout, format!("Timed out after {}", human_duration(timeout)), String::new()),
         }
     }
