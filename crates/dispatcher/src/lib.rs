@@ -11,22 +11,22 @@ mod records;
 pub mod sender;
 
 use std::sync::Arc;
-use std::time::{Duration, SystemTime, UNIX_EPOCH};
+use std::time::Duration;
 
 use hookline_core::model::DeliveryTask;
 use hookline_kafka::client::{group_consumer_config, producer};
 use hookline_kafka::produce;
 use hookline_kafka::rebalance::{RebalanceContext, RebalanceEvent};
-use hookline_kafka::state::{EndpointStates, SubscriptionTable};
-use hookline_kafka::table::{self, TableError, TableHandle};
-use hookline_kafka::watermark::Watermarks;
+use hookline_kafka::state::{EndpointStates, StateTables, SubscriptionTable};
+use hookline_kafka::table::{TableError, TableHandle};
+use hookline_kafka::watermark::{store, Watermarks};
 use hookline_kafka::Topics;
 use hookline_service::{health, telemetry, Config, Readiness};
 use prost::Message as _;
 use rdkafka::consumer::{CommitMode, Consumer, StreamConsumer};
 use rdkafka::error::KafkaError;
 use rdkafka::producer::{DeliveryFuture, FutureProducer, FutureRecord, Producer};
-use rdkafka::{Message, Offset, TopicPartitionList};
+use rdkafka::Message;
 use tokio::sync::{mpsc, Semaphore};
 use tokio_util::sync::CancellationToken;
 
@@ -105,9 +105,7 @@ impl Ctx {
     }
 }
 
-pub(crate) fn now_ms() -> i64 {
-    SystemTime::now().duration_since(UNIX_EPOCH).map(|d| d.as_millis() as i64).unwrap_or(0)
-}
+pub(crate) use hookline_service::now_ms;
 
 /// Runs a dispatcher until `shutdown`, then drains: in-flight deliveries get `dispatcher.drain_timeout_ms` to
 /// finish; what does not finish stays uncommitted and is redelivered by the partition's next owner.
@@ -123,17 +121,12 @@ pub async fn run(config: Config, shutdown: CancellationToken, options: Options) 
     let kafka = &config.kafka;
     let reader_stop = CancellationToken::new();
 
-    let subs = SubscriptionTable::default();
-    let s = subs.clone();
-    let subs_reader = table::spawn(kafka, topics.subscriptions(), &format!("{instance}-subs"), move |_, k, v| s.apply(k, v), reader_stop.clone()).await?;
-    let states = EndpointStates::default();
-    let st = states.clone();
-    let states_reader =
-        table::spawn(kafka, topics.endpoint_state(), &format!("{instance}-states"), move |p, k, v| st.apply(p, k, v), reader_stop.clone()).await?;
+    let tables = StateTables::follow(kafka, &topics, &instance, reader_stop.clone()).await?;
     tokio::select! {
-        _ = async { subs_reader.wait_caught_up().await; states_reader.wait_caught_up().await } => {}
+        _ = tables.caught_up() => {}
         _ = shutdown.cancelled() => { reader_stop.cancel(); return Ok(()) }
     }
+    let StateTables { subs, states, states_reader, .. } = tables;
     tracing::info!(subscriptions = subs.len(), "dispatcher state loaded");
 
     // Loudly, at start: an allow-list makes non-public addresses reachable.
@@ -293,15 +286,6 @@ fn on_rebalance(ev: RebalanceEvent, marks: &mut Watermarks, states: &EndpointSta
                     states.revoke(p);
                 }
             }
-        }
-    }
-}
-
-fn store<C: Consumer<X>, X: rdkafka::consumer::ConsumerContext>(consumer: &C, topic: &str, partition: i32, offset: i64) {
-    let mut tpl = TopicPartitionList::new();
-    if tpl.add_partition_offset(topic, partition, Offset::Offset(offset)).is_ok() {
-        if let Err(e) = consumer.store_offsets(&tpl) {
-            tracing::debug!(partition, offset, error = %e, "offset not stored (partition revoked?)");
         }
     }
 }

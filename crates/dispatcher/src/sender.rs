@@ -125,7 +125,7 @@ impl Sender {
                 }
                 finish(outcome, reason, excerpt)
             }
-            Err(_) => finish(Outcome::Timeout, format!("Timed out after {}", human_duration(timeout)), String::new()),
+            Err(_) => finish(Outcome::Timeout, format!("Timed out after {}", hookline_core::sign::human_duration_ms(timeout.as_millis() as u64)), String::new()),
         }
     }
 }
@@ -173,13 +173,4 @@ fn classify_error(err: &hyper_util::client::legacy::Error) -> (Outcome, String, 
     }
     chain.dedup();
     (Outcome::ConnectError, format!("connection failed: {}", chain.join(": ")), String::new())
-}
-
-fn human_duration(d: Duration) -> String {
-    let ms = d.as_millis();
-    if ms % 1000 == 0 {
-        format!("{} s", ms / 1000)
-    } else {
-        format!("{ms} ms")
-    }
 }

@@ -239,7 +239,7 @@ mod tests {
         assert!(decode(nested_string.as_bytes(), MAX, false).is_ok(), "brackets inside strings are not nesting");
         let deep = format!("{{\"id\":\"a\",\"type\":\"t\",\"data\":{}{}}}", "[".repeat(1000), "]".repeat(1000));
         assert_eq!(decode(deep.as_bytes(), MAX, false).unwrap_err().reason, "invalid_json");
-        assert_eq!(decode(&vec![b' '; 100], 10, false).unwrap_err().reason, "oversize");
+        assert_eq!(decode(&[b' '; 100], 10, false).unwrap_err().reason, "oversize");
     }
 
     #[test]

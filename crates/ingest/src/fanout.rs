@@ -9,13 +9,13 @@ use hookline_core::model::{delivery_id, DeadLetter, DeliveryTask, Event, TaskOri
 use hookline_kafka::client::group_consumer_config;
 use hookline_kafka::rebalance::{RebalanceContext, RebalanceEvent};
 use hookline_kafka::state::SubscriptionTable;
-use hookline_kafka::watermark::Watermarks;
+use hookline_kafka::watermark::{store, Watermarks};
 use hookline_kafka::Topics;
 use prost::Message as _;
 use rdkafka::consumer::{CommitMode, Consumer, StreamConsumer};
 use rdkafka::error::KafkaError;
 use rdkafka::producer::{FutureProducer, FutureRecord};
-use rdkafka::{Message, Offset, TopicPartitionList};
+use rdkafka::Message;
 use tokio::sync::{mpsc, Semaphore};
 use tokio_util::sync::CancellationToken;
 
@@ -41,12 +41,7 @@ pub async fn run(f: Arc<Fanout>, config: &hookline_service::Config, client_id: &
     let in_flight = Arc::new(Semaphore::new(MAX_IN_FLIGHT));
     let (done_tx, mut done_rx) = mpsc::unbounded_channel::<(i32, i64)>();
     let mut marks = Watermarks::new();
-    let store = |consumer: &StreamConsumer<RebalanceContext>, p: i32, w: i64| {
-        let mut tpl = TopicPartitionList::new();
-        if tpl.add_partition_offset(&events, p, Offset::Offset(w)).is_ok() {
-            let _ = consumer.store_offsets(&tpl);
-        }
-    };
+    let store = |consumer: &StreamConsumer<RebalanceContext>, p: i32, w: i64| store(consumer, &events, p, w);
     loop {
         tokio::select! {
             biased;

@@ -7,11 +7,10 @@ pub mod fanout;
 
 use std::net::SocketAddr;
 use std::sync::Arc;
-use std::time::{SystemTime, UNIX_EPOCH};
 
 use hookline_kafka::client::producer;
-use hookline_kafka::state::{EndpointStates, SubscriptionTable};
-use hookline_kafka::table::{self, TableError};
+use hookline_kafka::state::StateTables;
+use hookline_kafka::table::TableError;
 use hookline_kafka::Topics;
 use hookline_service::{health, telemetry, Config, Readiness};
 use rdkafka::error::KafkaError;
@@ -40,9 +39,7 @@ pub struct Options {
     pub instance: Option<String>,
 }
 
-pub(crate) fn now_ms() -> i64 {
-    SystemTime::now().duration_since(UNIX_EPOCH).map(|d| d.as_millis() as i64).unwrap_or(0)
-}
+pub(crate) use hookline_service::now_ms;
 
 /// Runs ingest until `shutdown`: reads the subscription table to its end, then serves the API and fans out.
 pub async fn run(config: Config, shutdown: CancellationToken, options: Options) -> Result<(), IngestError> {
@@ -52,15 +49,7 @@ pub async fn run(config: Config, shutdown: CancellationToken, options: Options) 
     let topics = Topics::new(config.kafka.topic_prefix.clone());
     let reader_stop = CancellationToken::new();
 
-    let subs = SubscriptionTable::default();
-    let s = subs.clone();
-    let subs_reader =
-        table::spawn(&config.kafka, topics.subscriptions(), &format!("{instance}-subs"), move |_, k, v| s.apply(k, v), reader_stop.clone()).await?;
-    let states = EndpointStates::default();
-    let st = states.clone();
-    let states_reader =
-        table::spawn(&config.kafka, topics.endpoint_state(), &format!("{instance}-states"), move |p, k, v| st.apply(p, k, v), reader_stop.clone())
-            .await?;
+    let tables = StateTables::follow(&config.kafka, &topics, &instance, reader_stop.clone()).await?;
     let producer = producer(&config.kafka, &instance)?;
 
     if config.ingest.api_tokens.is_empty() {
@@ -69,9 +58,9 @@ pub async fn run(config: Config, shutdown: CancellationToken, options: Options) 
     let state = Arc::new(api::ApiState {
         topics: topics.clone(),
         producer: producer.clone(),
-        subs: subs.clone(),
-        subs_reader: subs_reader.clone(),
-        states,
+        subs: tables.subs.clone(),
+        subs_reader: tables.subs_reader.clone(),
+        states: tables.states.clone(),
         tokens: config.ingest.api_tokens.clone(),
         max_event_bytes: config.ingest.max_event_bytes,
         egress: config.egress.clone(),
@@ -91,15 +80,15 @@ pub async fn run(config: Config, shutdown: CancellationToken, options: Options) 
 
     // Fan-out needs the whole subscription table, or early events would reach nobody.
     tokio::select! {
-        _ = async { subs_reader.wait_caught_up().await; states_reader.wait_caught_up().await } => {}
+        _ = tables.caught_up() => {}
         _ = shutdown.cancelled() => { reader_stop.cancel(); return Ok(()) }
     }
     readiness.set(true);
-    tracing::info!(subscriptions = subs.len(), "ingest ready");
+    tracing::info!(subscriptions = tables.subs.len(), "ingest ready");
     let fan = Arc::new(fanout::Fanout {
         topics,
         producer: producer.clone(),
-        subs,
+        subs: tables.subs.clone(),
         max_event_bytes: config.ingest.max_event_bytes,
         shutdown: shutdown.clone(),
     });

@@ -8,6 +8,52 @@ use hookline_core::model::{EndpointState, Subscription};
 use hookline_core::policy::{self, Policy};
 use prost::Message;
 use tokio::sync::watch;
+use tokio_util::sync::CancellationToken;
+
+use crate::settings::KafkaSettings;
+use crate::table::{self, TableError, TableHandle};
+use crate::topics::Topics;
+
+/// Both state topics read into memory, as every service needs them.
+pub struct StateTables {
+    pub subs: SubscriptionTable,
+    pub subs_reader: TableHandle,
+    pub states: EndpointStates,
+    pub states_reader: TableHandle,
+}
+
+impl StateTables {
+    /// Starts following `subscriptions` and `endpoint-state`; `stop` ends both readers.
+    pub async fn follow(
+        settings: &KafkaSettings,
+        topics: &Topics,
+        instance: &str,
+        stop: CancellationToken,
+    ) -> Result<Self, TableError> {
+        let subs = SubscriptionTable::default();
+        let s = subs.clone();
+        let subs_reader =
+            table::spawn(settings, topics.subscriptions(), &format!("{instance}-subs"), move |_, k, v| s.apply(k, v), stop.clone())
+                .await?;
+        let states = EndpointStates::default();
+        let st = states.clone();
+        let states_reader = table::spawn(
+            settings,
+            topics.endpoint_state(),
+            &format!("{instance}-states"),
+            move |p, k, v| st.apply(p, k, v),
+            stop,
+        )
+        .await?;
+        Ok(Self { subs, subs_reader, states, states_reader })
+    }
+
+    /// Resolves once both topics were read to the end they had when reading started.
+    pub async fn caught_up(&self) {
+        self.subs_reader.wait_caught_up().await;
+        self.states_reader.wait_caught_up().await;
+    }
+}
 
 /// A subscription with its policy parsed once.
 #[derive(Debug)]
@@ -101,11 +147,14 @@ enum Ownership {
     Owned,
 }
 
+/// Per partition: whether this process owns it yet, and a signal for tasks waiting until it does.
+type Owners = HashMap<i32, (Ownership, watch::Sender<bool>)>;
+
 /// Endpoint states by subscription id. The dispatcher owning a partition writes its states; everyone else reads.
 #[derive(Clone, Default)]
 pub struct EndpointStates {
     map: Arc<RwLock<HashMap<String, EndpointState>>>,
-    owned: Arc<Mutex<HashMap<i32, (Ownership, watch::Sender<bool>)>>>,
+    owned: Arc<Mutex<Owners>>,
 }
 
 impl EndpointStates {

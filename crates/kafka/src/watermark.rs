@@ -3,6 +3,9 @@
 
 use std::collections::{BTreeSet, HashMap};
 
+use rdkafka::consumer::{Consumer, ConsumerContext};
+use rdkafka::{Offset, TopicPartitionList};
+
 #[derive(Debug, Default)]
 struct Partition {
     in_flight: BTreeSet<i64>,
@@ -60,6 +63,17 @@ impl Watermarks {
 
     fn mark(p: &Partition) -> Option<i64> {
         p.in_flight.first().copied().or(p.next)
+    }
+}
+
+/// Stores a committable offset (the next offset to consume) for the next auto-commit. Fails harmlessly when the
+/// partition was revoked meanwhile: its next owner re-reads from the last commit.
+pub fn store<C: Consumer<X>, X: ConsumerContext>(consumer: &C, topic: &str, partition: i32, offset: i64) {
+    let mut tpl = TopicPartitionList::new();
+    if tpl.add_partition_offset(topic, partition, Offset::Offset(offset)).is_ok() {
+        if let Err(e) = consumer.store_offsets(&tpl) {
+            tracing::debug!(topic, partition, offset, error = %e, "offset not stored (partition revoked?)");
+        }
     }
 }
 

@@ -8,22 +8,22 @@ pub mod tiers;
 use std::cmp::Reverse;
 use std::collections::{BinaryHeap, HashMap};
 use std::sync::Arc;
-use std::time::{Duration, SystemTime, UNIX_EPOCH};
+use std::time::Duration;
 
 use hookline_core::model::{DeliveryTask, RetryEnvelope, TaskOrigin};
 use hookline_core::subscription::activity;
 use hookline_kafka::client::{group_consumer_config, producer};
 use hookline_kafka::rebalance::{RebalanceContext, RebalanceEvent};
-use hookline_kafka::state::{EndpointStates, SubscriptionTable};
-use hookline_kafka::table::{self, TableError};
-use hookline_kafka::watermark::Watermarks;
+use hookline_kafka::state::{EndpointStates, StateTables, SubscriptionTable};
+use hookline_kafka::table::TableError;
+use hookline_kafka::watermark::{store, Watermarks};
 use hookline_kafka::{Topics, TIERS};
 use hookline_service::{health, telemetry, Config, Readiness};
 use prost::Message as _;
 use rdkafka::consumer::{CommitMode, Consumer, StreamConsumer};
 use rdkafka::error::KafkaError;
 use rdkafka::producer::{FutureProducer, Producer};
-use rdkafka::{Message, Offset, TopicPartitionList};
+use rdkafka::{Message, TopicPartitionList};
 use tokio::sync::mpsc;
 use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
@@ -46,9 +46,7 @@ pub struct Options {
     pub instance: Option<String>,
 }
 
-fn now_ms() -> i64 {
-    SystemTime::now().duration_since(UNIX_EPOCH).map(|d| d.as_millis() as i64).unwrap_or(0)
-}
+use hookline_service::now_ms;
 
 type Tp = (String, i32);
 
@@ -82,17 +80,12 @@ pub async fn run(config: Config, shutdown: CancellationToken, options: Options) 
     }
     let topics = Topics::new(config.kafka.topic_prefix.clone());
     let reader_stop = CancellationToken::new();
-    let subs = SubscriptionTable::default();
-    let s = subs.clone();
-    let subs_reader = table::spawn(&config.kafka, topics.subscriptions(), &format!("{instance}-subs"), move |_, k, v| s.apply(k, v), reader_stop.clone()).await?;
-    let states = EndpointStates::default();
-    let st = states.clone();
-    let states_reader =
-        table::spawn(&config.kafka, topics.endpoint_state(), &format!("{instance}-states"), move |p, k, v| st.apply(p, k, v), reader_stop.clone()).await?;
+    let tables = StateTables::follow(&config.kafka, &topics, &instance, reader_stop.clone()).await?;
     tokio::select! {
-        _ = async { subs_reader.wait_caught_up().await; states_reader.wait_caught_up().await } => {}
+        _ = tables.caught_up() => {}
         _ = shutdown.cancelled() => { reader_stop.cancel(); return Ok(()) }
     }
+    let StateTables { subs, states, .. } = tables;
 
     let (context, mut rebalances) = RebalanceContext::new("retry-scheduler");
     let consumer: StreamConsumer<RebalanceContext> =
@@ -343,12 +336,5 @@ impl Scheduler {
                 }
             }
         });
-    }
-}
-
-fn store<C: Consumer<X>, X: rdkafka::consumer::ConsumerContext>(consumer: &C, topic: &str, partition: i32, offset: i64) {
-    let mut tpl = TopicPartitionList::new();
-    if tpl.add_partition_offset(topic, partition, Offset::Offset(offset)).is_ok() {
-        let _ = consumer.store_offsets(&tpl);
     }
 }

@@ -224,6 +224,30 @@ fn parse_env_value(value: &str) -> toml::Value {
     }
 }
 
+impl Config {
+    /// Settings for `hookline dev` and tests: one local broker, few partitions, loopback receivers allowed over
+    /// plain http (the egress allow-list is logged loudly at start), readable logs.
+    pub fn dev(bootstrap_servers: &str, partitions: i32, api_token: &str) -> Self {
+        let mut c = Config::default();
+        c.kafka.bootstrap_servers = bootstrap_servers.to_owned();
+        c.kafka.partitions = partitions;
+        c.kafka.event_partitions = partitions;
+        c.kafka.replication_factor = 1;
+        c.kafka.linger_ms = 1;
+        c.ingest.listen_addr = "127.0.0.1:0".parse().expect("literal address");
+        c.ingest.api_tokens = vec![api_token.to_owned()];
+        c.dispatcher.health_addr = "127.0.0.1:0".parse().expect("literal address");
+        c.retry_scheduler.health_addr = "127.0.0.1:0".parse().expect("literal address");
+        c.dispatcher.drain_timeout_ms = 5_000;
+        c.retry_scheduler.drain_timeout_ms = 2_000;
+        c.egress.allow_ranges = vec!["127.0.0.0/8".into(), "::1/128".into()];
+        c.egress.allow_http = true;
+        c.telemetry.log_format = LogFormat::Pretty;
+        c.telemetry.log_level = "warn".into();
+        c
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -272,29 +296,5 @@ mod tests {
         assert!(e.to_string().contains("dispatcher.max_in_flight"), "{e}");
         let e = Config::from_toml_with_env("[kafka.properties]\nacks = \"1\"\n", "f", env(&[])).unwrap_err();
         assert!(e.to_string().contains("kafka.properties.acks"), "{e}");
-    }
-}
-
-impl Config {
-    /// Settings for `hookline dev` and tests: one local broker, few partitions, loopback receivers allowed over
-    /// plain http (the egress allow-list is logged loudly at start), readable logs.
-    pub fn dev(bootstrap_servers: &str, partitions: i32, api_token: &str) -> Self {
-        let mut c = Config::default();
-        c.kafka.bootstrap_servers = bootstrap_servers.to_owned();
-        c.kafka.partitions = partitions;
-        c.kafka.event_partitions = partitions;
-        c.kafka.replication_factor = 1;
-        c.kafka.linger_ms = 1;
-        c.ingest.listen_addr = "127.0.0.1:0".parse().expect("literal address");
-        c.ingest.api_tokens = vec![api_token.to_owned()];
-        c.dispatcher.health_addr = "127.0.0.1:0".parse().expect("literal address");
-        c.retry_scheduler.health_addr = "127.0.0.1:0".parse().expect("literal address");
-        c.dispatcher.drain_timeout_ms = 5_000;
-        c.retry_scheduler.drain_timeout_ms = 2_000;
-        c.egress.allow_ranges = vec!["127.0.0.0/8".into(), "::1/128".into()];
-        c.egress.allow_http = true;
-        c.telemetry.log_format = LogFormat::Pretty;
-        c.telemetry.log_level = "warn".into();
-        c
     }
 }

@@ -7,4 +7,9 @@ pub mod shutdown;
 pub mod telemetry;
 
 pub use config::Config;
+
+/// Wall-clock milliseconds since the Unix epoch: the time base of every record's `*_at_ms` field.
+pub fn now_ms() -> i64 {
+    std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map_or(0, |d| d.as_millis() as i64)
+}
 pub use health::Readiness;
