@@ -50,6 +50,7 @@ pub async fn deliver(ctx: Arc<Ctx>, task: DeliveryTask, partition: i32) -> Resul
             ctx.produce(&ctx.topics.attempts(), &task.subscription_id, &rec).await?;
             ctx.produce(&ctx.topics.dlq(), &task.subscription_id, &dl).await?;
             metrics::counter!("hookline_dead_lettered_total", "reason" => "invalid_policy").increment(1);
+            metrics::counter!("hookline_deliveries_total", "outcome" => "dead").increment(1);
             return Ok(());
         }
     };
@@ -127,6 +128,7 @@ async fn attempt(ctx: &Ctx, mut task: DeliveryTask, entry: &SubscriptionEntry, p
             ctx.produce(&ctx.topics.attempts(), &task.subscription_id, &rec).await?;
             ctx.produce(&ctx.topics.dlq(), &task.subscription_id, &dl).await?;
             metrics::counter!("hookline_dead_lettered_total", "reason" => "oversize").increment(1);
+            metrics::counter!("hookline_deliveries_total", "outcome" => "dead").increment(1);
             return Ok(());
         }
     };

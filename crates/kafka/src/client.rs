@@ -46,7 +46,9 @@ pub fn group_consumer_config(settings: &KafkaSettings, group_id: &str, client_id
         .set("session.timeout.ms", "10000")
         .set("heartbeat.interval.ms", "1000")
         .set("fetch.wait.max.ms", "50")
-        .set("enable.partition.eof", "false");
+        .set("enable.partition.eof", "false")
+        // Feeds `hookline_consumer_lag` (see rebalance.rs).
+        .set("statistics.interval.ms", "5000");
     c
 }
 

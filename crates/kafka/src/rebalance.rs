@@ -29,7 +29,21 @@ fn list(tpl: &TopicPartitionList) -> Vec<(String, i32)> {
     tpl.elements().iter().map(|e| (e.topic().to_owned(), e.partition())).collect()
 }
 
-impl ClientContext for RebalanceContext {}
+impl ClientContext for RebalanceContext {
+    /// librdkafka's statistics (every `statistics.interval.ms`): consumer lag per topic kind, for autoscaling on
+    /// the dispatcher group's lag and for alerts. Labels stay bounded: the role and the topic kind.
+    fn stats(&self, statistics: rdkafka::Statistics) {
+        let mut lag: std::collections::BTreeMap<&'static str, i64> = Default::default();
+        for (name, topic) in &statistics.topics {
+            let kind = crate::produce::topic_kind(name);
+            let sum: i64 = topic.partitions.values().filter(|p| p.partition >= 0).map(|p| p.consumer_lag.max(0)).sum();
+            *lag.entry(kind).or_default() += sum;
+        }
+        for (kind, value) in lag {
+            metrics::gauge!("hookline_consumer_lag", "group" => self.name, "topic" => kind).set(value as f64);
+        }
+    }
+}
 
 impl ConsumerContext for RebalanceContext {
     fn pre_rebalance(&self, _consumer: &BaseConsumer<Self>, rebalance: &Rebalance<'_>) {
