@@ -3,14 +3,18 @@
 
 pub mod api;
 pub mod decode;
+pub mod delivery_log;
 pub mod fanout;
+pub mod replay;
 
 use std::net::SocketAddr;
 use std::sync::Arc;
 
 use hookline_kafka::client::producer;
 use hookline_kafka::state::StateTables;
-use hookline_kafka::table::TableError;
+use hookline_core::model::{AttemptRecord, DeadLetter};
+use hookline_kafka::table::{self, TableError};
+use prost::Message as _;
 use hookline_kafka::Topics;
 use hookline_service::{health, telemetry, Config, Readiness};
 use rdkafka::error::KafkaError;
@@ -51,6 +55,36 @@ pub async fn run(config: Config, shutdown: CancellationToken, options: Options) 
 
     let tables = StateTables::follow(&config.kafka, &topics, &instance, reader_stop.clone()).await?;
     let producer = producer(&config.kafka, &instance)?;
+    let log = Arc::new(delivery_log::DeliveryLog::new(
+        config.ingest.delivery_log_retention_ms,
+        config.ingest.delivery_log_max_deliveries,
+    ));
+    let l = log.clone();
+    let attempts_reader = table::spawn(
+        &config.kafka,
+        topics.attempts(),
+        &format!("{instance}-log"),
+        move |_, _, v| {
+            if let Some(rec) = v.and_then(|v| AttemptRecord::decode(v).ok()) {
+                l.apply_attempt(rec, now_ms());
+            }
+        },
+        reader_stop.clone(),
+    )
+    .await?;
+    let l = log.clone();
+    let dlq_reader = table::spawn(
+        &config.kafka,
+        topics.dlq(),
+        &format!("{instance}-dlq"),
+        move |_, _, v| {
+            if let Some(dl) = v.and_then(|v| DeadLetter::decode(v).ok()) {
+                l.apply_dead_letter(dl);
+            }
+        },
+        reader_stop.clone(),
+    )
+    .await?;
 
     if config.ingest.api_tokens.is_empty() {
         tracing::warn!("ingest.api_tokens is empty: every API request will be refused with 401");
@@ -64,6 +98,8 @@ pub async fn run(config: Config, shutdown: CancellationToken, options: Options) 
         tokens: config.ingest.api_tokens.clone(),
         max_event_bytes: config.ingest.max_event_bytes,
         egress: config.egress.clone(),
+        log,
+        kafka: config.kafka.clone(),
     });
     let app = api::router(state, config.ingest.max_request_bytes).merge(health::routes(readiness.clone(), metrics));
     let addr = config.ingest.listen_addr;
@@ -80,7 +116,7 @@ pub async fn run(config: Config, shutdown: CancellationToken, options: Options) 
 
     // Fan-out needs the whole subscription table, or early events would reach nobody.
     tokio::select! {
-        _ = tables.caught_up() => {}
+        _ = async { tables.caught_up().await; attempts_reader.wait_caught_up().await; dlq_reader.wait_caught_up().await } => {}
         _ = shutdown.cancelled() => { reader_stop.cancel(); return Ok(()) }
     }
     readiness.set(true);

@@ -6,6 +6,7 @@ pub mod client;
 pub mod mock;
 pub mod produce;
 pub mod rebalance;
+pub mod scan;
 pub mod settings;
 pub mod state;
 pub mod table;

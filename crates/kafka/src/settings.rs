@@ -24,6 +24,9 @@ pub struct KafkaSettings {
     pub delivery_timeout_ms: u64,
     /// Producer batching delay: a small value keeps latency low.
     pub linger_ms: u64,
+    /// Whether the broker answers offset-by-time lookups (real Kafka does). Replays "since a time" use it to
+    /// start near the time; without it (the embedded mock broker) they scan from the beginning.
+    pub offsets_by_time: bool,
 }
 
 impl Default for KafkaSettings {
@@ -37,6 +40,7 @@ impl Default for KafkaSettings {
             properties: BTreeMap::new(),
             delivery_timeout_ms: 120_000,
             linger_ms: 2,
+            offsets_by_time: true,
         }
     }
 }

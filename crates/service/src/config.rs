@@ -57,6 +57,10 @@ pub struct IngestSettings {
     pub max_request_bytes: usize,
     /// Consumer group of the fan-out.
     pub group_id: String,
+    /// How long the delivery log keeps a delivery (Gauge keeps 30 days). Match the `attempts` topic retention.
+    pub delivery_log_retention_ms: i64,
+    /// Most deliveries the log keeps in memory; the oldest go first.
+    pub delivery_log_max_deliveries: usize,
 }
 
 impl Default for IngestSettings {
@@ -67,6 +71,8 @@ impl Default for IngestSettings {
             max_event_bytes: 1 << 20,
             max_request_bytes: 2 << 20,
             group_id: "hookline-ingest".into(),
+            delivery_log_retention_ms: 30 * 24 * 3_600_000,
+            delivery_log_max_deliveries: 1_000_000,
         }
     }
 }
@@ -234,6 +240,7 @@ impl Config {
         c.kafka.event_partitions = partitions;
         c.kafka.replication_factor = 1;
         c.kafka.linger_ms = 1;
+        c.kafka.offsets_by_time = false;
         c.ingest.listen_addr = "127.0.0.1:0".parse().expect("literal address");
         c.ingest.api_tokens = vec![api_token.to_owned()];
         c.dispatcher.health_addr = "127.0.0.1:0".parse().expect("literal address");

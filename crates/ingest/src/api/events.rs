@@ -12,7 +12,14 @@ use serde_json::{json, Value};
 use super::{ApiError, ApiState};
 use crate::decode;
 
-pub async fn publish(State(s): State<Arc<ApiState>>, headers: HeaderMap, body: Bytes) -> Result<(StatusCode, Json<Value>), ApiError> {
+pub async fn publish(
+    State(s): State<Arc<ApiState>>,
+    headers: HeaderMap,
+    body: Result<Bytes, axum::extract::rejection::BytesRejection>,
+) -> Result<(StatusCode, Json<Value>), ApiError> {
+    let body = body.map_err(|e| {
+        ApiError::new(StatusCode::PAYLOAD_TOO_LARGE, "body_too_large", format!("the request body could not be read: {}", e.body_text()))
+    })?;
     let is_json = headers
         .get(axum::http::header::CONTENT_TYPE)
         .and_then(|v| v.to_str().ok())

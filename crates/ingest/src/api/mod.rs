@@ -1,6 +1,7 @@
 //! The HTTP API served by ingest: events in, subscriptions managed. JSON everywhere, errors as
 //! `{"error":{"code":..,"message":..,"field":..}}`, bearer-token auth on everything but health and metrics.
 
+mod deliveries;
 mod events;
 mod subscriptions;
 
@@ -31,6 +32,8 @@ pub struct ApiState {
     pub tokens: Vec<String>,
     pub max_event_bytes: usize,
     pub egress: EgressSettings,
+    pub log: Arc<crate::delivery_log::DeliveryLog>,
+    pub kafka: hookline_kafka::KafkaSettings,
 }
 
 pub fn router(state: Arc<ApiState>, max_request_bytes: usize) -> Router {
@@ -43,6 +46,12 @@ pub fn router(state: Arc<ApiState>, max_request_bytes: usize) -> Router {
         )
         .route("/v1/subscriptions/{id}/pause", post(subscriptions::pause))
         .route("/v1/subscriptions/{id}/resume", post(subscriptions::resume))
+        .route("/v1/subscriptions/{id}/rotate-secret", post(subscriptions::rotate_secret))
+        .route("/v1/subscriptions/{id}/deliveries", get(deliveries::list))
+        .route("/v1/subscriptions/{id}/replay", post(deliveries::replay_since))
+        .route("/v1/deliveries/{id}", get(deliveries::get))
+        .route("/v1/deliveries/{id}/replay", post(deliveries::replay_one))
+        .route("/v1/dlq/redrive", post(deliveries::redrive))
         .route_layer(middleware::from_fn_with_state(state.clone(), auth))
         .layer(axum::extract::DefaultBodyLimit::max(max_request_bytes))
         .fallback(|| async { ApiError::new(StatusCode::NOT_FOUND, "not_found", "no such route") })

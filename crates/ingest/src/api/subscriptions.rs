@@ -190,6 +190,58 @@ pub async fn resume(State(s): State<Arc<ApiState>>, Path(id): Path<String>) -> R
     Ok(Json(view(&s, &SubscriptionEntry::new(sub))))
 }
 
+#[derive(Deserialize, Default)]
+#[serde(deny_unknown_fields)]
+pub struct RotateSecret {
+    /// How long the old secret keeps signing next to the new one (default one day).
+    overlap_s: Option<u64>,
+    /// The new secret; generated when absent.
+    secret: Option<String>,
+}
+
+/// Rotates the signing secret: the new one signs from now on; older ones keep signing (a second signature in
+/// the same header) until the overlap ends, so receivers can switch without a gap. The new secret is shown once.
+pub async fn rotate_secret(
+    State(s): State<Arc<ApiState>>,
+    Path(id): Path<String>,
+    body: Result<axum::body::Bytes, axum::extract::rejection::BytesRejection>,
+) -> Result<Json<Value>, ApiError> {
+    let body = body.map_err(|e| ApiError::new(StatusCode::PAYLOAD_TOO_LARGE, "body_too_large", e.body_text()))?;
+    // The body is optional: an empty POST rotates with the defaults.
+    let req: RotateSecret = if body.iter().all(u8::is_ascii_whitespace) {
+        RotateSecret::default()
+    } else {
+        serde_json::from_slice(&body).map_err(|e| ApiError::new(StatusCode::UNPROCESSABLE_ENTITY, "invalid_body", e.to_string()))?
+    };
+    let overlap_s = req.overlap_s.unwrap_or(86_400);
+    if overlap_s > 30 * 86_400 {
+        return Err(ApiError::field("overlap_s", "at most 30 days (2592000 s)"));
+    }
+    let mut sub = find(&s, &id)?.sub.clone();
+    let now = crate::now_ms();
+    let secret = match req.secret {
+        Some(secret) => {
+            hookline_core::sign::standard_signature(&secret, "probe", 0, b"").map_err(|e| ApiError::field("secret", e.to_string()))?;
+            secret
+        }
+        None => hookline_core::sign::generate_secret(&mut rand::rng()),
+    };
+    let until = now + (overlap_s as i64) * 1000;
+    for old in sub.secrets.iter_mut() {
+        if old.expires_at_ms == 0 || old.expires_at_ms > until {
+            old.expires_at_ms = until;
+        }
+    }
+    sub.secrets.retain(|x| x.expires_at_ms > now);
+    sub.secrets.insert(0, Secret { value: secret.clone(), expires_at_ms: 0 });
+    sub.updated_at_ms = now;
+    write(&s, &sub).await?;
+    let mut v = view(&s, &SubscriptionEntry::new(sub));
+    v["secret"] = json!(secret);
+    v["previous_secrets_expire_at_ms"] = json!(until);
+    Ok(Json(v))
+}
+
 fn find(s: &ApiState, id: &str) -> Result<Arc<SubscriptionEntry>, ApiError> {
     s.subs
         .get(id)

@@ -1,0 +1,160 @@
+//! The delivery log and replays: list a subscription's deliveries, read one with every attempt, replay one,
+//! replay everything since a time, redrive the dead-letter topic.
+
+use std::sync::Arc;
+
+use axum::extract::{Path, Query, State};
+use axum::http::StatusCode;
+use axum::Json;
+use hookline_core::subscription::activity;
+use serde::Deserialize;
+use serde_json::{json, Value};
+
+use super::{ApiError, ApiJson, ApiState};
+use crate::delivery_log::{DeliveryEntry, Filter};
+use crate::replay;
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct LogQuery {
+    status: Option<String>,
+    since_ms: Option<i64>,
+    until_ms: Option<i64>,
+    limit: Option<usize>,
+    after: Option<String>,
+}
+
+pub async fn list(State(s): State<Arc<ApiState>>, Path(id): Path<String>, Query(q): Query<LogQuery>) -> Result<Json<Value>, ApiError> {
+    if s.subs.get(&id).is_none() {
+        return Err(ApiError::new(StatusCode::NOT_FOUND, "not_found", format!("no subscription {id}")));
+    }
+    let limit = q.limit.unwrap_or(50);
+    if !(1..=500).contains(&limit) {
+        return Err(ApiError::field("limit", "must be between 1 and 500"));
+    }
+    let filter = Filter { status: q.status.as_deref(), since_ms: q.since_ms, until_ms: q.until_ms };
+    let page = s.log.list(&id, &filter, limit, q.after.as_deref());
+    Ok(Json(json!({
+        "items": page.items.iter().map(|e| view(e, false)).collect::<Vec<_>>(),
+        "next_after": page.next,
+    })))
+}
+
+pub async fn get(State(s): State<Arc<ApiState>>, Path(id): Path<String>) -> Result<Json<Value>, ApiError> {
+    let entry = s.log.get(&id).ok_or_else(|| not_found(&id))?;
+    Ok(Json(view(&entry, true)))
+}
+
+/// Replays one delivery. The subscription must be active (resume it first if it was paused), and the delivery
+/// finished; its event must be known (dead-lettered deliveries carry it).
+pub async fn replay_one(State(s): State<Arc<ApiState>>, Path(id): Path<String>) -> Result<(StatusCode, Json<Value>), ApiError> {
+    let entry = s.log.get(&id).ok_or_else(|| not_found(&id))?;
+    let sub = s.subs.get(&entry.subscription_id).ok_or_else(|| {
+        ApiError::new(StatusCode::CONFLICT, "subscription_deleted", "the delivery's subscription was deleted")
+    })?;
+    require_active(&s, &sub)?;
+    if entry.state == "pending" {
+        return Err(ApiError::new(StatusCode::CONFLICT, "delivery_in_progress", "the delivery has not reached a final state yet"));
+    }
+    let Some(event) = entry.event.clone() else {
+        return Err(ApiError::new(
+            StatusCode::CONFLICT,
+            "event_unavailable",
+            "only dead-lettered deliveries keep their event here; replay the time range with POST /v1/subscriptions/{id}/replay",
+        ));
+    };
+    let n = replay::produce(&s, vec![replay::task(event, &entry.subscription_id, entry.attempts_made)])
+        .await
+        .map_err(ApiError::unavailable)?;
+    Ok((StatusCode::ACCEPTED, Json(json!({"replayed": n, "delivery_id": id}))))
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct ReplaySince {
+    since_ms: i64,
+    until_ms: Option<i64>,
+}
+
+pub async fn replay_since(
+    State(s): State<Arc<ApiState>>,
+    Path(id): Path<String>,
+    ApiJson(req): ApiJson<ReplaySince>,
+) -> Result<(StatusCode, Json<Value>), ApiError> {
+    let sub = s.subs.get(&id).ok_or_else(|| ApiError::new(StatusCode::NOT_FOUND, "not_found", format!("no subscription {id}")))?;
+    require_active(&s, &sub)?;
+    if req.until_ms.is_some_and(|u| u < req.since_ms) {
+        return Err(ApiError::field("until_ms", "must not be before since_ms"));
+    }
+    let n = replay::since(&s, &sub, req.since_ms, req.until_ms).await.map_err(ApiError::unavailable)?;
+    Ok((StatusCode::ACCEPTED, Json(json!({"replayed": n}))))
+}
+
+pub async fn redrive(State(s): State<Arc<ApiState>>, ApiJson(f): ApiJson<replay::RedriveFilter>) -> Result<(StatusCode, Json<Value>), ApiError> {
+    if let Some(st) = &f.final_state {
+        if st != "failed" && st != "dead" {
+            return Err(ApiError::field("final_state", "must be `failed` or `dead`"));
+        }
+    }
+    let r = replay::redrive(&s, &f).await.map_err(ApiError::unavailable)?;
+    Ok((StatusCode::ACCEPTED, Json(json!({"redriven": r.redriven, "skipped": r.skipped}))))
+}
+
+fn require_active(s: &ApiState, sub: &hookline_kafka::state::SubscriptionEntry) -> Result<(), ApiError> {
+    let act = activity(&sub.sub, s.states.get(&sub.sub.id).as_ref());
+    if act.is_active() {
+        return Ok(());
+    }
+    Err(ApiError::new(
+        StatusCode::CONFLICT,
+        "subscription_inactive",
+        format!(
+            "the subscription is {} ({}); resume or enable it before replaying",
+            act.word(),
+            act.reason().unwrap_or("")
+        ),
+    ))
+}
+
+fn not_found(id: &str) -> ApiError {
+    ApiError::new(StatusCode::NOT_FOUND, "not_found", format!("no delivery {id} in the delivery log"))
+}
+
+fn view(e: &DeliveryEntry, with_attempts: bool) -> Value {
+    let mut v = json!({
+        "delivery_id": e.delivery_id,
+        "subscription_id": e.subscription_id,
+        "event_id": e.event_id,
+        "event_type": e.event_type,
+        "state": e.state,
+        "status": e.status_word,
+        "attempts_made": e.attempts_made,
+        "first_attempt_at_ms": e.first_at_ms,
+        "last_attempt_at_ms": e.last_at_ms,
+        "replayable": e.event.is_some() && e.state != "pending",
+    });
+    let attempts: Vec<Value> = e
+        .attempts
+        .iter()
+        .map(|a| {
+            json!({
+                "attempt": a.attempt,
+                "try": a.r#try,
+                "started_at_ms": a.started_at_ms,
+                "duration_ms": a.duration_ms,
+                "outcome": a.outcome,
+                "http_status": (a.http_status > 0).then_some(a.http_status),
+                "reason": a.reason,
+                "response_excerpt": a.response_excerpt,
+                "verdict": a.verdict,
+                "next_attempt_at_ms": (a.next_due_at_ms > 0).then_some(a.next_due_at_ms),
+            })
+        })
+        .collect();
+    if with_attempts {
+        v["attempts"] = json!(attempts);
+    } else {
+        v["last_attempt"] = attempts.last().cloned().unwrap_or(Value::Null);
+    }
+    v
+}

@@ -1,0 +1,234 @@
+//! The delivery log: every attempt of every delivery, rebuilt from the `attempts` topic at start and followed
+//! afterwards (so it survives restarts of the API process), plus the event of every dead-lettered delivery from
+//! the `dlq` topic (what a replay sends again). Bounded by a retention time and a maximum number of deliveries;
+//! the oldest go first.
+
+use std::collections::{BTreeSet, HashMap};
+use std::sync::RwLock;
+
+use hookline_core::model::{AttemptRecord, DeadLetter, Event};
+
+/// Attempts kept per delivery; older ones are summarised by the count.
+const MAX_ATTEMPTS_KEPT: usize = 100;
+
+#[derive(Debug, Clone)]
+pub struct DeliveryEntry {
+    pub delivery_id: String,
+    pub subscription_id: String,
+    pub event_id: String,
+    pub event_type: String,
+    /// `pending`, `succeeded`, `failed`, `dead`, `cancelled`, `skipped`.
+    pub state: String,
+    /// The policy's own word for `state`.
+    pub status_word: String,
+    pub first_at_ms: i64,
+    pub last_at_ms: i64,
+    /// Highest attempt number seen: a replay continues counting from here.
+    pub attempts_made: u32,
+    pub attempts: Vec<AttemptRecord>,
+    /// The event, known for dead-lettered deliveries.
+    pub event: Option<Event>,
+}
+
+#[derive(Default)]
+struct Inner {
+    deliveries: HashMap<String, DeliveryEntry>,
+    /// (first_at, delivery id) per subscription, for listing newest first.
+    by_subscription: HashMap<String, BTreeSet<(i64, String)>>,
+    /// (first_at, delivery id) of everything, for eviction.
+    by_age: BTreeSet<(i64, String)>,
+}
+
+pub struct DeliveryLog {
+    inner: RwLock<Inner>,
+    retention_ms: i64,
+    max_deliveries: usize,
+}
+
+/// A page of a subscription's deliveries.
+pub struct Page {
+    pub items: Vec<DeliveryEntry>,
+    /// Cursor for the next page, when there is one.
+    pub next: Option<String>,
+}
+
+#[derive(Default)]
+pub struct Filter<'a> {
+    /// Matches the state (`failed`) or the policy's word (`DEAD_LETTER`), case-insensitively.
+    pub status: Option<&'a str>,
+    pub since_ms: Option<i64>,
+    pub until_ms: Option<i64>,
+}
+
+impl DeliveryLog {
+    pub fn new(retention_ms: i64, max_deliveries: usize) -> Self {
+        Self { inner: RwLock::new(Inner::default()), retention_ms, max_deliveries }
+    }
+
+    pub fn apply_attempt(&self, rec: AttemptRecord, now_ms: i64) {
+        let mut inner = self.inner.write().expect("delivery log lock");
+        let at = rec.started_at_ms;
+        let entry = match inner.deliveries.get_mut(&rec.delivery_id) {
+            Some(e) => e,
+            None => {
+                let key = (at, rec.delivery_id.clone());
+                inner.by_subscription.entry(rec.subscription_id.clone()).or_default().insert(key.clone());
+                inner.by_age.insert(key);
+                inner.deliveries.entry(rec.delivery_id.clone()).or_insert_with(|| DeliveryEntry {
+                    delivery_id: rec.delivery_id.clone(),
+                    subscription_id: rec.subscription_id.clone(),
+                    event_id: rec.event_id.clone(),
+                    event_type: rec.event_type.clone(),
+                    state: "pending".into(),
+                    status_word: String::new(),
+                    first_at_ms: at,
+                    last_at_ms: at,
+                    attempts_made: 0,
+                    attempts: Vec::new(),
+                    event: None,
+                })
+            }
+        };
+        entry.last_at_ms = entry.last_at_ms.max(at);
+        entry.attempts_made = entry.attempts_made.max(rec.attempt);
+        entry.state = if rec.final_state.is_empty() { "pending".into() } else { rec.final_state.clone() };
+        entry.status_word = rec.status_word.clone();
+        if entry.attempts.len() >= MAX_ATTEMPTS_KEPT {
+            entry.attempts.remove(0);
+        }
+        entry.attempts.push(rec);
+        Self::evict(&mut inner, now_ms - self.retention_ms, self.max_deliveries);
+    }
+
+    /// Remembers the event of a dead-lettered delivery, so it can be replayed.
+    pub fn apply_dead_letter(&self, dl: DeadLetter) {
+        if dl.delivery_id.is_empty() {
+            return; // malformed input: no delivery
+        }
+        let mut inner = self.inner.write().expect("delivery log lock");
+        if let Some(e) = inner.deliveries.get_mut(&dl.delivery_id) {
+            e.event = dl.event;
+            e.attempts_made = e.attempts_made.max(dl.attempts);
+        }
+    }
+
+    fn evict(inner: &mut Inner, older_than_ms: i64, max: usize) {
+        while let Some((at, id)) = inner.by_age.first().cloned() {
+            if at >= older_than_ms && inner.by_age.len() <= max {
+                break;
+            }
+            inner.by_age.pop_first();
+            if let Some(e) = inner.deliveries.remove(&id) {
+                if let Some(set) = inner.by_subscription.get_mut(&e.subscription_id) {
+                    set.remove(&(at, id));
+                    if set.is_empty() {
+                        inner.by_subscription.remove(&e.subscription_id);
+                    }
+                }
+            }
+        }
+    }
+
+    pub fn get(&self, delivery_id: &str) -> Option<DeliveryEntry> {
+        self.inner.read().expect("delivery log lock").deliveries.get(delivery_id).cloned()
+    }
+
+    /// Newest first. `after` is the cursor from the previous page.
+    pub fn list(&self, subscription_id: &str, filter: &Filter<'_>, limit: usize, after: Option<&str>) -> Page {
+        let inner = self.inner.read().expect("delivery log lock");
+        let Some(set) = inner.by_subscription.get(subscription_id) else {
+            return Page { items: Vec::new(), next: None };
+        };
+        let cursor = after.and_then(parse_cursor);
+        let mut items = Vec::new();
+        let mut next = None;
+        for (at, id) in set.iter().rev() {
+            if let Some((c_at, c_id)) = &cursor {
+                if (*at, id.as_str()) >= (*c_at, c_id.as_str()) {
+                    continue;
+                }
+            }
+            if filter.since_ms.is_some_and(|s| *at < s) {
+                break; // newest first: everything after is older
+            }
+            if filter.until_ms.is_some_and(|u| *at > u) {
+                continue;
+            }
+            let Some(e) = inner.deliveries.get(id) else { continue };
+            if let Some(st) = filter.status {
+                if !e.state.eq_ignore_ascii_case(st) && !e.status_word.eq_ignore_ascii_case(st) {
+                    continue;
+                }
+            }
+            if items.len() == limit {
+                next = items.last().map(|l: &DeliveryEntry| format!("{}:{}", l.first_at_ms, l.delivery_id));
+                break;
+            }
+            items.push(e.clone());
+        }
+        Page { items, next }
+    }
+}
+
+fn parse_cursor(c: &str) -> Option<(i64, String)> {
+    let (at, id) = c.split_once(':')?;
+    Some((at.parse().ok()?, id.to_owned()))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn rec(delivery: &str, sub: &str, attempt: u32, at: i64, final_state: &str) -> AttemptRecord {
+        AttemptRecord {
+            delivery_id: delivery.into(),
+            subscription_id: sub.into(),
+            attempt,
+            started_at_ms: at,
+            final_state: final_state.into(),
+            status_word: if final_state.is_empty() { "pending".into() } else { final_state.to_uppercase() },
+            ..Default::default()
+        }
+    }
+
+    #[test]
+    fn attempts_accumulate_and_the_last_one_sets_the_state() {
+        let log = DeliveryLog::new(1_000_000, 100);
+        log.apply_attempt(rec("d1", "s", 1, 10, ""), 10);
+        log.apply_attempt(rec("d1", "s", 2, 20, "dead"), 20);
+        let e = log.get("d1").unwrap();
+        assert_eq!((e.state.as_str(), e.attempts.len(), e.attempts_made, e.first_at_ms, e.last_at_ms), ("dead", 2, 2, 10, 20));
+        log.apply_dead_letter(DeadLetter { delivery_id: "d1".into(), event: Some(Event { id: "evt".into(), ..Default::default() }), ..Default::default() });
+        assert_eq!(log.get("d1").unwrap().event.unwrap().id, "evt");
+    }
+
+    #[test]
+    fn lists_newest_first_with_filters_and_cursor() {
+        let log = DeliveryLog::new(1_000_000, 100);
+        for i in 0..5 {
+            log.apply_attempt(rec(&format!("d{i}"), "s", 1, i * 10, if i % 2 == 0 { "succeeded" } else { "failed" }), 100);
+        }
+        log.apply_attempt(rec("other", "t", 1, 5, "succeeded"), 100);
+        let p = log.list("s", &Filter::default(), 2, None);
+        assert_eq!(p.items.iter().map(|e| e.delivery_id.as_str()).collect::<Vec<_>>(), ["d4", "d3"]);
+        let p2 = log.list("s", &Filter::default(), 2, p.next.as_deref());
+        assert_eq!(p2.items.iter().map(|e| e.delivery_id.as_str()).collect::<Vec<_>>(), ["d2", "d1"]);
+        let failed = log.list("s", &Filter { status: Some("FAILED"), ..Default::default() }, 10, None);
+        assert_eq!(failed.items.len(), 2);
+        let recent = log.list("s", &Filter { since_ms: Some(25), ..Default::default() }, 10, None);
+        assert_eq!(recent.items.iter().map(|e| e.delivery_id.as_str()).collect::<Vec<_>>(), ["d4", "d3"]);
+    }
+
+    #[test]
+    fn retention_and_size_bound_evict_the_oldest() {
+        let log = DeliveryLog::new(100, 3);
+        for i in 0..5 {
+            log.apply_attempt(rec(&format!("d{i}"), "s", 1, 1_000 + i, ""), 1_000 + i);
+        }
+        assert!(log.get("d0").is_none() && log.get("d1").is_none());
+        assert!(log.get("d4").is_some());
+        log.apply_attempt(rec("late", "s", 1, 2_000, ""), 2_000);
+        assert!(log.get("d4").is_none(), "older than the retention");
+        assert_eq!(log.list("s", &Filter::default(), 10, None).items.len(), 1);
+    }
+}

@@ -1,0 +1,134 @@
+//! Replays and redrives: delivery tasks produced again for events that were already accepted. A replay keeps
+//! the delivery id (receivers deduplicate on the event id, which is unchanged) and continues the attempt count
+//! (`prior_attempts`), so Gauge's `Gauge-Delivery-Attempt` keeps increasing across redeliveries.
+
+use std::collections::HashMap;
+use std::time::Duration;
+
+use futures::future::join_all;
+use hookline_core::model::{delivery_id, DeadLetter, DeliveryTask, Event, TaskOrigin};
+use hookline_kafka::scan::{scan, ScanError};
+use hookline_kafka::state::SubscriptionEntry;
+use prost::Message as _;
+use rdkafka::producer::FutureRecord;
+use rdkafka::Message;
+
+use crate::api::ApiState;
+use crate::decode;
+
+/// Longest a replay or redrive request may read for.
+const SCAN_LIMIT: Duration = Duration::from_secs(60);
+
+#[derive(Debug, thiserror::Error)]
+pub enum ReplayError {
+    #[error(transparent)]
+    Scan(#[from] ScanError),
+    #[error("producing replayed tasks failed: {0}")]
+    Produce(rdkafka::error::KafkaError),
+}
+
+pub fn task(event: Event, subscription_id: &str, prior_attempts: u32) -> DeliveryTask {
+    DeliveryTask {
+        delivery_id: delivery_id(&event.id, subscription_id),
+        subscription_id: subscription_id.to_owned(),
+        event: Some(event),
+        origin: TaskOrigin::Replay as i32,
+        prior_attempts,
+        ..Default::default()
+    }
+}
+
+/// Produces tasks and waits until every one is acknowledged.
+pub async fn produce(s: &ApiState, tasks: Vec<DeliveryTask>) -> Result<usize, ReplayError> {
+    let topic = s.topics.deliveries();
+    let n = tasks.len();
+    let sends = tasks.iter().map(|t| {
+        let payload = t.encode_to_vec();
+        let topic = topic.clone();
+        async move {
+            s.producer
+                .send(FutureRecord::to(&topic).key(&t.subscription_id).payload(&payload), Duration::from_secs(10))
+                .await
+                .map_err(|(e, _)| e)
+        }
+    });
+    for r in join_all(sends).await {
+        r.map_err(ReplayError::Produce)?;
+    }
+    metrics::counter!("hookline_replayed_total").increment(n as u64);
+    Ok(n)
+}
+
+/// Every event accepted since `since_ms` (and up to `until_ms`) that the subscription's filter matches.
+pub async fn since(s: &ApiState, entry: &SubscriptionEntry, since_ms: i64, until_ms: Option<i64>) -> Result<usize, ReplayError> {
+    let mut tasks = Vec::new();
+    scan(&s.kafka, &s.topics.events(), Some(since_ms), SCAN_LIMIT, |m| {
+        let written = m.timestamp().to_millis().unwrap_or(0);
+        if until_ms.is_some_and(|u| written > u) {
+            return;
+        }
+        let Ok(mut ev) = decode::decode(m.payload().unwrap_or_default(), s.max_event_bytes, false) else { return };
+        if !hookline_core::filter::matches_any(&entry.sub.event_types, &ev.r#type) {
+            return;
+        }
+        if ev.accepted_at_ms == 0 {
+            ev.accepted_at_ms = written;
+        }
+        let prior = s.log.get(&delivery_id(&ev.id, &entry.sub.id)).map_or(0, |d| d.attempts_made);
+        tasks.push(task(ev, &entry.sub.id, prior));
+    })
+    .await?;
+    produce(s, tasks).await
+}
+
+/// Filters for a dead-letter redrive.
+#[derive(Debug, Default, serde::Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct RedriveFilter {
+    pub subscription_id: Option<String>,
+    /// `terminal_outcome`, `retries_exhausted`, `oversize`, ...
+    pub reason: Option<String>,
+    /// `failed` or `dead`.
+    pub final_state: Option<String>,
+    pub since_ms: Option<i64>,
+}
+
+pub struct Redrive {
+    pub redriven: usize,
+    /// Matching dead letters left alone: their subscription is gone or inactive, or the delivery succeeded since.
+    pub skipped: usize,
+}
+
+/// Sends dead-lettered deliveries again: the newest dead letter of each delivery that matches the filter.
+pub async fn redrive(s: &ApiState, f: &RedriveFilter) -> Result<Redrive, ReplayError> {
+    let mut latest: HashMap<String, DeadLetter> = HashMap::new();
+    scan(&s.kafka, &s.topics.dlq(), f.since_ms, SCAN_LIMIT, |m| {
+        let Ok(dl) = DeadLetter::decode(m.payload().unwrap_or_default()) else { return };
+        let wanted = !dl.delivery_id.is_empty()
+            && dl.event.is_some()
+            && f.subscription_id.as_ref().is_none_or(|x| *x == dl.subscription_id)
+            && f.reason.as_ref().is_none_or(|x| *x == dl.reason)
+            && f.final_state.as_ref().is_none_or(|x| *x == dl.final_state);
+        if wanted {
+            latest.insert(dl.delivery_id.clone(), dl);
+        }
+    })
+    .await?;
+    let mut tasks = Vec::new();
+    let mut skipped = 0;
+    for (_, dl) in latest {
+        let logged = s.log.get(&dl.delivery_id);
+        let succeeded_since = logged.as_ref().is_some_and(|d| d.state == "succeeded");
+        let active = s.subs.get(&dl.subscription_id).is_some_and(|e| {
+            hookline_core::subscription::activity(&e.sub, s.states.get(&e.sub.id).as_ref()).is_active()
+        });
+        if succeeded_since || !active {
+            skipped += 1;
+            continue;
+        }
+        let prior = logged.map_or(dl.attempts, |d| d.attempts_made.max(dl.attempts));
+        tasks.push(task(dl.event.unwrap_or_default(), &dl.subscription_id, prior));
+    }
+    let redriven = produce(s, tasks).await?;
+    Ok(Redrive { redriven, skipped })
+}

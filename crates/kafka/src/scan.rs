@@ -1,0 +1,94 @@
+//! Reading a topic once, from a time (or the beginning) to the end it has now: what replays and redrives do.
+
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use rdkafka::consumer::{Consumer, StreamConsumer};
+use rdkafka::error::KafkaError;
+use rdkafka::message::BorrowedMessage;
+use rdkafka::{Message, Offset, TopicPartitionList};
+
+use crate::settings::KafkaSettings;
+use crate::table::QuietEof;
+
+#[derive(Debug, thiserror::Error)]
+pub enum ScanError {
+    #[error("reading {topic}: {source}")]
+    Kafka {
+        topic: String,
+        #[source]
+        source: KafkaError,
+    },
+    #[error("reading {topic} took longer than {limit:?}; narrow the time range")]
+    TooLong { topic: String, limit: Duration },
+}
+
+/// Calls `visit` for every record of `topic` written at or after `since_ms` (all records when `None`), up to
+/// the partitions' ends at the time of the call. Returns the number of records visited.
+pub async fn scan<F>(settings: &KafkaSettings, topic: &str, since_ms: Option<i64>, limit: Duration, mut visit: F) -> Result<u64, ScanError>
+where
+    F: FnMut(&BorrowedMessage<'_>),
+{
+    let err = |source| ScanError::Kafka { topic: topic.to_owned(), source };
+    let mut config = crate::client::table_consumer_config(settings, "hookline-scan");
+    config.set("enable.partition.eof", "false");
+    let consumer: Arc<StreamConsumer<QuietEof>> = Arc::new(config.create_with_context(QuietEof).map_err(err)?);
+    let (c, t, by_time) = (consumer.clone(), topic.to_owned(), settings.offsets_by_time);
+    // Where each partition starts and ends, asked once (blocking calls, off the runtime's threads).
+    let plan = tokio::task::spawn_blocking(move || -> Result<Vec<(i32, i64, i64)>, KafkaError> {
+        let md = c.fetch_metadata(Some(&t), Duration::from_secs(10))?;
+        let parts: Vec<i32> = md.topics().iter().filter(|x| x.name() == t).flat_map(|x| x.partitions().iter().map(|p| p.id())).collect();
+        let mut plan = Vec::new();
+        for p in parts {
+            let (low, high) = c.fetch_watermarks(&t, p, Duration::from_secs(10))?;
+            let mut start = low;
+            if let (Some(since), true) = (since_ms, by_time) {
+                let mut tpl = TopicPartitionList::new();
+                tpl.add_partition_offset(&t, p, Offset::Offset(since))?;
+                let found = c.offsets_for_times(tpl, Duration::from_secs(10))?;
+                start = match found.find_partition(&t, p).map(|e| e.offset()) {
+                    Some(Offset::Offset(o)) => o,
+                    _ => high, // nothing at or after `since`
+                };
+            }
+            if start < high {
+                plan.push((p, start, high));
+            }
+        }
+        Ok(plan)
+    })
+    .await
+    .expect("scan planning does not panic")
+    .map_err(err)?;
+    if plan.is_empty() {
+        return Ok(0);
+    }
+    let mut tpl = TopicPartitionList::new();
+    for (p, start, _) in &plan {
+        tpl.add_partition_offset(topic, *p, Offset::Offset(*start)).map_err(err)?;
+    }
+    consumer.assign(&tpl).map_err(err)?;
+    let mut remaining: std::collections::HashMap<i32, i64> = plan.iter().map(|(p, _, end)| (*p, *end)).collect();
+    let deadline = Instant::now() + limit;
+    let mut visited = 0;
+    while !remaining.is_empty() {
+        let left = deadline.saturating_duration_since(Instant::now());
+        let m = match tokio::time::timeout(left, consumer.recv()).await {
+            Err(_) => return Err(ScanError::TooLong { topic: topic.to_owned(), limit }),
+            Ok(Err(e)) => return Err(err(e)),
+            Ok(Ok(m)) => m,
+        };
+        let Some(end) = remaining.get(&m.partition()).copied() else { continue };
+        if m.offset() < end {
+            let written = m.timestamp().to_millis().unwrap_or(0);
+            if since_ms.is_none_or(|s| written >= s) {
+                visit(&m);
+                visited += 1;
+            }
+        }
+        if m.offset() + 1 >= end {
+            remaining.remove(&m.partition());
+        }
+    }
+    Ok(visited)
+}

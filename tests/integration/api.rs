@@ -1,0 +1,176 @@
+//! The management API with real HTTP: the delivery log, replays and redrives, secret rotation, and clear errors
+//! for bad requests.
+
+use std::time::Duration;
+
+use hookline_core::policy;
+use serde_json::json;
+
+use crate::support::{wait_for, Pipeline, TOKEN};
+
+const LIMIT: Duration = Duration::from_secs(60);
+
+fn now_ms() -> i64 {
+    std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).unwrap().as_millis() as i64
+}
+
+/// Gauge, scaled down: two attempts half a second apart.
+fn quick_gauge() -> String {
+    let mut g = policy::builtin("gauge").unwrap();
+    g.schedule.waits_s = Some(vec![0.5]);
+    g.schedule.max_attempts = Some(2);
+    toml::to_string(&g).unwrap()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_delivery_log_shows_every_attempt_and_a_replay_counts_on() {
+    let p = Pipeline::start(2).await;
+    p.script("g", vec![Some((500, None)), Some((503, None)), Some((200, None))]);
+    let (sub, _) = p.subscribe(json!({"url": p.url("g"), "event_types": ["*"], "policy_toml": quick_gauge()})).await;
+    p.publish("evt_log1", "message.received").await;
+    p.wait_finals(1, LIMIT).await;
+
+    let dlq = p.dlq.clone();
+    wait_for(&p.dlq.changed, LIMIT, "the dead letter", || !dlq.items.lock().unwrap().is_empty()).await;
+    let delivery = p.dlq.items.lock().unwrap()[0].delivery_id.clone();
+    // The API's log follows the topics: wait until it has the dead letter too.
+    let mut d = serde_json::Value::Null;
+    for _ in 0..100 {
+        d = p.call("GET", &format!("/v1/deliveries/{delivery}"), None).await.1;
+        if d["replayable"] == true {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    assert_eq!(d["state"], "dead", "{d}");
+    assert_eq!(d["attempts"].as_array().unwrap().len(), 2);
+    assert_eq!(d["attempts"][0]["reason"], "HTTP 500");
+    assert_eq!(d["attempts"][0]["response_excerpt"], "scripted");
+    assert_eq!(d["attempts"][1]["http_status"], 503);
+
+    let (status, list) = p.call("GET", &format!("/v1/subscriptions/{sub}/deliveries?status=dead"), None).await;
+    assert_eq!(status, 200);
+    assert_eq!(list["items"].as_array().unwrap().len(), 1);
+    let (_, none) = p.call("GET", &format!("/v1/subscriptions/{sub}/deliveries?status=succeeded"), None).await;
+    assert!(none["items"].as_array().unwrap().is_empty());
+
+    let (status, v) = p.call("POST", &format!("/v1/deliveries/{delivery}/replay"), None).await;
+    assert_eq!(status, 202, "{v}");
+    p.wait_finals(2, LIMIT).await;
+    let got = p.requests_to("g");
+    assert_eq!(got.len(), 3);
+    // Gauge: 1 on the first try, then 2, 3, … across retries and redeliveries; the event id never changes.
+    let attempts: Vec<&str> = got.iter().map(|r| r.headers["gauge-delivery-attempt"].to_str().unwrap()).collect();
+    assert_eq!(attempts, ["1", "2", "3"]);
+    assert!(got.iter().all(|r| r.headers["gauge-event-id"] == "evt_log1"));
+    p.stop().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn replay_is_refused_while_paused_and_replays_what_was_missed_once_enabled() {
+    let p = Pipeline::start(2).await;
+    let (sub, _) = p.subscribe(json!({"url": p.url("g"), "event_types": ["*"], "policy": "gauge"})).await;
+    let t0 = now_ms();
+    let (status, _) = p.call("PATCH", &format!("/v1/subscriptions/{sub}"), Some(json!({"enabled": false}))).await;
+    assert_eq!(status, 200);
+    p.publish("evt_missed1", "thing.happened").await;
+    p.publish("evt_missed2", "thing.happened").await;
+    p.wait_finals(2, LIMIT).await;
+    assert!(p.finals().iter().all(|a| a.final_state == "skipped"));
+
+    let (status, v) = p.call("POST", &format!("/v1/subscriptions/{sub}/replay"), Some(json!({"since_ms": t0}))).await;
+    assert_eq!((status, v["error"]["code"].as_str()), (409, Some("subscription_inactive")), "{v}");
+
+    let (status, v) = p.call("PATCH", &format!("/v1/subscriptions/{sub}"), Some(json!({"enabled": true}))).await;
+    assert_eq!((status, v["state"].as_str()), (200, Some("active")));
+    let (status, v) = p.call("POST", &format!("/v1/subscriptions/{sub}/replay"), Some(json!({"since_ms": t0}))).await;
+    assert_eq!((status, v["replayed"].as_u64()), (202, Some(2)), "{v}");
+    p.wait_finals(4, LIMIT).await;
+    let mut ids: Vec<String> = p.requests_to("g").iter().map(|r| r.headers["gauge-event-id"].to_str().unwrap().to_owned()).collect();
+    ids.sort();
+    assert_eq!(ids, ["evt_missed1", "evt_missed2"]);
+    p.stop().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn redriving_the_dead_letter_topic_delivers_again() {
+    let p = Pipeline::start(2).await;
+    p.script("f", vec![Some((410, None)), Some((200, None))]);
+    let (sub, _) = p.subscribe(json!({"url": p.url("f"), "event_types": ["*"], "policy": "fynapse"})).await;
+    p.publish("evt_dead1", "thing.happened").await;
+    p.wait_finals(1, LIMIT).await;
+    let dlq = p.dlq.clone();
+    wait_for(&p.dlq.changed, LIMIT, "the dead letter", || !dlq.items.lock().unwrap().is_empty()).await;
+    let (status, v) = p.call("POST", "/v1/dlq/redrive", Some(json!({"subscription_id": sub, "final_state": "dead"}))).await;
+    assert_eq!((status, v["redriven"].as_u64()), (202, Some(1)), "{v}");
+    p.wait_finals(2, LIMIT).await;
+    assert_eq!(p.requests_to("f").len(), 2);
+    assert!(p.finals().iter().any(|a| a.final_state == "succeeded" && a.status_word == "DELIVERED"));
+    p.stop().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn both_secrets_sign_during_a_rotation_overlap() {
+    let p = Pipeline::start(2).await;
+    let (sub, old) = p.subscribe(json!({"url": p.url("s"), "event_types": ["*"]})).await;
+    let (status, v) = p.call("POST", &format!("/v1/subscriptions/{sub}/rotate-secret"), Some(json!({"overlap_s": 3600}))).await;
+    assert_eq!(status, 200, "{v}");
+    let new = v["secret"].as_str().unwrap().to_owned();
+    assert_ne!(new, old);
+    let (_, listed) = p.call("GET", "/v1/subscriptions", None).await;
+    assert!(!listed.to_string().contains(&new) && !listed.to_string().contains(&old), "secrets never listed");
+    p.publish("evt_rot", "thing.happened").await;
+    p.wait_finals(1, LIMIT).await;
+    let r = &p.requests_to("s")[0];
+    let headers: Vec<(String, String)> =
+        r.headers.iter().map(|(k, v)| (k.as_str().to_owned(), v.to_str().unwrap().to_owned())).collect();
+    assert_eq!(r.headers["webhook-signature"].to_str().unwrap().split(' ').count(), 2);
+    for secret in [&old, &new] {
+        hookline_core::sign::verify_standard(&[secret.as_str()], headers.as_slice(), &r.body, now_ms(), 300)
+            .expect("each secret verifies during the overlap");
+    }
+    p.stop().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn bad_requests_get_json_errors_that_name_the_problem() {
+    let p = Pipeline::start(1).await;
+    let client = hyper_util::client::legacy::Client::builder(hyper_util::rt::TokioExecutor::new()).build_http();
+    let send = |auth: Option<&str>, ctype: &str, path: &str, body: Vec<u8>| {
+        let mut req = http::Request::post(format!("http://{}{path}", p.api)).header("content-type", ctype);
+        if let Some(a) = auth {
+            req = req.header("authorization", a);
+        }
+        let req = req.body(http_body_util::Full::new(bytes::Bytes::from(body))).unwrap();
+        let client = client.clone();
+        async move {
+            use http_body_util::BodyExt;
+            let resp = client.request(req).await.unwrap();
+            let status = resp.status().as_u16();
+            let body = resp.into_body().collect().await.unwrap().to_bytes();
+            (status, serde_json::from_slice::<serde_json::Value>(&body).unwrap_or_default())
+        }
+    };
+    let bearer = format!("Bearer {TOKEN}");
+    let sub = br#"{"url":"https://example.com/hook","event_types":["*"]}"#.to_vec();
+    let cases: Vec<(Option<&str>, &str, &str, Vec<u8>, u16, &str)> = vec![
+        (None, "application/json", "/v1/subscriptions", sub.clone(), 401, "unauthorized"),
+        (Some("Bearer wrong-token-wrong-token"), "application/json", "/v1/subscriptions", sub.clone(), 401, "unauthorized"),
+        (Some(&bearer), "text/plain", "/v1/subscriptions", sub.clone(), 415, "unsupported_media_type"),
+        (Some(&bearer), "application/json", "/v1/subscriptions", b"{nope".to_vec(), 400, "invalid_json"),
+        (Some(&bearer), "application/json", "/v1/subscriptions", br#"{"url":"https://x.example","event_types":["*"],"colour":1}"#.to_vec(), 422, "invalid_body"),
+        (Some(&bearer), "application/json", "/v1/subscriptions", br#"{"url":"http://10.0.0.7/x","event_types":["*"]}"#.to_vec(), 422, "invalid_field"),
+        (Some(&bearer), "application/json", "/v1/subscriptions", br#"{"url":"https://93.184.216.34/x","event_types":["a*b"]}"#.to_vec(), 422, "invalid_field"),
+        (Some(&bearer), "application/json", "/v1/subscriptions", br#"{"url":"https://93.184.216.34/x","event_types":["*"],"policy":"nope"}"#.to_vec(), 422, "invalid_field"),
+        (Some(&bearer), "application/json", "/v1/events", br#"{"type":"x"}"#.to_vec(), 422, "missing_field"),
+        (Some(&bearer), "application/json", "/v1/events", vec![b' '; 3 << 20], 413, "body_too_large"),
+    ];
+    for (auth, ctype, path, body, want_status, want_code) in cases {
+        let (status, v) = send(auth, ctype, path, body).await;
+        assert_eq!((status, v["error"]["code"].as_str().unwrap_or("")), (want_status, want_code), "{path}: {v}");
+        assert!(!v["error"]["message"].as_str().unwrap_or("").is_empty());
+    }
+    let (_, v) = send(Some(&bearer), "application/json", "/v1/subscriptions", br#"{"url":"http://10.0.0.7/x","event_types":["*"]}"#.to_vec()).await;
+    assert_eq!(v["error"]["field"], "url");
+    p.stop().await;
+}
