@@ -34,14 +34,7 @@ async fn the_delivery_log_shows_every_attempt_and_a_replay_counts_on() {
     wait_for(&p.dlq.changed, LIMIT, "the dead letter", || !dlq.items.lock().unwrap().is_empty()).await;
     let delivery = p.dlq.items.lock().unwrap()[0].delivery_id.clone();
     // The API's log follows the topics: wait until it has the dead letter too.
-    let mut d = serde_json::Value::Null;
-    for _ in 0..100 {
-        d = p.call("GET", &format!("/v1/deliveries/{delivery}"), None).await.1;
-        if d["replayable"] == true {
-            break;
-        }
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    }
+    let d = p.get_when(&format!("/v1/deliveries/{delivery}"), |d| d["replayable"] == true).await;
     assert_eq!(d["state"], "dead", "{d}");
     assert_eq!(d["attempts"].as_array().unwrap().len(), 2);
     assert_eq!(d["attempts"][0]["reason"], "HTTP 500");

@@ -69,17 +69,10 @@ async fn consecutive_failures_pause_the_endpoint_until_its_owner_resumes_it() {
         p.publish(&format!("evt_sick{i}"), "thing.happened").await;
         p.wait_finals(i + 1, LIMIT).await;
     }
-    // The third counted failure paused it: visible on the subscription, with the policy's reason.
-    let mut view = serde_json::Value::Null;
-    for _ in 0..100 {
-        view = p.call("GET", &format!("/v1/subscriptions/{id}"), None).await.1;
-        if view["state"] == "paused" {
-            break;
-        }
-        // The API's state table follows the endpoint-state topic; give it the time of a fetch.
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    }
-    assert_eq!(view["state"], "paused", "{view}");
+    // The third counted failure paused it: an ops event, and visible on the subscription with the reason.
+    let ev = p.wait_ops("endpoint_paused").await;
+    assert_eq!((ev.subscription_id.as_str(), ev.reason.as_str()), (id.as_str(), "consecutive_failures"));
+    let view = p.subscription_when(&id, |v| v["state"] == "paused").await;
     assert_eq!(view["disabled_reason"], "consecutive_failures");
     assert_eq!(view["consecutive_failures"], 3);
     p.publish("evt_while_paused", "thing.happened").await;
@@ -108,5 +101,65 @@ async fn relay_sends_message_failed_when_a_message_received_delivery_dies() {
     assert_eq!(body["type"], "message.failed");
     assert_eq!(body["data"]["event_id"], "evt_msg1");
     assert_eq!(p.requests_to("agent-bot").len(), 1, "terminal: one attempt");
+    p.stop().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn lucibook_429s_do_not_count_toward_auto_pause() {
+    let p = Pipeline::start(2).await;
+    let mut lb = policy::builtin("lucibook").unwrap();
+    lb.schedule.waits_s = Some(vec![1.0]);
+    lb.schedule.max_attempts = Some(1);
+    lb.disable.as_mut().unwrap().after_consecutive_failures = Some(2);
+    let toml = toml::to_string(&lb).unwrap();
+    // 500, 429, 429, 429: one counted failure; a pause would need two.
+    p.script("busy", vec![Some((500, None)), Some((429, Some("1")))]);
+    let (id, _) = p.subscribe(json!({"url": p.url("busy"), "event_types": ["*"], "policy_toml": toml})).await;
+    for i in 0..4 {
+        p.publish(&format!("evt_busy{i}"), "thing.happened").await;
+        p.wait_finals(i + 1, LIMIT).await;
+    }
+    let view = p.subscription_when(&id, |v| v["consecutive_failures"] == 1).await;
+    assert_eq!(view["state"], "active", "{view}");
+    assert!(p.ops.items.lock().unwrap().is_empty(), "no pause, no ops event");
+    assert_eq!(p.requests_to("busy").len(), 4);
+    p.stop().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn gauge_disables_an_endpoint_failing_for_its_duration_and_enabled_true_clears_the_reason() {
+    let p = Pipeline::start(2).await;
+    // Gauge with "3 days" scaled down to 1 s and one attempt per delivery.
+    let mut g = policy::builtin("gauge").unwrap();
+    g.schedule.waits_s = Some(vec![1.0]);
+    g.schedule.max_attempts = Some(1);
+    g.disable.as_mut().unwrap().after_failing_for_s = Some(1.0);
+    let toml = toml::to_string(&g).unwrap();
+    p.script("down", vec![Some((503, None))]);
+    let (id, _) = p.subscribe(json!({"url": p.url("down"), "event_types": ["*"], "policy_toml": toml})).await;
+    p.publish("evt_down0", "thing.happened").await;
+    p.wait_finals(1, LIMIT).await;
+    // Failing since the first failure; the next failure after the duration switches it off.
+    let first = p.finals()[0].started_at_ms;
+    let mut n = 1;
+    while p.ops.items.lock().unwrap().is_empty() {
+        assert!(n < 20, "never disabled");
+        p.publish(&format!("evt_down{n}"), "thing.happened").await;
+        n += 1;
+        p.wait_finals(n, LIMIT).await;
+    }
+    let ev = p.wait_ops("endpoint_disabled").await;
+    assert!(ev.at_ms - first >= 1_000, "not before the duration: {}", ev.at_ms - first);
+    let view = p.subscription_when(&id, |v| v["enabled"] == false).await;
+    assert_eq!(view["disabledReason"], "consecutive_failures");
+    // While off, nothing is delivered (skip).
+    let before = p.requests_to("down").len();
+    p.publish("evt_while_off", "thing.happened").await;
+    p.wait_finals(n + 1, LIMIT).await;
+    assert_eq!(p.requests_to("down").len(), before);
+    assert_eq!(p.finals().last().unwrap().final_state, "skipped");
+    let (status, v) = p.call("PATCH", &format!("/v1/subscriptions/{id}"), Some(json!({"enabled": true}))).await;
+    assert_eq!(status, 200);
+    assert_eq!((v["enabled"].as_bool(), v["disabledReason"].is_null()), (Some(true), true), "{v}");
     p.stop().await;
 }

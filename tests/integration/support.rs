@@ -10,7 +10,7 @@ use axum::extract::{Path, State};
 use axum::http::{HeaderMap, StatusCode};
 use axum::response::{IntoResponse, Response};
 use bytes::Bytes;
-use hookline_core::model::{AttemptRecord, DeadLetter};
+use hookline_core::model::{AttemptRecord, DeadLetter, OpsEvent};
 use hookline_kafka::mock::DevBroker;
 use hookline_kafka::Topics;
 use http_body_util::{BodyExt, Full};
@@ -51,6 +51,7 @@ pub struct Pipeline {
     pub seen: Arc<ReceiverState>,
     pub attempts: Arc<Collected<AttemptRecord>>,
     pub dlq: Arc<Collected<DeadLetter>>,
+    pub ops: Arc<Collected<OpsEvent>>,
     pub config: hookline_service::Config,
     pub shutdown: CancellationToken,
     client: Client<HttpConnector, Full<Bytes>>,
@@ -123,6 +124,7 @@ impl Pipeline {
 
         let attempts = collect::<AttemptRecord>(&config, topics.attempts(), shutdown.clone()).await;
         let dlq = collect::<DeadLetter>(&config, topics.dlq(), shutdown.clone()).await;
+        let ops = collect::<OpsEvent>(&config, topics.ops(), shutdown.clone()).await;
         Pipeline {
             broker: Some(broker),
             services,
@@ -131,6 +133,7 @@ impl Pipeline {
             seen,
             attempts,
             dlq,
+            ops,
             config,
             shutdown,
             client: Client::builder(TokioExecutor::new()).build_http(),
@@ -191,6 +194,34 @@ impl Pipeline {
 }
 
 impl Pipeline {
+    /// Waits for an ops event of `kind` and returns it.
+    pub async fn wait_ops(&self, kind: &str) -> OpsEvent {
+        let ops = self.ops.clone();
+        wait_for(&self.ops.changed, Duration::from_secs(60), &format!("ops event {kind}"), || {
+            ops.items.lock().unwrap().iter().any(|o| o.kind == kind)
+        })
+        .await;
+        self.ops.items.lock().unwrap().iter().find(|o| o.kind == kind).cloned().unwrap()
+    }
+
+    /// GETs `path` until `done` holds. The API's tables follow Kafka topics, so what the dispatcher just
+    /// produced reaches them one fetch later; the API has no signal to wait on, hence the short, bounded re-reads.
+    pub async fn get_when(&self, path: &str, done: impl Fn(&Value) -> bool) -> Value {
+        let mut v = Value::Null;
+        for _ in 0..200 {
+            v = self.call("GET", path, None).await.1;
+            if done(&v) {
+                return v;
+            }
+            tokio::time::sleep(Duration::from_millis(25)).await;
+        }
+        panic!("GET {path} never reached the expected state: {v}");
+    }
+
+    pub async fn subscription_when(&self, id: &str, done: impl Fn(&Value) -> bool) -> Value {
+        self.get_when(&format!("/v1/subscriptions/{id}"), done).await
+    }
+
     /// Stops the services (they drain and commit) while the broker is still up.
     pub async fn stop(mut self) {
         self.shutdown.cancel();
