@@ -156,7 +156,7 @@ async fn bad_requests_get_json_errors_that_name_the_problem() {
         (Some(&bearer), "application/json", "/v1/subscriptions", br#"{"url":"https://93.184.216.34/x","event_types":["a*b"]}"#.to_vec(), 422, "invalid_field"),
         (Some(&bearer), "application/json", "/v1/subscriptions", br#"{"url":"https://93.184.216.34/x","event_types":["*"],"policy":"nope"}"#.to_vec(), 422, "invalid_field"),
         (Some(&bearer), "application/json", "/v1/events", br#"{"type":"x"}"#.to_vec(), 422, "missing_field"),
-        (Some(&bearer), "application/json", "/v1/events", vec![b' '; 3 << 20], 413, "body_too_large"),
+        (Some(&bearer), "application/json", "/v1/events", vec![b' '; 64 << 10], 413, "body_too_large"),
     ];
     for (auth, ctype, path, body, want_status, want_code) in cases {
         let (status, v) = send(auth, ctype, path, body).await;

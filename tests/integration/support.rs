@@ -92,6 +92,8 @@ impl Pipeline {
         let broker = DevBroker::start(&topics, partitions, partitions).expect("mock broker");
         let mut config = hookline_service::Config::dev(&broker.bootstrap_servers(), partitions, TOKEN);
         config.telemetry.log_level = "warn".into();
+        // Small, so an oversized request fits in the socket buffers and the 413 is read back reliably.
+        config.ingest.max_request_bytes = 16 << 10;
         // Logs only when asked for (RUST_LOG=hookline_dispatcher=debug cargo test ...).
         if std::env::var_os("RUST_LOG").is_some() {
             hookline_service::telemetry::init(&config.telemetry);

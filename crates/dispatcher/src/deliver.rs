@@ -24,6 +24,7 @@ use crate::{now_ms, Ctx};
 #[derive(Debug)]
 pub struct Aborted;
 
+/// Runs inside the subscription's lane (see `lanes.rs`), so it is the only place that waits for an endpoint.
 pub async fn deliver(ctx: Arc<Ctx>, task: DeliveryTask, partition: i32) -> Result<(), Aborted> {
     tracing::debug!(delivery = %task.delivery_id, partition, "task received");
     if !ctx.states.ready(partition).await {
@@ -66,7 +67,6 @@ pub async fn deliver(ctx: Arc<Ctx>, task: DeliveryTask, partition: i32) -> Resul
         return schedule(&ctx, task, wait, now).await;
     }
 
-    let _lane = ctx.lanes.acquire(&task.subscription_id).await;
     attempt(&ctx, task, &entry, &policy).await
 }
 
@@ -100,6 +100,15 @@ async fn inactive(
     }
     let _ = entry;
     Ok(())
+}
+
+/// A lane is too deep (its endpoint is slow or hanging): park the task on the retry ladder for a while instead of
+/// holding a slot of `dispatcher.max_in_flight`, so the partition keeps moving for everyone else. Not an attempt.
+pub async fn spill(ctx: Arc<Ctx>, mut task: DeliveryTask, wait_ms: u64) -> Result<(), Aborted> {
+    let now = now_ms();
+    task.due_at_ms = now + wait_ms as i64;
+    metrics::counter!("hookline_deliveries_spilled_total").increment(1);
+    schedule(&ctx, task, wait_ms, now).await
 }
 
 /// Puts the task on the retry tier for `wait_ms`.
@@ -298,7 +307,8 @@ async fn update_health(
             };
             metrics::counter!("hookline_endpoints_disabled_total", "action" => kind).increment(1);
             tracing::warn!(subscription = %id, %reason, kind, "endpoint switched off by its policy");
-            Some((kind, reason))
+            // `notify = false`: no ops event, hence no e-mail either.
+            policy.disable.as_ref().is_some_and(|d| d.notify).then_some((kind, reason))
         }
         Transition::Recovered => Some(("endpoint_recovered", String::new())),
     };

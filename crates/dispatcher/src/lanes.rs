@@ -1,61 +1,100 @@
-//! Per-subscription concurrency caps: a slow or hanging endpoint holds at most its own lane's permits, so other
-//! subscriptions on the same partition keep flowing.
+//! Per-subscription lanes: each subscription's deliveries run at most `cap` at a time, in the order they were
+//! read from the partition; a slow or hanging endpoint fills only its own lane, so other subscriptions on the
+//! same partition keep flowing. Waiting work is a queued future, not a parked task, so a deep backlog behind a
+//! hanging endpoint costs memory for the task only.
 
-use std::collections::HashMap;
+use std::collections::{HashMap, VecDeque};
 use std::sync::{Arc, Mutex};
 
-use tokio::sync::{OwnedSemaphorePermit, Semaphore};
+use futures::future::BoxFuture;
+
+struct Lane {
+    running: usize,
+    queue: VecDeque<BoxFuture<'static, ()>>,
+}
 
 pub struct Lanes {
-    per_subscription: usize,
-    lanes: Mutex<HashMap<String, Arc<Semaphore>>>,
+    cap: usize,
+    lanes: Mutex<HashMap<String, Lane>>,
 }
 
 impl Lanes {
-    pub fn new(per_subscription: usize) -> Self {
-        Self { per_subscription, lanes: Mutex::new(HashMap::new()) }
+    pub fn new(cap: usize) -> Arc<Self> {
+        Arc::new(Self { cap: cap.max(1), lanes: Mutex::new(HashMap::new()) })
     }
 
-    /// Waits for a free slot in the subscription's lane.
-    pub async fn acquire(&self, subscription_id: &str) -> OwnedSemaphorePermit {
-        let lane = {
+    /// Runs `job` in `key`'s lane: now if the lane has room, otherwise after the jobs queued before it.
+    pub fn submit(self: &Arc<Self>, key: &str, job: BoxFuture<'static, ()>) {
+        {
             let mut lanes = self.lanes.lock().expect("lanes lock");
-            match lanes.get(subscription_id) {
-                Some(l) => l.clone(),
-                None => {
-                    let l = Arc::new(Semaphore::new(self.per_subscription));
-                    lanes.insert(subscription_id.to_owned(), l.clone());
-                    l
+            let lane = lanes.entry(key.to_owned()).or_insert_with(|| Lane { running: 0, queue: VecDeque::new() });
+            if lane.running >= self.cap {
+                lane.queue.push_back(job);
+                return;
+            }
+            lane.running += 1;
+        }
+        let lanes = self.clone();
+        let key = key.to_owned();
+        tokio::spawn(async move {
+            let mut job = job;
+            loop {
+                job.await;
+                let mut all = lanes.lanes.lock().expect("lanes lock");
+                let Some(lane) = all.get_mut(&key) else { return };
+                match lane.queue.pop_front() {
+                    Some(next) => job = next,
+                    None => {
+                        lane.running -= 1;
+                        if lane.running == 0 {
+                            all.remove(&key);
+                        }
+                        return;
+                    }
                 }
             }
-        };
-        lane.acquire_owned().await.expect("lane semaphores are never closed")
+        });
     }
 
-    /// Requests currently waiting or running in a subscription's lane beyond its cap.
-    pub fn busy(&self, subscription_id: &str) -> usize {
-        self.lanes
-            .lock()
-            .expect("lanes lock")
-            .get(subscription_id)
-            .map_or(0, |l| self.per_subscription - l.available_permits())
+    /// Jobs running or waiting in a lane.
+    pub fn depth(&self, key: &str) -> usize {
+        self.lanes.lock().expect("lanes lock").get(key).map_or(0, |l| l.running + l.queue.len())
     }
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
+    use std::time::Duration;
+    use tokio::sync::{mpsc, oneshot};
 
     #[tokio::test]
-    async fn a_full_lane_does_not_block_another() {
-        let lanes = Lanes::new(2);
-        let _a1 = lanes.acquire("a").await;
-        let _a2 = lanes.acquire("a").await;
-        assert_eq!(lanes.busy("a"), 2);
-        // "a" is full; "b" still gets a slot at once.
-        let b = tokio::time::timeout(std::time::Duration::from_secs(1), lanes.acquire("b")).await;
-        assert!(b.is_ok());
-        let blocked = tokio::time::timeout(std::time::Duration::from_millis(20), lanes.acquire("a")).await;
-        assert!(blocked.is_err(), "a third request to a full lane waits");
+    async fn a_full_lane_queues_in_order_and_does_not_block_another() {
+        let lanes = Lanes::new(1);
+        let (order_tx, mut order_rx) = mpsc::unbounded_channel();
+        let (release_tx, release_rx) = oneshot::channel::<()>();
+        // "a" is held by a job that waits; two more queue behind it.
+        let tx = order_tx.clone();
+        lanes.submit("a", Box::pin(async move {
+            let _ = release_rx.await;
+            tx.send("a1").unwrap();
+        }));
+        for name in ["a2", "a3"] {
+            let tx = order_tx.clone();
+            lanes.submit("a", Box::pin(async move { tx.send(name).unwrap() }));
+        }
+        let tx = order_tx.clone();
+        lanes.submit("b", Box::pin(async move { tx.send("b1").unwrap() }));
+        let first = tokio::time::timeout(Duration::from_secs(1), order_rx.recv()).await.unwrap();
+        assert_eq!(first, Some("b1"), "another lane runs while `a` is full");
+        assert_eq!(lanes.depth("a"), 3);
+        release_tx.send(()).unwrap();
+        let mut rest = Vec::new();
+        for _ in 0..3 {
+            rest.push(order_rx.recv().await.unwrap());
+        }
+        assert_eq!(rest, ["a1", "a2", "a3"], "a lane keeps the order jobs were submitted in");
+        tokio::task::yield_now().await;
+        assert_eq!(lanes.depth("a"), 0);
     }
 }

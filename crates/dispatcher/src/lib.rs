@@ -61,7 +61,7 @@ pub(crate) struct Ctx {
     pub producer: FutureProducer,
     pub subs: SubscriptionTable,
     pub states: EndpointStates,
-    pub lanes: Lanes,
+    pub lanes: Arc<Lanes>,
     pub sender: Sender,
     pub shutdown: CancellationToken,
 }
@@ -106,6 +106,9 @@ impl Ctx {
 }
 
 pub(crate) use hookline_service::now_ms;
+
+/// How long a task spilled from a too-deep lane waits before it is tried again (the 4 s tier).
+const SPILL_WAIT_MS: u64 = 4_000;
 
 /// Runs a dispatcher until `shutdown`, then drains: in-flight deliveries get `dispatcher.drain_timeout_ms` to
 /// finish; what does not finish stays uncommitted and is redelivered by the partition's next owner.
@@ -154,6 +157,7 @@ pub async fn run(config: Config, shutdown: CancellationToken, options: Options) 
     readiness.set(true);
 
     let max_in_flight = config.dispatcher.max_in_flight;
+    let max_queued = config.dispatcher.max_queued_per_subscription;
     let in_flight = Arc::new(Semaphore::new(max_in_flight));
     let (done_tx, mut done_rx) = mpsc::unbounded_channel::<(i32, i64)>();
     let mut marks = Watermarks::new();
@@ -180,6 +184,11 @@ pub async fn run(config: Config, shutdown: CancellationToken, options: Options) 
                         continue;
                     }
                 };
+                // An assignment is reported during the poll that returns its first records: apply it first, so
+                // every task finds its partition's ownership in place.
+                while let Ok(ev) = rebalances.try_recv() {
+                    on_rebalance(ev, &mut marks, &states, &states_reader, &deliveries);
+                }
                 let (p, o) = (m.partition(), m.offset());
                 marks.start(&deliveries, p, o);
                 metrics::gauge!("hookline_dispatcher_in_flight").set((max_in_flight - in_flight.available_permits()) as f64);
@@ -205,14 +214,25 @@ pub async fn run(config: Config, shutdown: CancellationToken, options: Options) 
                         continue;
                     }
                 };
-                let ctx = ctx.clone();
+                let lane = task.subscription_id.clone();
                 let done = done_tx.clone();
-                tokio::spawn(async move {
-                    if deliver::deliver(ctx, task, p).await.is_ok() {
+                if ctx.lanes.depth(&lane) >= max_queued {
+                    let ctx = ctx.clone();
+                    tokio::spawn(async move {
+                        if deliver::spill(ctx, task, SPILL_WAIT_MS).await.is_ok() {
+                            let _ = done.send((p, o));
+                        }
+                        drop(permit);
+                    });
+                    continue;
+                }
+                let job = deliver::deliver(ctx.clone(), task, p);
+                ctx.lanes.submit(&lane, Box::pin(async move {
+                    if job.await.is_ok() {
                         let _ = done.send((p, o));
                     }
                     drop(permit);
-                });
+                }));
             }
         }
     }

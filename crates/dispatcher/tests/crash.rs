@@ -31,8 +31,9 @@ const TOKEN: &str = "crash-test-token-0123456789";
 const PARTITIONS: i32 = 4;
 
 /// The two tests each start a broker, services and dispatcher processes; on a small machine they run one at a time
-/// so that neither one's timing depends on the other.
-static SERIAL: Mutex<()> = Mutex::new(());
+/// so that neither one's timing depends on the other. (A tokio mutex: held across awaits, and not poisoned by a
+/// failing test.)
+static SERIAL: tokio::sync::Mutex<()> = tokio::sync::Mutex::const_new(());
 
 // ---------------------------------------------------------------------------------------------------------
 // Receiver
@@ -45,6 +46,7 @@ struct Receiver {
     /// Answer delay range in ms, [min, max].
     delay_ms: (u64, u64),
     counter: AtomicU64,
+    first_at: Mutex<Option<Instant>>,
 }
 
 impl Receiver {
@@ -65,6 +67,7 @@ impl Receiver {
 async fn receive(State(s): State<Arc<Receiver>>, Path(path): Path<String>, headers: HeaderMap) -> StatusCode {
     let id = headers.get("webhook-id").and_then(|v| v.to_str().ok()).unwrap_or("").to_owned();
     s.requests.lock().unwrap().push((id, path));
+    s.first_at.lock().unwrap().get_or_insert_with(Instant::now);
     s.changed.notify_waiters();
     // A spread of answer times (deterministic), so that several deliveries are in flight at any moment.
     let n = s.counter.fetch_add(1, Ordering::Relaxed);
@@ -133,7 +136,7 @@ struct Dispatcher {
 }
 
 impl Dispatcher {
-    fn start(bootstrap: &str) -> Dispatcher {
+    fn start(bootstrap: &str, extra_env: &[(&str, &str)]) -> Dispatcher {
         let verbose = std::env::var_os("HOOKLINE_TEST_VERBOSE").is_some();
         let out = || if verbose { Stdio::inherit() } else { Stdio::null() };
         let child = Command::new(env!("CARGO_BIN_EXE_hookline-dispatcher"))
@@ -146,6 +149,7 @@ impl Dispatcher {
             .env("HOOKLINE_EGRESS__ALLOW_HTTP", "true")
             .env("HOOKLINE_DISPATCHER__HEALTH_ADDR", "127.0.0.1:0")
             .env("HOOKLINE_TELEMETRY__LOG_LEVEL", if verbose { "info" } else { "warn" })
+            .envs(extra_env.iter().copied())
             .stdin(Stdio::null())
             .stdout(out())
             .stderr(out())
@@ -387,7 +391,7 @@ async fn wait_complete(p: &Pipeline, expected: &HashSet<(String, String)>, path_
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_dispatcher_killed_mid_run_and_restarted_loses_nothing() {
-    let _serial = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
+    let _serial = SERIAL.lock().await;
     const EVENTS: usize = 300;
     const KILL_AFTER: usize = 150;
     let started = Instant::now();
@@ -398,7 +402,10 @@ async fn a_dispatcher_killed_mid_run_and_restarted_loses_nothing() {
         path_of.insert(p.subscribe(path).await, path.to_owned());
     }
     // The subscriptions exist before the dispatcher starts: it loads them before it consumes anything.
-    let mut first = Dispatcher::start(&p.bootstrap);
+    // One request at a time per subscription: the first 150 requests then take about a second, so offsets have been
+    // auto-committed (every 500 ms) before the kill. At full concurrency they take ~70 ms, nothing is committed
+    // yet, and a commit past the completed watermark (which would lose deliveries) could not show.
+    let mut first = Dispatcher::start(&p.bootstrap, &[("HOOKLINE_DISPATCHER__PER_SUBSCRIPTION_CONCURRENCY", "1")]);
     let events: Vec<String> = (0..EVENTS).map(|i| format!("evt_kill_{i:04}")).collect();
     p.publish(&events).await;
     let expected = expected(&events, &paths);
@@ -410,8 +417,9 @@ async fn a_dispatcher_killed_mid_run_and_restarted_loses_nothing() {
     first.kill();
     let kill_after_requests = p.seen.count();
     let killed_at = Instant::now();
+    let first_request_to_kill = killed_at - p.seen.first_at.lock().unwrap().expect("a request arrived");
 
-    let _second = Dispatcher::start(&p.bootstrap);
+    let _second = Dispatcher::start(&p.bootstrap, &[]);
     wait_complete(&p, &expected, &path_of, Duration::from_secs(90)).await;
     let recovered_s = killed_at.elapsed().as_secs_f64();
 
@@ -424,16 +432,19 @@ async fn a_dispatcher_killed_mid_run_and_restarted_loses_nothing() {
         "duplicates": t.duplicates,
         "duplicate_finals": t.duplicate_finals,
         "kill_after_requests": kill_after_requests,
+        "ms_first_request_to_kill": first_request_to_kill.as_millis() as u64,
         "seconds_kill_to_complete": (recovered_s * 10.0).round() / 10.0,
         "seconds_total": (started.elapsed().as_secs_f64() * 10.0).round() / 10.0,
     });
     println!("{line}");
     assert_eq!(t.missing, 0, "accepted deliveries without a final state after the restart: {line}");
     assert_eq!(t.not_succeeded, 0, "every delivery to a 200 receiver succeeds: {line}");
-    // A kill loses at most what was in flight or done but not yet committed: each such delivery is redone once.
-    // Everything redone was taken before the kill, so duplicates cannot exceed what was sent before it.
-    assert!(t.duplicates <= kill_after_requests, "more redeliveries than requests before the kill: {line}");
+    // A kill redoes (once) only what was in flight or done but not yet committed (offsets are auto-committed every
+    // 500 ms): never more than was sent before the kill, plus requests still in socket buffers when it came (at
+    // most the HTTP window, 2 subscriptions x 1 per lane). How much of that was committed (and so not redone)
+    // depends on how far the contiguous watermark had advanced: reported, not asserted.
     assert!(t.duplicates <= accepted, "{line}");
+    assert!(t.duplicates <= kill_after_requests + 2, "more redeliveries than requests before the kill: {line}");
 
     drop(_second);
     p.stop().await;
@@ -441,7 +452,7 @@ async fn a_dispatcher_killed_mid_run_and_restarted_loses_nothing() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_dispatcher_stopped_with_sigterm_drains_and_its_successor_redelivers_nothing() {
-    let _serial = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
+    let _serial = SERIAL.lock().await;
     const EVENTS: usize = 100;
     const TERM_AFTER: usize = 30;
     let started = Instant::now();
@@ -450,7 +461,9 @@ async fn a_dispatcher_stopped_with_sigterm_drains_and_its_successor_redelivers_n
     let paths = ["drain"];
     let mut path_of = HashMap::new();
     path_of.insert(p.subscribe(paths[0]).await, paths[0].to_owned());
-    let mut first = Dispatcher::start(&p.bootstrap);
+    // A small in-flight bound: SIGTERM finds part of the backlog taken (drained and committed by this process) and
+    // the rest still in Kafka (delivered by the successor), so the committed offset must be exactly right.
+    let mut first = Dispatcher::start(&p.bootstrap, &[("HOOKLINE_DISPATCHER__MAX_IN_FLIGHT", "20")]);
     let events: Vec<String> = (0..EVENTS).map(|i| format!("evt_term_{i:04}")).collect();
     p.publish(&events).await;
     let expected = expected(&events, &paths);
@@ -463,7 +476,7 @@ async fn a_dispatcher_stopped_with_sigterm_drains_and_its_successor_redelivers_n
     let received_at_exit = p.seen.count();
     assert!(status.success(), "the dispatcher exits 0 after SIGTERM: {status}");
 
-    let _second = Dispatcher::start(&p.bootstrap);
+    let _second = Dispatcher::start(&p.bootstrap, &[]);
     wait_complete(&p, &expected, &path_of, Duration::from_secs(60)).await;
 
     let t = tally(&p, &expected, &path_of);

@@ -5,6 +5,7 @@ pub mod api;
 pub mod decode;
 pub mod delivery_log;
 pub mod fanout;
+pub mod notify;
 pub mod replay;
 
 use std::net::SocketAddr;
@@ -128,7 +129,19 @@ pub async fn run(config: Config, shutdown: CancellationToken, options: Options) 
         max_event_bytes: config.ingest.max_event_bytes,
         shutdown: shutdown.clone(),
     });
+    // Owner e-mail for the ops topic, when `notify.smtp_addr` is set.
+    let notifier = config.notify.smtp_addr.is_some().then(|| {
+        let (config, shutdown) = (config.clone(), shutdown.clone());
+        tokio::spawn(async move {
+            if let Err(e) = notify::run(&config, shutdown).await {
+                tracing::error!(error = %e, "owner e-mail notifications stopped");
+            }
+        })
+    });
     let result = fanout::run(fan, &config, &instance).await;
+    if let Some(n) = notifier {
+        let _ = n.await;
+    }
     readiness.set(false);
     let _ = server.await;
     let _ = producer.flush(std::time::Duration::from_secs(10));

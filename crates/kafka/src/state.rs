@@ -210,17 +210,13 @@ impl EndpointStates {
         self.owned.lock().expect("ownership lock").remove(&partition);
     }
 
-    /// Waits until the partition is synced. A record can arrive before its partition's assignment is processed,
-    /// so an unknown partition counts as being assigned. Returns false if the partition is revoked meanwhile.
+    /// Waits until the partition is synced. Returns false if it is not assigned to this process (or is revoked
+    /// while waiting): the delivery then belongs to the partition's next owner.
     pub async fn ready(&self, partition: i32) -> bool {
-        let rx = self
-            .owned
-            .lock()
-            .expect("ownership lock")
-            .entry(partition)
-            .or_insert_with(|| (Ownership::Syncing, watch::channel(false).0))
-            .1
-            .subscribe();
+        let rx = match self.owned.lock().expect("ownership lock").get(&partition) {
+            Some((_, tx)) => tx.subscribe(),
+            None => return false,
+        };
         let mut rx = rx;
         let ready = rx.wait_for(|r| *r).await.is_ok();
         ready

@@ -20,6 +20,7 @@ pub struct Config {
     pub dispatcher: DispatcherSettings,
     pub retry_scheduler: RetrySchedulerSettings,
     pub egress: EgressSettings,
+    pub notify: NotifySettings,
 }
 
 #[derive(Debug, Clone, Serialize, Deserialize)]
@@ -86,6 +87,9 @@ pub struct DispatcherSettings {
     pub max_in_flight: usize,
     /// Concurrent HTTP requests to one subscription's endpoint.
     pub per_subscription_concurrency: usize,
+    /// Deliveries one subscription may have running or queued in memory; beyond it new ones are parked on the
+    /// retry ladder for a few seconds (not an attempt), so a hanging endpoint cannot use up `max_in_flight`.
+    pub max_queued_per_subscription: usize,
     /// On SIGTERM, how long in-flight deliveries may take to finish before the rest is handed back uncommitted.
     pub drain_timeout_ms: u64,
     pub group_id: String,
@@ -97,6 +101,7 @@ impl Default for DispatcherSettings {
             health_addr: "0.0.0.0:9091".parse().expect("literal address"),
             max_in_flight: 10_000,
             per_subscription_concurrency: 16,
+            max_queued_per_subscription: 256,
             drain_timeout_ms: 30_000,
             group_id: "hookline-dispatcher".into(),
         }
@@ -121,6 +126,61 @@ impl Default for RetrySchedulerSettings {
             drain_timeout_ms: 10_000,
             group_id: "hookline-retry-scheduler".into(),
         }
+    }
+}
+
+/// E-mail to subscription owners when a policy pauses or disables their endpoint (ingest reads the `ops` topic).
+/// hookline speaks plain SMTP (no TLS) to a relay: point `smtp_addr` at a local relay or sidecar.
+#[derive(Clone, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct NotifySettings {
+    /// `host:port` of the SMTP relay. Unset: no e-mail.
+    pub smtp_addr: Option<String>,
+    /// Envelope sender and `From:` header.
+    pub from: String,
+    /// AUTH PLAIN credentials, used only when both are set.
+    pub username: Option<String>,
+    pub password: Option<String>,
+    /// Per SMTP command (connect, each reply, the message).
+    pub timeout_ms: u64,
+}
+
+impl Default for NotifySettings {
+    fn default() -> Self {
+        Self { smtp_addr: None, from: "hookline@localhost".into(), username: None, password: None, timeout_ms: 10_000 }
+    }
+}
+
+impl std::fmt::Debug for NotifySettings {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("NotifySettings")
+            .field("smtp_addr", &self.smtp_addr)
+            .field("from", &self.from)
+            .field("username", &self.username)
+            .field("password", &self.password.as_ref().map(|_| "<redacted>"))
+            .field("timeout_ms", &self.timeout_ms)
+            .finish()
+    }
+}
+
+impl NotifySettings {
+    pub fn validate(&self) -> Result<(), ConfigError> {
+        let invalid = |m: &str| Err(ConfigError::Invalid(m.into()));
+        let Some(addr) = &self.smtp_addr else { return Ok(()) };
+        if addr.rsplit_once(':').is_none_or(|(host, port)| host.is_empty() || port.parse::<u16>().is_err()) {
+            return invalid("notify.smtp_addr: must be host:port");
+        }
+        let plain = |s: &str| s.bytes().all(|b| b.is_ascii_graphic() && !b"<>(),;\\".contains(&b));
+        if !self.from.contains('@') || !plain(&self.from) {
+            return invalid("notify.from: must be an e-mail address such as hookline@example.com");
+        }
+        if self.username.is_some() != self.password.is_some() {
+            return invalid("notify.username, notify.password: set both or neither");
+        }
+        if self.timeout_ms == 0 {
+            return invalid("notify.timeout_ms: must be at least 1");
+        }
+        Ok(())
     }
 }
 
@@ -179,8 +239,14 @@ impl Config {
     pub fn validate(&self) -> Result<(), ConfigError> {
         self.kafka.validate().map_err(ConfigError::Invalid)?;
         self.egress.validate().map_err(|e| ConfigError::Invalid(e.to_string()))?;
+        self.notify.validate()?;
         if self.dispatcher.max_in_flight == 0 {
             return Err(ConfigError::Invalid("dispatcher.max_in_flight: must be at least 1".into()));
+        }
+        if self.dispatcher.max_queued_per_subscription < self.dispatcher.per_subscription_concurrency {
+            return Err(ConfigError::Invalid(
+                "dispatcher.max_queued_per_subscription: must be at least dispatcher.per_subscription_concurrency".into(),
+            ));
         }
         if self.dispatcher.per_subscription_concurrency == 0 {
             return Err(ConfigError::Invalid("dispatcher.per_subscription_concurrency: must be at least 1".into()));
