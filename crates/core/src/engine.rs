@@ -140,6 +140,24 @@ pub fn decide(policy: &Policy, progress: &Progress, outcome: &Outcome, rng: &mut
     Decision { verdict: rule.verdict.into(), counts_toward_disable: rule.counts_toward_disable, next, rule: index }
 }
 
+/// Decides for an attempt that was lost with its dispatcher, under `in_flight = "count"` (LuciBook: "the in-flight
+/// reaper reclaiming a lease-expired delivery that has no attempts left" marks it dead). `started_at_ms` is when
+/// the lost attempt started; the next one is due the scheduled wait after that (its end is unknown), so a
+/// delivery found late is retried at once. It counts toward disablement like a timeout would.
+pub fn decide_lost_attempt(policy: &Policy, attempt: u32, started_at_ms: i64, now_ms: i64, rng: &mut dyn RngCore) -> Decision {
+    let next = match policy.scheduled_wait(attempt) {
+        None => Next::Final(FinalState::Dead),
+        Some(w) => {
+            let drawn = draw(w.min_ms, w.max_ms, rng);
+            let due = started_at_ms.saturating_add(to_i64(drawn.ms));
+            let left = u64::try_from(due.saturating_sub(now_ms)).unwrap_or(0);
+            Next::NextAttempt(Wait { ms: left, min_ms: left.min(drawn.min_ms), max_ms: left.min(drawn.max_ms) })
+        }
+    };
+    let verdict = if matches!(next, Next::Final(_)) { Verdict::Terminal } else { Verdict::Retry };
+    Decision { verdict, counts_toward_disable: true, next, rule: policy.classify.len() }
+}
+
 impl Rule {
     fn fallback() -> Rule {
         Rule {
@@ -381,5 +399,20 @@ mod tests {
             let d = decide(&p, &progress, &Outcome::http(status), &mut StdRng::seed_from_u64(0));
             assert_eq!(d.verdict, Verdict::Retry, "{status}");
         }
+    }
+
+    #[test]
+    fn a_lost_attempt_counts_on_the_schedule_from_its_start_and_the_last_one_is_dead() {
+        let p = crate::policy::builtin("lucibook").unwrap();
+        let rng = &mut StdRng::seed_from_u64(0);
+        // Attempt 1 started at t=0 and was lost; found at t=10 s: attempt 2 is due 60 s after the lost one started.
+        let d = decide_lost_attempt(&p, 1, 0, 10_000, rng);
+        assert_eq!((d.verdict, d.counts_toward_disable), (Verdict::Retry, true));
+        assert_eq!(d.next, Next::NextAttempt(Wait { ms: 50_000, min_ms: 50_000, max_ms: 50_000 }));
+        // Found after its wait has passed: at once.
+        assert_eq!(decide_lost_attempt(&p, 1, 0, 100_000, rng).next, Next::NextAttempt(Wait { ms: 0, min_ms: 0, max_ms: 0 }));
+        // The sixth (last) attempt lost: dead, not failed ("no attempts left").
+        let d = decide_lost_attempt(&p, 6, 0, 1, rng);
+        assert_eq!((d.verdict, d.next), (Verdict::Terminal, Next::Final(FinalState::Dead)));
     }
 }

@@ -9,7 +9,7 @@ use hookline_core::health::{self, HealthEvent, Transition};
 use hookline_core::model::{
     DeliveryTask, EndpointCondition, EndpointState, OpsEvent, RetryEnvelope, TaskOrigin,
 };
-use hookline_core::policy::{DisableAction, InactiveAction, Policy};
+use hookline_core::policy::{DisableAction, InactiveAction, InFlightRule, Policy};
 use hookline_core::request::{self, HeaderContext};
 use hookline_core::subscription::{activity, Activity};
 use hookline_core::{decide, FinalState, Next, Progress, Verdict};
@@ -67,7 +67,83 @@ pub async fn deliver(ctx: Arc<Ctx>, task: DeliveryTask, partition: i32) -> Resul
         return schedule(&ctx, task, wait, now).await;
     }
 
+    if policy.in_flight == InFlightRule::Count {
+        return leased_attempt(&ctx, task, &entry, &policy, partition).await;
+    }
     attempt(&ctx, task, &entry, &policy).await
+}
+
+/// An attempt under a lease (`in_flight = "count"`): an attempt an earlier owner left in flight counts; otherwise
+/// the lease is written (acknowledged) before the attempt and removed after its outcome is written.
+async fn leased_attempt(ctx: &Ctx, task: DeliveryTask, entry: &SubscriptionEntry, policy: &Policy, partition: i32) -> Result<(), Aborted> {
+    let attempt_no = task.attempts_made + 1;
+    let absolute = task.prior_attempts + attempt_no;
+    let topic = ctx.topics.inflight();
+    let key = task.delivery_id.clone();
+    if let Some(lease) = ctx.leases.take(&key).filter(|l| l.attempt == absolute) {
+        lost_attempt(ctx, task, entry, policy, lease).await?;
+    } else {
+        let lease = hookline_core::model::AttemptRecord {
+            delivery_id: task.delivery_id.clone(),
+            subscription_id: task.subscription_id.clone(),
+            attempt: absolute,
+            started_at_ms: now_ms(),
+            phase: hookline_core::model::AttemptPhase::Started as i32,
+            policy: policy.name.clone(),
+            ..Default::default()
+        };
+        ctx.produce_to_partition(&topic, partition, &key, Some(&lease.encode_to_vec())).await?;
+        attempt(ctx, task, entry, policy).await?;
+    }
+    ctx.produce_to_partition(&topic, partition, &key, None).await
+}
+
+/// The earlier owner died during this attempt: it counts as a failed attempt whose outcome is unknown.
+async fn lost_attempt(ctx: &Ctx, mut task: DeliveryTask, entry: &SubscriptionEntry, policy: &Policy, lease: crate::leases::Lease) -> Result<(), Aborted> {
+    let attempt_no = task.attempts_made + 1;
+    let now = now_ms();
+    if task.first_attempt_at_ms == 0 {
+        task.first_attempt_at_ms = lease.started_at_ms;
+    }
+    let decision = hookline_core::decide_lost_attempt(policy, attempt_no, lease.started_at_ms, now, &mut rand::rng());
+    let reason = format!("attempt {attempt_no} was in flight when its dispatcher stopped (lease expired); counted as failed");
+    metrics::counter!("hookline_attempts_total", "outcome" => "lease_expired").increment(1);
+    match decision.next {
+        // `decide_lost_attempt` never asks for a micro-retry; were it to, waiting is the safe reading.
+        Next::NextAttempt(wait) | Next::MicroRetry(wait) => {
+            let due = now + wait.ms as i64;
+            let mut rec = records::closing_record(&task, "lease_expired", reason, "", &policy.status_words.pending, lease.started_at_ms, &policy.name);
+            rec.attempt = attempt_no;
+            rec.verdict = "retry".into();
+            rec.counts_toward_disable = true;
+            rec.next_due_at_ms = due;
+            let mut next = task.clone();
+            next.attempts_made = attempt_no;
+            next.due_at_ms = due;
+            next.scheduled_wait_ms = wait.ms as i64;
+            next.origin = TaskOrigin::Retry as i32;
+            ctx.produce(&ctx.topics.attempts(), &task.subscription_id, &rec).await?;
+            schedule(ctx, next, wait.ms, now).await?;
+            metrics::counter!("hookline_deliveries_retried_total").increment(1);
+        }
+        Next::Final(state) => {
+            let word = policy.status_word(state).to_owned();
+            let mut rec = records::closing_record(&task, "lease_expired", reason.clone(), final_word(state), &word, lease.started_at_ms, &policy.name);
+            rec.attempt = attempt_no;
+            rec.counts_toward_disable = true;
+            let mut last = task.clone();
+            last.attempts_made = attempt_no;
+            let dl = records::dead_letter(&last, "lease_expired", reason.clone(), final_word(state), &word, attempt_no, "lease_expired".into(), now);
+            ctx.produce(&ctx.topics.attempts(), &task.subscription_id, &rec).await?;
+            ctx.produce(&ctx.topics.dlq(), &task.subscription_id, &dl).await?;
+            metrics::counter!("hookline_deliveries_total", "outcome" => final_word(state)).increment(1);
+            metrics::counter!("hookline_dead_lettered_total", "reason" => "lease_expired").increment(1);
+            if state == FinalState::Dead {
+                follow_ups(ctx, &task, policy, &reason, now).await?;
+            }
+        }
+    }
+    update_health(ctx, entry, policy, HealthEvent::CountedFailure, now).await
 }
 
 async fn inactive(

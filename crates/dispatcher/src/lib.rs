@@ -7,6 +7,7 @@
 pub mod connector;
 mod deliver;
 pub mod lanes;
+mod leases;
 mod records;
 pub mod sender;
 
@@ -62,6 +63,8 @@ pub(crate) struct Ctx {
     pub subs: SubscriptionTable,
     pub states: EndpointStates,
     pub lanes: Arc<Lanes>,
+    pub leases: leases::Leases,
+    pub kafka: hookline_kafka::KafkaSettings,
     pub sender: Sender,
     pub shutdown: CancellationToken,
 }
@@ -80,6 +83,26 @@ impl Ctx {
                 Ok(_) => return Ok(()),
                 Err(e) => {
                     tracing::warn!(error = %e, "produce failed; retrying");
+                    tokio::select! {
+                        _ = tokio::time::sleep(Duration::from_secs(1)) => {}
+                        _ = self.shutdown.cancelled() => return Err(Aborted),
+                    }
+                }
+            }
+        }
+    }
+
+    /// Writes (or with `None`, deletes) a record on an explicit partition, until acknowledged.
+    pub async fn produce_to_partition(&self, topic: &str, partition: i32, key: &str, payload: Option<&[u8]>) -> Result<(), Aborted> {
+        loop {
+            let mut record: FutureRecord<'_, str, [u8]> = FutureRecord::to(topic).partition(partition).key(key);
+            if let Some(p) = payload {
+                record = record.payload(p);
+            }
+            match self.producer.send(record, Duration::from_secs(10)).await {
+                Ok(_) => return Ok(()),
+                Err((e, _)) => {
+                    tracing::warn!(error = %e, topic, "produce failed; retrying");
                     tokio::select! {
                         _ = tokio::time::sleep(Duration::from_secs(1)) => {}
                         _ = self.shutdown.cancelled() => return Err(Aborted),
@@ -145,6 +168,8 @@ pub async fn run(config: Config, shutdown: CancellationToken, options: Options) 
         subs,
         states: states.clone(),
         lanes: Lanes::new(config.dispatcher.per_subscription_concurrency),
+        leases: leases::Leases::default(),
+        kafka: kafka.clone(),
         sender: Sender::new(config.egress.clone(), resolver),
         shutdown: shutdown.clone(),
     });
@@ -166,7 +191,7 @@ pub async fn run(config: Config, shutdown: CancellationToken, options: Options) 
         tokio::select! {
             biased;
             _ = shutdown.cancelled() => break,
-            Some(ev) = rebalances.recv() => on_rebalance(ev, &mut marks, &states, &states_reader, &deliveries),
+            Some(ev) = rebalances.recv() => on_rebalance(ev, &mut marks, &ctx, &states_reader, &deliveries),
             Some((p, o)) = done_rx.recv() => {
                 if let Some(w) = marks.complete(&deliveries, p, o) {
                     store(&consumer, &deliveries, p, w);
@@ -187,7 +212,7 @@ pub async fn run(config: Config, shutdown: CancellationToken, options: Options) 
                 // An assignment is reported during the poll that returns its first records: apply it first, so
                 // every task finds its partition's ownership in place.
                 while let Ok(ev) = rebalances.try_recv() {
-                    on_rebalance(ev, &mut marks, &states, &states_reader, &deliveries);
+                    on_rebalance(ev, &mut marks, &ctx, &states_reader, &deliveries);
                 }
                 let (p, o) = (m.partition(), m.offset());
                 marks.start(&deliveries, p, o);
@@ -272,26 +297,31 @@ pub async fn run(config: Config, shutdown: CancellationToken, options: Options) 
     Ok(())
 }
 
-fn on_rebalance(ev: RebalanceEvent, marks: &mut Watermarks, states: &EndpointStates, reader: &TableHandle, topic: &str) {
+fn on_rebalance(ev: RebalanceEvent, marks: &mut Watermarks, ctx: &Arc<Ctx>, reader: &TableHandle, topic: &str) {
+    let states = &ctx.states;
     match ev {
         RebalanceEvent::Assigned(parts) => {
             for (_, p) in parts.into_iter().filter(|(t, _)| t == topic) {
                 states.assign(p);
-                // Apply everything earlier owners wrote to this partition's endpoint state before delivering.
-                let (states, reader) = (states.clone(), reader.clone());
+                // Before delivering: apply everything earlier owners wrote to this partition's endpoint state, and
+                // read the leases they left in flight.
+                let (ctx, reader) = (ctx.clone(), reader.clone());
                 tracing::debug!(partition = p, "assigned");
                 tokio::spawn(async move {
                     loop {
-                        match reader.end_offset(p).await {
-                            Ok(end) => {
-                                tracing::debug!(partition = p, end, "syncing endpoint state");
-                                reader.wait_for(p, end).await;
-                                tracing::debug!(partition = p, "endpoint state synced");
-                                states.synced(p);
+                        let synced = async {
+                            let end = reader.end_offset(p).await.map_err(|e| e.to_string())?;
+                            reader.wait_for(p, end).await;
+                            ctx.leases.load(&ctx.kafka, &ctx.topics.inflight(), p).await.map_err(|e| e.to_string())
+                        };
+                        match synced.await {
+                            Ok(leases) => {
+                                tracing::debug!(partition = p, leases, "partition synced");
+                                ctx.states.synced(p);
                                 return;
                             }
                             Err(e) => {
-                                tracing::warn!(partition = p, error = %e, "endpoint state end offset; retrying");
+                                tracing::warn!(partition = p, error = %e, "syncing partition state; retrying");
                                 tokio::time::sleep(Duration::from_millis(500)).await;
                             }
                         }

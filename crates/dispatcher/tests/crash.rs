@@ -64,12 +64,23 @@ impl Receiver {
     }
 }
 
+fn path_is_stall(s: &Receiver, headers: &HeaderMap) -> bool {
+    let id = headers.get("webhook-id").and_then(|v| v.to_str().ok()).unwrap_or("");
+    let reqs = s.requests.lock().unwrap();
+    let last = reqs.last().expect("recorded before the check");
+    last.1.starts_with("stall") && reqs.iter().filter(|(i, p)| i == id && *p == last.1).count() == 1
+}
+
 async fn receive(State(s): State<Arc<Receiver>>, Path(path): Path<String>, headers: HeaderMap) -> StatusCode {
     let id = headers.get("webhook-id").and_then(|v| v.to_str().ok()).unwrap_or("").to_owned();
-    s.requests.lock().unwrap().push((id, path));
+    s.requests.lock().unwrap().push((id, path.clone()));
     s.first_at.lock().unwrap().get_or_insert_with(Instant::now);
     s.changed.notify_waiters();
     // A spread of answer times (deterministic), so that several deliveries are in flight at any moment.
+    // `stall-*` paths never answer the first request of an event: an attempt left in flight.
+    if path_is_stall(&s, &headers) {
+        std::future::pending::<()>().await;
+    }
     let n = s.counter.fetch_add(1, Ordering::Relaxed);
     let (lo, hi) = s.delay_ms;
     let delay = lo + (n.wrapping_mul(7919) % (hi - lo + 1));
@@ -258,6 +269,14 @@ impl Pipeline {
     /// Creates a subscription on the standard policy to the receiver's `path`; returns its id.
     async fn subscribe(&self, path: &str) -> String {
         let body = json!({"url": format!("http://{}/{path}", self.receiver), "event_types": ["*"], "policy": "standard"});
+        let (status, v) = self.call("POST", "/v1/subscriptions", body).await;
+        assert_eq!(status, 201, "create subscription: {v}");
+        v["id"].as_str().expect("subscription id").to_owned()
+    }
+
+    /// Creates a subscription with an inline policy; returns its id.
+    async fn subscribe_with_policy(&self, path: &str, policy_toml: String) -> String {
+        let body = json!({"url": format!("http://{}/{path}", self.receiver), "event_types": ["*"], "policy_toml": policy_toml});
         let (status, v) = self.call("POST", "/v1/subscriptions", body).await;
         assert_eq!(status, 201, "create subscription: {v}");
         v["id"].as_str().expect("subscription id").to_owned()
@@ -499,6 +518,54 @@ async fn a_dispatcher_stopped_with_sigterm_drains_and_its_successor_redelivers_n
     assert_eq!(t.duplicates, 0, "requests redelivered after a SIGTERM drain: {line}");
     assert_eq!(t.duplicate_finals, 0, "{line}");
 
+    drop(_second);
+    p.stop().await;
+}
+
+/// LuciBook's in-flight reaper: "dead is reserved for ... the in-flight reaper reclaiming a lease-expired delivery
+/// that has no attempts left". An attempt lost with its dispatcher counts: retried when attempts remain, dead when
+/// none do.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_attempt_lost_with_its_dispatcher_counts_under_lucibook() {
+    let _serial = SERIAL.lock().await;
+    let p = Pipeline::start((1, 2)).await;
+    let lucibook = |max_attempts: u32| {
+        let mut lb = hookline_core::policy::builtin("lucibook").unwrap();
+        lb.schedule.max_attempts = Some(max_attempts);
+        lb.schedule.waits_s = Some(vec![1.0]);
+        assert_eq!(lb.in_flight, hookline_core::policy::InFlightRule::Count);
+        toml::to_string(&lb).unwrap()
+    };
+    let retried = p.subscribe_with_policy("stall-retry", lucibook(2)).await;
+    let last = p.subscribe_with_policy("stall-last", lucibook(1)).await;
+    let mut first = Dispatcher::start(&p.bootstrap, &[]);
+    p.publish(&["evt_reap".to_owned()]).await;
+    let seen = p.seen.clone();
+    assert!(
+        wait_until(&p.seen.changed, Duration::from_secs(30), || seen.count() >= 2).await,
+        "both first attempts reached the receiver"
+    );
+    // Both attempts hang at the receiver; their leases are written. The dispatcher dies with them in flight.
+    first.kill();
+    let _second = Dispatcher::start(&p.bootstrap, &[]);
+    let attempts = p.attempts.clone();
+    let finals = |id: &str| {
+        attempts.items.lock().unwrap().iter().filter(|a| a.subscription_id == id && !a.final_state.is_empty()).cloned().collect::<Vec<_>>()
+    };
+    assert!(
+        wait_until(&p.attempts.changed, Duration::from_secs(60), || !finals(&retried).is_empty() && !finals(&last).is_empty()).await,
+        "both deliveries ended"
+    );
+    let records: Vec<AttemptRecord> = p.attempts.items.lock().unwrap().clone();
+    let lost_retry = records.iter().find(|a| a.subscription_id == retried && a.outcome == "lease_expired").expect("the lost attempt is recorded");
+    assert_eq!((lost_retry.attempt, lost_retry.verdict.as_str()), (1, "retry"));
+    let done = &finals(&retried)[0];
+    assert_eq!((done.final_state.as_str(), done.attempt), ("succeeded", 2), "attempts remained: retried as attempt 2");
+    let dead = &finals(&last)[0];
+    assert_eq!((dead.outcome.as_str(), dead.final_state.as_str(), dead.attempt), ("lease_expired", "dead", 1), "no attempt left: dead");
+    let per = p.seen.per_pair();
+    assert_eq!(per.get(&("evt_reap".to_owned(), "stall-retry".to_owned())), Some(&2));
+    assert_eq!(per.get(&("evt_reap".to_owned(), "stall-last".to_owned())), Some(&1), "a lost last attempt is not sent again");
     drop(_second);
     p.stop().await;
 }

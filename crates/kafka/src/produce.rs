@@ -59,7 +59,7 @@ pub async fn send_tombstone(producer: &FutureProducer, topic: &str, key: &str) -
 /// A bounded label for a topic: its name without the configurable prefix, and tiers folded into `retry`.
 pub fn topic_kind(topic: &str) -> &'static str {
     const KINDS: &[&str] =
-        &["events", "deliveries", "held", "dlq", "subscriptions", "endpoint-state", "attempts", "ops"];
+        &["events", "deliveries", "held", "dlq", "subscriptions", "endpoint-state", "attempts", "ops", "inflight"];
     if topic.contains(".retry.") || topic.starts_with("retry.") {
         return "retry";
     }

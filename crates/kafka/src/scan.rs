@@ -25,7 +25,22 @@ pub enum ScanError {
 
 /// Calls `visit` for every record of `topic` written at or after `since_ms` (all records when `None`), up to
 /// the partitions' ends at the time of the call. Returns the number of records visited.
-pub async fn scan<F>(settings: &KafkaSettings, topic: &str, since_ms: Option<i64>, limit: Duration, mut visit: F) -> Result<u64, ScanError>
+pub async fn scan<F>(settings: &KafkaSettings, topic: &str, since_ms: Option<i64>, limit: Duration, visit: F) -> Result<u64, ScanError>
+where
+    F: FnMut(&BorrowedMessage<'_>),
+{
+    scan_partitions(settings, topic, None, since_ms, limit, visit).await
+}
+
+/// `scan`, limited to one partition when `only` is set.
+pub async fn scan_partitions<F>(
+    settings: &KafkaSettings,
+    topic: &str,
+    only: Option<i32>,
+    since_ms: Option<i64>,
+    limit: Duration,
+    mut visit: F,
+) -> Result<u64, ScanError>
 where
     F: FnMut(&BorrowedMessage<'_>),
 {
@@ -37,7 +52,13 @@ where
     // Where each partition starts and ends, asked once (blocking calls, off the runtime's threads).
     let plan = tokio::task::spawn_blocking(move || -> Result<Vec<(i32, i64, i64)>, KafkaError> {
         let md = c.fetch_metadata(Some(&t), Duration::from_secs(10))?;
-        let parts: Vec<i32> = md.topics().iter().filter(|x| x.name() == t).flat_map(|x| x.partitions().iter().map(|p| p.id())).collect();
+        let parts: Vec<i32> = md
+            .topics()
+            .iter()
+            .filter(|x| x.name() == t)
+            .flat_map(|x| x.partitions().iter().map(|p| p.id()))
+            .filter(|p| only.is_none_or(|o| o == *p))
+            .collect();
         let mut plan = Vec::new();
         for p in parts {
             let (low, high) = c.fetch_watermarks(&t, p, Duration::from_secs(10))?;

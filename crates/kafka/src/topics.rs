@@ -88,6 +88,11 @@ impl Topics {
     pub fn ops(&self) -> String {
         self.name("ops")
     }
+    /// Leases of attempts in flight (policies with `in_flight = "count"`), key = delivery id, written to the
+    /// delivery's partition; removed by a tombstone once the attempt's outcome is written.
+    pub fn inflight(&self) -> String {
+        self.name("inflight")
+    }
 
     /// Every topic, with how `hookline topics create` makes it.
     pub fn all(&self) -> Vec<TopicSpec> {
@@ -107,6 +112,7 @@ impl Topics {
             TopicSpec { name: self.dlq(), cleanup: Cleanup::Delete, co_partitioned: false, retention_ms: Some(30 * day) },
             TopicSpec { name: self.subscriptions(), cleanup: Cleanup::Compact, co_partitioned: true, retention_ms: None },
             TopicSpec { name: self.endpoint_state(), cleanup: Cleanup::Compact, co_partitioned: true, retention_ms: None },
+            TopicSpec { name: self.inflight(), cleanup: Cleanup::Compact, co_partitioned: true, retention_ms: None },
             TopicSpec { name: self.attempts(), cleanup: Cleanup::Delete, co_partitioned: true, retention_ms: Some(30 * day) },
             TopicSpec { name: self.ops(), cleanup: Cleanup::Delete, co_partitioned: false, retention_ms: Some(30 * day) },
         ]);
@@ -147,6 +153,6 @@ mod tests {
         let all = t.all();
         assert!(all.iter().all(|s| s.name.starts_with("acme.")));
         let compacted: Vec<_> = all.iter().filter(|s| s.cleanup == Cleanup::Compact).map(|s| s.name.as_str()).collect();
-        assert_eq!(compacted, ["acme.subscriptions", "acme.endpoint-state"]);
+        assert_eq!(compacted, ["acme.subscriptions", "acme.endpoint-state", "acme.inflight"]);
     }
 }

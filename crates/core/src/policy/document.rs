@@ -26,6 +26,9 @@ pub struct Policy {
     pub disable: Option<DisableRule>,
     /// What happens to a delivery whose subscription is paused or disabled.
     pub inactive: InactiveAction,
+    /// What an attempt lost with its dispatcher (a crash mid-request) counts as.
+    #[serde(default)]
+    pub in_flight: InFlightRule,
     #[serde(default)]
     pub follow_ups: Vec<FollowUp>,
     pub request: RequestShape,
@@ -183,6 +186,18 @@ pub enum InactiveAction {
     Cancel,
     /// Drop it from the live path (recorded as skipped; recoverable by replay).
     Skip,
+}
+
+/// An attempt whose dispatcher died while it was in flight: its outcome is unknown.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, Default)]
+#[serde(rename_all = "snake_case")]
+pub enum InFlightRule {
+    /// It did not happen: the next owner makes the same attempt again (receivers may see it twice).
+    #[default]
+    Redo,
+    /// It counts as a failed attempt (LuciBook's in-flight reaper): retried on the schedule if attempts remain,
+    /// `dead` if none remain. Costs one acknowledged write before each attempt and one after.
+    Count,
 }
 
 /// An event emitted when a delivery of `on_event_type` ends `dead` (Relay: `message.failed`).

@@ -1,0 +1,448 @@
+//! The pipeline under test: the broker and the three services as child processes of this executable
+//! (`hookline bench --serve ROLE --config-toml ...`), the ingest API for subscriptions, a producer for events,
+//! and per-process CPU / RSS readings from `/proc`.
+//!
+//! A child stops when its stdin closes (the parent closed it, or died), so nothing outlives a bench run.
+
+use std::collections::HashMap;
+use std::io::{BufRead, BufReader, Read};
+use std::net::SocketAddr;
+use std::process::{Child, ChildStdin, Command, ExitCode, Stdio};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use anyhow::Context;
+use bytes::Bytes;
+use hookline_kafka::mock::DevBroker;
+use hookline_kafka::topics::Cleanup;
+use hookline_kafka::Topics;
+use hookline_service::Config;
+use http_body_util::{BodyExt, Full};
+use hyper_util::client::legacy::{connect::HttpConnector, Client};
+use hyper_util::rt::TokioExecutor;
+use rdkafka::producer::FutureProducer;
+use serde_json::{json, Value};
+use tokio_util::sync::CancellationToken;
+
+use super::receiver::Receiver;
+use super::BenchArgs;
+
+pub const TOKEN: &str = "bench-token-not-for-production";
+
+/// Runs one service in this (child) process until stdin closes.
+pub fn serve(role: &str, config_toml: &str) -> anyhow::Result<ExitCode> {
+    let config: Config = toml::from_str(config_toml).context("the bench child's config")?;
+    hookline_service::telemetry::init(&config.telemetry);
+    if role == "broker" {
+        let topics = Topics::new(config.kafka.topic_prefix.clone());
+        let broker = DevBroker::start(&topics, config.kafka.partitions, config.kafka.event_partitions)?;
+        println!("{}", json!({"bootstrap_servers": broker.bootstrap_servers()}));
+        wait_stdin_eof();
+        drop(broker);
+        return Ok(ExitCode::SUCCESS);
+    }
+    let rt = tokio::runtime::Builder::new_multi_thread().enable_all().build()?;
+    let shutdown = CancellationToken::new();
+    let s = shutdown.clone();
+    std::thread::spawn(move || {
+        wait_stdin_eof();
+        s.cancel();
+    });
+    let result: anyhow::Result<()> = rt.block_on(async {
+        match role {
+            "ingest" => hookline_ingest::run(config, shutdown, Default::default()).await?,
+            "dispatcher" => hookline_dispatcher::run(config, shutdown, Default::default()).await?,
+            "retry-scheduler" => hookline_retry_scheduler::run(config, shutdown, Default::default()).await?,
+            other => anyhow::bail!("unknown bench role {other}"),
+        }
+        Ok(())
+    });
+    rt.shutdown_timeout(Duration::from_secs(2));
+    result?;
+    Ok(ExitCode::SUCCESS)
+}
+
+fn wait_stdin_eof() {
+    let mut buf = [0u8; 64];
+    let mut stdin = std::io::stdin();
+    while let Ok(n) = stdin.read(&mut buf) {
+        if n == 0 {
+            break;
+        }
+    }
+}
+
+/// A child process; stopped (stdin closed, then killed if it lingers) when dropped.
+pub struct Proc {
+    pub role: &'static str,
+    pub pid: u32,
+    child: Child,
+    stdin: Option<ChildStdin>,
+}
+
+impl Proc {
+    fn spawn(role: &'static str, config: &Config, capture_stdout: bool) -> anyhow::Result<Self> {
+        let exe = std::env::current_exe().context("locating the hookline executable")?;
+        let toml = toml::to_string(config)?;
+        let mut child = Command::new(exe)
+            .args(["bench", "--serve", role, "--config-toml", &toml])
+            .stdin(Stdio::piped())
+            .stdout(if capture_stdout { Stdio::piped() } else { Stdio::null() })
+            .stderr(Stdio::inherit())
+            .spawn()
+            .with_context(|| format!("starting the {role} child"))?;
+        let stdin = child.stdin.take();
+        Ok(Self { role, pid: child.id(), child, stdin })
+    }
+
+    /// Closes stdin and waits up to `grace` for the child to exit; kills it (by its pid) after that.
+    pub fn stop(&mut self, grace: Duration) {
+        drop(self.stdin.take());
+        let deadline = Instant::now() + grace;
+        loop {
+            match self.child.try_wait() {
+                Ok(Some(_)) | Err(_) => return,
+                Ok(None) if Instant::now() >= deadline => {
+                    let _ = self.child.kill();
+                    let _ = self.child.wait();
+                    return;
+                }
+                Ok(None) => std::thread::sleep(Duration::from_millis(20)),
+            }
+        }
+    }
+
+    pub fn cpu_s(&self) -> f64 {
+        proc_cpu_s(&format!("/proc/{}/stat", self.pid))
+    }
+
+    /// (VmHWM, VmRSS) in MiB.
+    pub fn rss_mb(&self) -> (f64, f64) {
+        let status = std::fs::read_to_string(format!("/proc/{}/status", self.pid)).unwrap_or_default();
+        let kb = |key: &str| -> f64 {
+            status
+                .lines()
+                .find(|l| l.starts_with(key))
+                .and_then(|l| l.split_whitespace().nth(1))
+                .and_then(|v| v.parse::<f64>().ok())
+                .unwrap_or(0.0)
+        };
+        (kb("VmHWM:") / 1024.0, kb("VmRSS:") / 1024.0)
+    }
+}
+
+impl Drop for Proc {
+    fn drop(&mut self) {
+        self.stop(Duration::from_secs(10));
+    }
+}
+
+/// utime + stime of a `/proc/.../stat` file, in seconds (USER_HZ is 100 on Linux).
+fn proc_cpu_s(path: &str) -> f64 {
+    let Ok(stat) = std::fs::read_to_string(path) else { return 0.0 };
+    let Some((_, rest)) = stat.rsplit_once(')') else { return 0.0 };
+    let f: Vec<&str> = rest.split_whitespace().collect();
+    let ticks = |i: usize| f.get(i).and_then(|v| v.parse::<f64>().ok()).unwrap_or(0.0);
+    // After "pid (comm)": state=0 ... utime=11 stime=12.
+    (ticks(11) + ticks(12)) / 100.0
+}
+
+/// CPU seconds of this process's threads, grouped: `receiver` (bench-recv*), `raw_client` (bench-raw*), and
+/// `driver` (everything else: the event producer, Kafka readers, the bench's own runtime).
+pub fn own_threads_cpu() -> HashMap<&'static str, f64> {
+    let mut out: HashMap<&'static str, f64> = HashMap::from([("receiver", 0.0), ("raw_client", 0.0), ("driver", 0.0)]);
+    let Ok(dir) = std::fs::read_dir("/proc/self/task") else { return out };
+    for e in dir.flatten() {
+        let p = e.path();
+        let comm = std::fs::read_to_string(p.join("comm")).unwrap_or_default();
+        let cpu = proc_cpu_s(&p.join("stat").to_string_lossy());
+        let group = if comm.starts_with("bench-recv") {
+            "receiver"
+        } else if comm.starts_with("bench-raw") {
+            "raw_client"
+        } else {
+            "driver"
+        };
+        *out.entry(group).or_default() += cpu;
+    }
+    out
+}
+
+/// A snapshot of every process's CPU, to take differences over a measured window.
+pub struct CpuSnapshot(pub HashMap<&'static str, f64>);
+
+/// The running pipeline.
+pub struct Cluster {
+    pub config: Config,
+    pub api: SocketAddr,
+    pub broker: Option<Proc>,
+    pub ingest: Proc,
+    pub dispatcher: Proc,
+    pub scheduler: Proc,
+    http: Client<HttpConnector, Full<Bytes>>,
+    /// Set when the topics live on a real cluster (deleted on stop).
+    real_topics: bool,
+}
+
+impl Cluster {
+    /// Starts the broker (unless `--brokers`) and the three services; `tune` adjusts the config first.
+    pub async fn start(args: &BenchArgs, tune: impl FnOnce(&mut Config)) -> anyhow::Result<Self> {
+        let t = Instant::now();
+        let mut config = Config::dev("127.0.0.1:1", args.partitions, TOKEN);
+        config.telemetry.log_level = "error".into();
+        let (broker, real_topics) = match &args.brokers {
+            None => {
+                let mut proc = Proc::spawn("broker", &config, true)?;
+                let stdout = proc.child.stdout.take().context("broker stdout")?;
+                let line = tokio::task::spawn_blocking(move || {
+                    let mut line = String::new();
+                    let _ = BufReader::new(stdout).read_line(&mut line);
+                    line
+                })
+                .await?;
+                let v: Value = serde_json::from_str(line.trim()).context("the broker child did not start")?;
+                config.kafka.bootstrap_servers = v["bootstrap_servers"].as_str().unwrap_or_default().to_owned();
+                (Some(proc), false)
+            }
+            Some(b) => {
+                config.kafka.bootstrap_servers = b.clone();
+                config.kafka.replication_factor = args.replication_factor;
+                config.kafka.topic_prefix = format!("hookline-bench-{}.", hookline_service::now_ms());
+                create_topics(&config).await?;
+                (None, true)
+            }
+        };
+        // A free port for the ingest API (bound, read, released: the child binds it right after).
+        let api = std::net::TcpListener::bind("127.0.0.1:0")?.local_addr()?;
+        config.ingest.listen_addr = api;
+        tune(&mut config);
+        config.validate().map_err(|e| anyhow::anyhow!("{e}"))?;
+        let ingest = Proc::spawn("ingest", &config, false)?;
+        let dispatcher = Proc::spawn("dispatcher", &config, false)?;
+        let scheduler = Proc::spawn("retry-scheduler", &config, false)?;
+        let http = Client::builder(TokioExecutor::new()).build_http();
+        let cluster = Self { config, api, broker, ingest, dispatcher, scheduler, http, real_topics };
+        // Ready when the API answers /readyz (its tables are read).
+        let deadline = Instant::now() + Duration::from_secs(60);
+        loop {
+            let req = http::Request::get(format!("http://{api}/readyz")).body(Full::new(Bytes::new()))?;
+            if let Ok(Ok(r)) = tokio::time::timeout(Duration::from_secs(2), cluster.http.request(req)).await {
+                if r.status().is_success() {
+                    break;
+                }
+            }
+            anyhow::ensure!(Instant::now() < deadline, "ingest did not become ready within 60 s");
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+        eprintln!(
+            "  pipeline up in {:.1} s: broker {} · ingest pid {} · dispatcher pid {} · retry-scheduler pid {}",
+            t.elapsed().as_secs_f64(),
+            cluster.config.kafka.bootstrap_servers,
+            cluster.ingest.pid,
+            cluster.dispatcher.pid,
+            cluster.scheduler.pid
+        );
+        Ok(cluster)
+    }
+
+    pub fn topics(&self) -> Topics {
+        Topics::new(self.config.kafka.topic_prefix.clone())
+    }
+
+    /// Creates a subscription through the API; returns its id.
+    pub async fn subscribe(&self, body: Value) -> anyhow::Result<String> {
+        let req = http::Request::post(format!("http://{}/v1/subscriptions", self.api))
+            .header("authorization", format!("Bearer {TOKEN}"))
+            .header("content-type", "application/json")
+            .body(Full::new(Bytes::from(serde_json::to_vec(&body)?)))?;
+        let resp = self.http.request(req).await?;
+        let status = resp.status();
+        let bytes = resp.into_body().collect().await?.to_bytes();
+        let v: Value = serde_json::from_slice(&bytes).unwrap_or(Value::Null);
+        anyhow::ensure!(status.as_u16() == 201, "creating a subscription failed: {status} {v}");
+        Ok(v["id"].as_str().unwrap_or_default().to_owned())
+    }
+
+    /// Creates many subscriptions, a few at a time.
+    pub async fn subscribe_all(self: &Arc<Self>, bodies: Vec<Value>) -> anyhow::Result<Vec<String>> {
+        let sem = Arc::new(tokio::sync::Semaphore::new(8));
+        let mut handles = Vec::new();
+        for b in bodies {
+            let (me, sem) = (self.clone(), sem.clone());
+            handles.push(tokio::spawn(async move {
+                let _p = sem.acquire_owned().await;
+                me.subscribe(b).await
+            }));
+        }
+        let mut ids = Vec::new();
+        for h in handles {
+            ids.push(h.await??);
+        }
+        Ok(ids)
+    }
+
+    /// A producer for the `events` topic with hookline's own client settings and the given linger.
+    pub fn producer(&self, linger_ms: u64) -> anyhow::Result<FutureProducer> {
+        let mut c = hookline_kafka::client::producer_config(&self.config.kafka, "hookline-bench");
+        c.set("linger.ms", linger_ms.to_string());
+        c.set("queue.buffering.max.messages", "1000000");
+        Ok(c.create()?)
+    }
+
+    /// Publishes a warm-up event (type `bench.warm`, which every bench subscription also matches) every 500 ms
+    /// until every one of `subs` subscription paths got one: then ingest and the dispatcher know them all.
+    pub async fn warm_up(&self, producer: &FutureProducer, receiver: &Receiver, subs: usize) -> anyhow::Result<()> {
+        let t = Instant::now();
+        let topic = self.topics().events();
+        let mut n = 0;
+        while receiver.state.warm_count() < subs {
+            anyhow::ensure!(t.elapsed() < Duration::from_secs(90), "warm-up: only {} of {subs} subscriptions reached", receiver.state.warm_count());
+            let id = format!("warm-{n}");
+            let body = format!(r#"{{"id":"{id}","type":"bench.warm","data":{{}}}}"#);
+            let _ = producer.send_result(rdkafka::producer::FutureRecord::to(&topic).key(&id).payload(&body));
+            n += 1;
+            tokio::time::sleep(Duration::from_millis(500)).await;
+        }
+        eprintln!("  warmed up in {:.1} s: {subs} subscriptions receive", t.elapsed().as_secs_f64());
+        Ok(())
+    }
+
+    /// CPU seconds of every process of the run, by name.
+    pub fn cpu(&self) -> CpuSnapshot {
+        let mut m = own_threads_cpu();
+        if let Some(b) = &self.broker {
+            m.insert("broker", b.cpu_s());
+        }
+        m.insert("ingest", self.ingest.cpu_s());
+        m.insert("dispatcher", self.dispatcher.cpu_s());
+        m.insert("retry_scheduler", self.scheduler.cpu_s());
+        CpuSnapshot(m)
+    }
+
+    pub async fn stop(mut self) {
+        let real = self.real_topics;
+        let config = self.config.clone();
+        tokio::task::spawn_blocking(move || {
+            self.ingest.stop(Duration::from_secs(8));
+            self.dispatcher.stop(Duration::from_secs(8));
+            self.scheduler.stop(Duration::from_secs(8));
+            if let Some(b) = &mut self.broker {
+                b.stop(Duration::from_secs(5));
+            }
+        })
+        .await
+        .ok();
+        if real {
+            let _ = delete_topics(&config).await;
+        }
+    }
+}
+
+/// CPU seconds per 1000 units of work, per process, between two snapshots.
+pub fn cpu_per_1k(a: &CpuSnapshot, b: &CpuSnapshot, units: f64, keys: &[&str]) -> Value {
+    let mut m = serde_json::Map::new();
+    for k in keys {
+        let d = b.0.get(k).copied().unwrap_or(0.0) - a.0.get(k).copied().unwrap_or(0.0);
+        if units > 0.0 {
+            m.insert((*k).to_owned(), json!(super::round(d / units * 1000.0, 4)));
+        }
+    }
+    Value::Object(m)
+}
+
+fn admin(config: &Config) -> anyhow::Result<rdkafka::admin::AdminClient<rdkafka::client::DefaultClientContext>> {
+    let mut c = rdkafka::ClientConfig::new();
+    for (k, v) in &config.kafka.properties {
+        c.set(k, v);
+    }
+    c.set("bootstrap.servers", &config.kafka.bootstrap_servers);
+    Ok(c.create()?)
+}
+
+async fn create_topics(config: &Config) -> anyhow::Result<()> {
+    use rdkafka::admin::{AdminOptions, NewTopic, TopicReplication};
+    let admin = admin(config)?;
+    let specs = Topics::new(config.kafka.topic_prefix.clone()).all();
+    let topics: Vec<NewTopic<'_>> = specs
+        .iter()
+        .map(|s| {
+            let n = if s.co_partitioned { config.kafka.partitions } else { config.kafka.event_partitions };
+            NewTopic::new(&s.name, n, TopicReplication::Fixed(config.kafka.replication_factor)).set(
+                "cleanup.policy",
+                match s.cleanup {
+                    Cleanup::Compact => "compact",
+                    Cleanup::Delete => "delete",
+                },
+            )
+        })
+        .collect();
+    for r in admin.create_topics(&topics, &AdminOptions::new().operation_timeout(Some(Duration::from_secs(30)))).await? {
+        if let Err((name, code)) = r {
+            anyhow::bail!("creating topic {name}: {code}");
+        }
+    }
+    Ok(())
+}
+
+async fn delete_topics(config: &Config) -> anyhow::Result<()> {
+    let admin = admin(config)?;
+    let names: Vec<String> = Topics::new(config.kafka.topic_prefix.clone()).all().into_iter().map(|s| s.name).collect();
+    let refs: Vec<&str> = names.iter().map(String::as_str).collect();
+    admin.delete_topics(&refs, &rdkafka::admin::AdminOptions::new()).await?;
+    Ok(())
+}
+
+/// A ~1 KiB JSON `data` object for event `seq`: some structure plus random hex, so it neither compresses to
+/// nothing on the broker nor costs the producer much.
+pub fn event_json(id: &str, event_type: &str, seq: u64) -> Vec<u8> {
+    use rand::RngCore;
+    const HEX: &[u8; 16] = b"0123456789abcdef";
+    let mut raw = [0u8; 400];
+    rand::rng().fill_bytes(&mut raw);
+    let mut blob = String::with_capacity(800);
+    for b in raw {
+        blob.push(HEX[(b >> 4) as usize] as char);
+        blob.push(HEX[(b & 15) as usize] as char);
+    }
+    let body = format!(
+        r#"{{"id":"{id}","type":"{event_type}","data":{{"seq":{seq},"customer":{{"id":"cus_{}","email":"buyer{seq}@example.com","country":"NL"}},"total_cents":{},"currency":"EUR","items":[{{"sku":"sku_1001","qty":2,"price_cents":1299}},{{"sku":"sku_2002","qty":1,"price_cents":4550}}],"note":"{blob}"}}}}"#,
+        &blob[..16],
+        1299 + seq % 1000
+    );
+    body.into_bytes()
+}
+
+/// Publishes events with send_result (order kept, nothing awaited inline); failures are counted.
+pub struct Publisher {
+    producer: FutureProducer,
+    topic: String,
+    pub failed: Arc<std::sync::atomic::AtomicU64>,
+}
+
+impl Publisher {
+    pub fn new(producer: FutureProducer, topic: String) -> Self {
+        Self { producer, topic, failed: Default::default() }
+    }
+
+    pub fn send(&self, id: &str, payload: &[u8]) {
+        let record = rdkafka::producer::FutureRecord::to(&self.topic).key(id).payload(payload);
+        match self.producer.send_result(record) {
+            Ok(fut) => {
+                let failed = self.failed.clone();
+                tokio::spawn(async move {
+                    if !matches!(fut.await, Ok(Ok(_))) {
+                        failed.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+                    }
+                });
+            }
+            Err(_) => {
+                self.failed.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+            }
+        }
+    }
+
+    pub fn flush(&self) {
+        use rdkafka::producer::Producer;
+        let _ = self.producer.flush(Duration::from_secs(10));
+    }
+}

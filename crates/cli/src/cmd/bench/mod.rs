@@ -1,0 +1,236 @@
+//! `hookline bench SCENARIO`: runs the real ingest, dispatcher and retry-scheduler against a broker reached over
+//! TCP (the embedded mock cluster, or `--brokers`), with a local receiver, and reports what the issue asks for.
+//!
+//! Process layout (see docs/benchmarks.md): the broker, ingest, dispatcher and retry-scheduler each run as a
+//! child process (`hookline bench --serve ROLE`, this same executable), so CPU and RSS are exact per process.
+//! The parent holds the driver (event producer, Kafka readers) and the receiver; the receiver runs on its own
+//! runtime whose threads are named `bench-recv`, the raw baseline client on one named `bench-raw`, so their CPU
+//! is read per thread from `/proc/self/task`. Progress and tables go to stderr, one JSON line to stdout.
+
+mod cluster;
+mod isolation;
+mod latency;
+mod memory;
+mod receiver;
+mod retry_precision;
+mod stats;
+mod throughput;
+
+use std::process::ExitCode;
+use std::time::{Duration, Instant};
+
+use serde_json::{json, Map, Value};
+
+#[derive(Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
+pub enum Scenario {
+    Throughput,
+    Latency,
+    RetryPrecision,
+    Isolation,
+    Memory,
+    All,
+}
+
+impl Scenario {
+    fn name(self) -> &'static str {
+        match self {
+            Scenario::Throughput => "throughput",
+            Scenario::Latency => "latency",
+            Scenario::RetryPrecision => "retry-precision",
+            Scenario::Isolation => "isolation",
+            Scenario::Memory => "memory",
+            Scenario::All => "all",
+        }
+    }
+}
+
+#[derive(clap::Args, Clone)]
+pub struct BenchArgs {
+    /// throughput, latency, retry-precision, isolation, memory, or all (each in turn, one JSON line at the end).
+    #[arg(value_enum, required_unless_present = "serve")]
+    scenario: Option<Scenario>,
+    /// A real Kafka cluster (`host:port,...`) instead of the embedded mock broker. The topics are created under a
+    /// fresh prefix and deleted afterwards.
+    #[arg(long)]
+    brokers: Option<String>,
+    /// Replication factor of the topics created on `--brokers`.
+    #[arg(long, default_value_t = 1)]
+    replication_factor: i32,
+    /// Partitions of every topic.
+    #[arg(long, default_value_t = 8)]
+    partitions: i32,
+    /// throughput: events to publish (default: as many as the pipeline takes in --duration-s).
+    #[arg(long)]
+    events: Option<u64>,
+    /// throughput and latency: seconds of publishing.
+    #[arg(long, default_value_t = 30)]
+    duration_s: u64,
+    /// throughput: subscriptions each event fans out to.
+    #[arg(long, default_value_t = 4)]
+    fanout: usize,
+    /// throughput, isolation: concurrent requests in total (split across the subscriptions' lanes); the raw
+    /// baseline uses the same number.
+    #[arg(long, default_value_t = 64)]
+    concurrency: usize,
+    /// throughput: seconds the raw HTTP baseline runs.
+    #[arg(long, default_value_t = 10)]
+    raw_s: u64,
+    /// throughput, isolation: deliveries published but not yet received, at most (keeps the mock broker's
+    /// ~5 MiB partitions from evicting unread records).
+    #[arg(long)]
+    window: Option<u64>,
+    /// latency: events per second.
+    #[arg(long, default_value_t = 1000)]
+    rate: u64,
+    /// retry-precision: the longest wait exercised (the ladder goes 1 s … 5 min; `all` keeps it short).
+    #[arg(long, default_value_t = 60)]
+    max_wait_s: u64,
+    /// retry-precision: events per wait value.
+    #[arg(long, default_value_t = 60)]
+    per_wait: usize,
+    /// isolation: seconds of publishing in the all-healthy run (the hanging run publishes the same events).
+    #[arg(long, default_value_t = 15)]
+    isolation_s: u64,
+    /// memory: deliveries held in flight.
+    #[arg(long, default_value_t = 10_000)]
+    in_flight: usize,
+    /// Internal: run one service as a child process (`broker`, `ingest`, `dispatcher`, `retry-scheduler`).
+    #[arg(long, hide = true)]
+    serve: Option<String>,
+    /// Internal: the child's configuration (TOML).
+    #[arg(long, hide = true)]
+    config_toml: Option<String>,
+}
+
+pub fn run(args: BenchArgs) -> anyhow::Result<ExitCode> {
+    if let Some(role) = &args.serve {
+        return cluster::serve(role, args.config_toml.as_deref().unwrap_or(""));
+    }
+    let scenario = args.scenario.expect("clap requires a scenario");
+    let rt = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .thread_name("bench-main")
+        .enable_all()
+        .build()?;
+    let started = Instant::now();
+    let result = rt.block_on(async {
+        let machine = machine(&args);
+        let list: Vec<Scenario> = match scenario {
+            Scenario::All => vec![
+                Scenario::Throughput,
+                Scenario::Latency,
+                Scenario::RetryPrecision,
+                Scenario::Isolation,
+                Scenario::Memory,
+            ],
+            s => vec![s],
+        };
+        let mut all = Map::new();
+        let mut met_all = true;
+        for s in list {
+            eprintln!("\n━━ hookline bench {} ━━", s.name());
+            let t = Instant::now();
+            let (mut obj, met) = match s {
+                Scenario::Throughput => throughput::run(&args).await?,
+                Scenario::Latency => latency::run(&args).await?,
+                Scenario::RetryPrecision => retry_precision::run(&args).await?,
+                Scenario::Isolation => isolation::run(&args).await?,
+                Scenario::Memory => memory::run(&args).await?,
+                Scenario::All => unreachable!(),
+            };
+            met_all &= met;
+            obj.insert("seconds".into(), json!(round(t.elapsed().as_secs_f64(), 1)));
+            let mut o = Map::new();
+            o.insert("scenario".into(), json!(s.name()));
+            o.extend(obj);
+            all.insert(s.name().into(), Value::Object(o));
+        }
+        let line = if scenario == Scenario::All {
+            let mut o = Map::new();
+            o.insert("scenario".into(), json!("all"));
+            o.extend(all);
+            o.insert("seconds".into(), json!(round(started.elapsed().as_secs_f64(), 1)));
+            o.insert("machine".into(), machine);
+            Value::Object(o)
+        } else {
+            let mut o = all.into_iter().next().map(|(_, v)| v).unwrap_or(Value::Null);
+            if let Value::Object(m) = &mut o {
+                m.insert("machine".into(), machine);
+            }
+            o
+        };
+        eprintln!("\nall targets met: {}  ({:.0} s)", if met_all { "yes" } else { "no" }, started.elapsed().as_secs_f64());
+        println!("{line}");
+        anyhow::Ok(())
+    });
+    rt.shutdown_timeout(Duration::from_secs(5));
+    result?;
+    Ok(ExitCode::SUCCESS)
+}
+
+pub(crate) fn round(v: f64, digits: i32) -> f64 {
+    let m = 10f64.powi(digits);
+    (v * m).round() / m
+}
+
+/// What the numbers were measured on.
+fn machine(args: &BenchArgs) -> Value {
+    let read = |p: &str| std::fs::read_to_string(p).unwrap_or_default();
+    let cpuinfo = read("/proc/cpuinfo");
+    let model = cpuinfo
+        .lines()
+        .find(|l| l.starts_with("model name"))
+        .and_then(|l| l.split_once(':'))
+        .map(|(_, v)| v.trim().to_owned())
+        .unwrap_or_default();
+    let mem_kb: u64 = read("/proc/meminfo")
+        .lines()
+        .find(|l| l.starts_with("MemTotal:"))
+        .and_then(|l| l.split_whitespace().nth(1))
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(0);
+    let os = read("/etc/os-release")
+        .lines()
+        .find_map(|l| l.strip_prefix("PRETTY_NAME="))
+        .map(|v| v.trim_matches('"').to_owned())
+        .unwrap_or_default();
+    json!({
+        "cpus": std::thread::available_parallelism().map(|n| n.get()).unwrap_or(0),
+        "cpu_model": model,
+        "mem_gb": round(mem_kb as f64 / 1024.0 / 1024.0, 1),
+        "os": os,
+        "kernel": read("/proc/sys/kernel/osrelease").trim(),
+        "build": if cfg!(debug_assertions) { "debug" } else { "release" },
+        "hookline": env!("CARGO_PKG_VERSION"),
+        "broker": match &args.brokers {
+            Some(b) => format!("kafka {b}"),
+            None => "embedded mock cluster (librdkafka), over TCP".into(),
+        },
+        "partitions": args.partitions,
+    })
+}
+
+/// One row of a result table: name, value, target text, whether met (None: no target).
+pub(crate) struct Row {
+    pub name: &'static str,
+    pub value: String,
+    pub target: &'static str,
+    pub met: Option<bool>,
+}
+
+pub(crate) fn row(name: &'static str, value: impl std::fmt::Display, target: &'static str, met: Option<bool>) -> Row {
+    Row { name, value: value.to_string(), target, met }
+}
+
+pub(crate) fn print_table(title: &str, rows: &[Row]) {
+    eprintln!("\n  {title:<34} {:>14}  {:<14} {}", "value", "target", "");
+    eprintln!("  {}", "─".repeat(70));
+    for r in rows {
+        let verdict = match r.met {
+            Some(true) => "met",
+            Some(false) => "MISSED",
+            None => "",
+        };
+        eprintln!("  {:<34} {:>14}  {:<14} {}", r.name, r.value, r.target, verdict);
+    }
+}

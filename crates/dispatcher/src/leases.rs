@@ -1,0 +1,56 @@
+//! Leases of attempts in flight, for policies with `in_flight = "count"` (LuciBook's in-flight reaper). Before an
+//! attempt, the dispatcher writes a lease to `inflight` (key = delivery id, the delivery's own partition) and waits
+//! for the acknowledgement; after the attempt's outcome is written, a tombstone removes it. A dispatcher taking
+//! over a partition reads the partition's leases: a redelivered task whose attempt has a lease was in flight when
+//! its dispatcher died, so that attempt counts.
+
+use std::collections::HashMap;
+use std::sync::Mutex;
+use std::time::Duration;
+
+use hookline_core::model::{AttemptPhase, AttemptRecord};
+use hookline_kafka::scan::{scan_partitions, ScanError};
+use hookline_kafka::KafkaSettings;
+use prost::Message as _;
+use rdkafka::Message;
+
+/// An attempt found in flight.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Lease {
+    /// The attempt's number counted across redeliveries (`prior_attempts + attempt`).
+    pub attempt: u32,
+    pub started_at_ms: i64,
+}
+
+#[derive(Default)]
+pub struct Leases {
+    found: Mutex<HashMap<String, Lease>>,
+}
+
+impl Leases {
+    /// Reads the partition's live leases (what earlier owners left in flight).
+    pub async fn load(&self, kafka: &KafkaSettings, topic: &str, partition: i32) -> Result<usize, ScanError> {
+        let mut live: HashMap<String, Lease> = HashMap::new();
+        scan_partitions(kafka, topic, Some(partition), None, Duration::from_secs(60), |m| {
+            let key = String::from_utf8_lossy(m.key().unwrap_or_default()).into_owned();
+            match m.payload().filter(|v| !v.is_empty()).map(AttemptRecord::decode) {
+                None => {
+                    live.remove(&key);
+                }
+                Some(Ok(r)) if r.phase == AttemptPhase::Started as i32 => {
+                    live.insert(key, Lease { attempt: r.attempt, started_at_ms: r.started_at_ms });
+                }
+                _ => {}
+            }
+        })
+        .await?;
+        let n = live.len();
+        self.found.lock().expect("leases lock").extend(live);
+        Ok(n)
+    }
+
+    /// The lease an earlier owner left for this delivery, if any (taken: it is acted on once).
+    pub fn take(&self, delivery_id: &str) -> Option<Lease> {
+        self.found.lock().expect("leases lock").remove(delivery_id)
+    }
+}

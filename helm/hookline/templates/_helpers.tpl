@@ -1,0 +1,243 @@
+{{- define "hookline.fullname" -}}
+{{- if contains .Chart.Name .Release.Name -}}
+{{- .Release.Name | trunc 63 | trimSuffix "-" -}}
+{{- else -}}
+{{- printf "%s-%s" .Release.Name .Chart.Name | trunc 63 | trimSuffix "-" -}}
+{{- end -}}
+{{- end -}}
+
+{{- define "hookline.labels" -}}
+app.kubernetes.io/name: hookline
+app.kubernetes.io/instance: {{ .Release.Name }}
+app.kubernetes.io/version: {{ .Chart.AppVersion | quote }}
+app.kubernetes.io/managed-by: {{ .Release.Service }}
+helm.sh/chart: {{ printf "%s-%s" .Chart.Name .Chart.Version }}
+{{- end -}}
+
+{{/* selector labels: (dict "root" $ "component" "dispatcher") */}}
+{{- define "hookline.selectorLabels" -}}
+app.kubernetes.io/name: hookline
+app.kubernetes.io/instance: {{ .root.Release.Name }}
+app.kubernetes.io/component: {{ .component }}
+{{- end -}}
+
+{{- define "hookline.image" -}}
+{{ .Values.image.repository }}:{{ .Values.image.tag | default .Chart.AppVersion }}
+{{- end -}}
+
+{{- define "hookline.secretName" -}}
+{{- .Values.secrets.existingSecret | default (include "hookline.fullname" .) -}}
+{{- end -}}
+
+{{/* dispatcher autoscaler kind: keda, hpa or none */}}
+{{- define "hookline.dispatcherScaler" -}}
+{{- $a := .Values.dispatcher.autoscaling -}}
+{{- if not $a.enabled -}}none
+{{- else if eq $a.mode "keda" -}}keda
+{{- else if eq $a.mode "hpa" -}}hpa
+{{- else if .Capabilities.APIVersions.Has "keda.sh/v1alpha1" -}}keda
+{{- else -}}hpa
+{{- end -}}
+{{- end -}}
+
+{{/* hookline.toml: every binary reads it with --config. */}}
+{{- define "hookline.configToml" -}}
+[kafka]
+bootstrap_servers = {{ .Values.kafka.bootstrapServers | quote }}
+topic_prefix = {{ .Values.kafka.topicPrefix | quote }}
+partitions = {{ int .Values.kafka.partitions }}
+event_partitions = {{ int .Values.kafka.eventPartitions }}
+replication_factor = {{ int .Values.kafka.replicationFactor }}
+
+[kafka.properties]
+{{- range $k, $v := .Values.kafka.properties }}
+{{ $k | quote }} = {{ $v | toString | quote }}
+{{- end }}
+
+[telemetry]
+log_format = {{ .Values.telemetry.logFormat | quote }}
+log_level = {{ .Values.telemetry.logLevel | quote }}
+
+[ingest]
+listen_addr = "0.0.0.0:8080"
+
+[dispatcher]
+health_addr = "0.0.0.0:9091"
+max_in_flight = {{ int .Values.dispatcher.maxInFlight }}
+per_subscription_concurrency = {{ int .Values.dispatcher.perSubscriptionConcurrency }}
+drain_timeout_ms = {{ int .Values.dispatcher.drainTimeoutMs }}
+group_id = {{ .Values.dispatcher.groupId | quote }}
+
+[retry_scheduler]
+health_addr = "0.0.0.0:9092"
+max_held_per_partition = {{ int .Values.retryScheduler.maxHeldPerPartition }}
+drain_timeout_ms = {{ int .Values.retryScheduler.drainTimeoutMs }}
+
+[egress]
+allow_ranges = {{ .Values.egress.allowRanges | toJson }}
+allow_http = {{ .Values.egress.allowHttp }}
+{{- with .Values.egress.allowedPorts }}
+allowed_ports = {{ toJson . }}
+{{- end }}
+deny_ranges = {{ .Values.egress.denyRanges | toJson }}
+blocked_hostnames = {{ .Values.egress.blockedHostnames | toJson }}
+{{- end -}}
+
+{{/* Environment of every hookline container: (dict "root" $ "apiTokens" true) */}}
+{{- define "hookline.env" -}}
+- name: HOOKLINE_CONFIG
+  value: /etc/hookline/hookline.toml
+{{- if .apiTokens }}
+- name: HOOKLINE_INGEST__API_TOKENS
+  valueFrom:
+    secretKeyRef:
+      name: {{ include "hookline.secretName" .root }}
+      key: api-tokens
+      optional: true
+{{- end }}
+- name: HOOKLINE_KAFKA__PROPERTIES__SASL_PASSWORD
+  valueFrom:
+    secretKeyRef:
+      name: {{ include "hookline.secretName" .root }}
+      key: kafka-sasl-password
+      optional: true
+{{- end -}}
+
+{{/*
+A Deployment: (dict "root" $ "component" "dispatcher" "binary" "hookline-dispatcher" "port" 9091
+"portName" "metrics" "v" .Values.dispatcher "apiTokens" false "fixedReplicas" true)
+*/}}
+{{- define "hookline.deployment" -}}
+{{- $root := .root -}}
+apiVersion: apps/v1
+kind: Deployment
+metadata:
+  name: {{ include "hookline.fullname" $root }}-{{ .component }}
+  labels:
+    {{- include "hookline.labels" $root | nindent 4 }}
+    app.kubernetes.io/component: {{ .component }}
+spec:
+  {{- if .fixedReplicas }}
+  replicas: {{ int .v.replicas }}
+  {{- end }}
+  revisionHistoryLimit: 5
+  strategy:
+    type: RollingUpdate
+    rollingUpdate:
+      maxSurge: 1
+      maxUnavailable: 0
+  selector:
+    matchLabels:
+      {{- include "hookline.selectorLabels" (dict "root" $root "component" .component) | nindent 6 }}
+  template:
+    metadata:
+      labels:
+        {{- include "hookline.selectorLabels" (dict "root" $root "component" .component) | nindent 8 }}
+      annotations:
+        checksum/config: {{ include "hookline.configToml" $root | sha256sum }}
+    spec:
+      automountServiceAccountToken: false
+      terminationGracePeriodSeconds: {{ int .v.terminationGracePeriodSeconds }}
+      {{- with $root.Values.imagePullSecrets }}
+      imagePullSecrets:
+        {{- toYaml . | nindent 8 }}
+      {{- end }}
+      securityContext:
+        {{- toYaml $root.Values.podSecurityContext | nindent 8 }}
+      containers:
+        - name: {{ .component }}
+          image: {{ include "hookline.image" $root }}
+          imagePullPolicy: {{ $root.Values.image.pullPolicy }}
+          command: [{{ .binary | quote }}]
+          env:
+            {{- include "hookline.env" (dict "root" $root "apiTokens" .apiTokens) | nindent 12 }}
+          ports:
+            - name: {{ .portName }}
+              containerPort: {{ .port }}
+              protocol: TCP
+          startupProbe:
+            httpGet: {path: /healthz, port: {{ .portName }}}
+            periodSeconds: 2
+            failureThreshold: 30
+          livenessProbe:
+            httpGet: {path: /healthz, port: {{ .portName }}}
+            periodSeconds: 10
+            timeoutSeconds: 3
+            failureThreshold: 3
+          readinessProbe:
+            httpGet: {path: /readyz, port: {{ .portName }}}
+            periodSeconds: 5
+            timeoutSeconds: 3
+            failureThreshold: 2
+          resources:
+            {{- toYaml .v.resources | nindent 12 }}
+          securityContext:
+            {{- toYaml $root.Values.securityContext | nindent 12 }}
+          volumeMounts:
+            - name: config
+              mountPath: /etc/hookline
+              readOnly: true
+      volumes:
+        - name: config
+          configMap:
+            name: {{ include "hookline.fullname" $root }}
+      {{- with .v.nodeSelector }}
+      nodeSelector:
+        {{- toYaml . | nindent 8 }}
+      {{- end }}
+      {{- with .v.tolerations }}
+      tolerations:
+        {{- toYaml . | nindent 8 }}
+      {{- end }}
+      {{- with .v.affinity }}
+      affinity:
+        {{- toYaml . | nindent 8 }}
+      {{- end }}
+{{- end -}}
+
+{{/* A PodDisruptionBudget: (dict "root" $ "component" "dispatcher" "pdb" .Values.dispatcher.pdb) */}}
+{{- define "hookline.pdb" -}}
+{{- if .pdb.enabled }}
+apiVersion: policy/v1
+kind: PodDisruptionBudget
+metadata:
+  name: {{ include "hookline.fullname" .root }}-{{ .component }}
+  labels:
+    {{- include "hookline.labels" .root | nindent 4 }}
+    app.kubernetes.io/component: {{ .component }}
+spec:
+  {{- if hasKey .pdb "minAvailable" }}
+  minAvailable: {{ .pdb.minAvailable }}
+  {{- else }}
+  maxUnavailable: {{ .pdb.maxUnavailable }}
+  {{- end }}
+  selector:
+    matchLabels:
+      {{- include "hookline.selectorLabels" (dict "root" .root "component" .component) | nindent 6 }}
+{{- end }}
+{{- end -}}
+
+{{/* A Service for the component's port: (dict "root" $ "component" .. "port" .. "portName" .. "type" .. "servicePort" .. "headless" bool) */}}
+{{- define "hookline.service" -}}
+apiVersion: v1
+kind: Service
+metadata:
+  name: {{ include "hookline.fullname" .root }}-{{ .component }}
+  labels:
+    {{- include "hookline.labels" .root | nindent 4 }}
+    app.kubernetes.io/component: {{ .component }}
+    hookline.dev/job: hookline-{{ .component }}
+spec:
+  {{- if .headless }}
+  clusterIP: None
+  {{- else }}
+  type: {{ .type }}
+  {{- end }}
+  selector:
+    {{- include "hookline.selectorLabels" (dict "root" .root "component" .component) | nindent 4 }}
+  ports:
+    - name: {{ .portName }}
+      port: {{ .servicePort }}
+      targetPort: {{ .portName }}
+      protocol: TCP
+{{- end -}}
