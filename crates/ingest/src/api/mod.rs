@@ -3,6 +3,7 @@
 
 mod deliveries;
 mod events;
+mod openapi;
 mod subscriptions;
 
 use std::sync::Arc;
@@ -53,6 +54,7 @@ pub fn router(state: Arc<ApiState>, max_request_bytes: usize) -> Router {
         .route("/v1/deliveries/{id}/replay", post(deliveries::replay_one))
         .route("/v1/dlq/redrive", post(deliveries::redrive))
         .route_layer(middleware::from_fn_with_state(state.clone(), auth))
+        .route("/openapi.json", get(openapi::document))
         .layer(axum::extract::DefaultBodyLimit::max(max_request_bytes))
         .fallback(|| async { ApiError::new(StatusCode::NOT_FOUND, "not_found", "no such route") })
         .with_state(state)

@@ -291,15 +291,14 @@ impl Cluster {
 
     /// Publishes a warm-up event (type `bench.warm`, which every bench subscription also matches) every 500 ms
     /// until every one of `subs` subscription paths got one: then ingest and the dispatcher know them all.
-    pub async fn warm_up(&self, producer: &FutureProducer, receiver: &Receiver, subs: usize) -> anyhow::Result<()> {
+    pub async fn warm_up(&self, publisher: &Publisher, receiver: &Receiver, subs: usize) -> anyhow::Result<()> {
         let t = Instant::now();
-        let topic = self.topics().events();
         let mut n = 0;
         while receiver.state.warm_count() < subs {
             anyhow::ensure!(t.elapsed() < Duration::from_secs(90), "warm-up: only {} of {subs} subscriptions reached", receiver.state.warm_count());
             let id = format!("warm-{n}");
             let body = format!(r#"{{"id":"{id}","type":"bench.warm","data":{{}}}}"#);
-            let _ = producer.send_result(rdkafka::producer::FutureRecord::to(&topic).key(&id).payload(&body));
+            publisher.send(&id, body.as_bytes());
             n += 1;
             tokio::time::sleep(Duration::from_millis(500)).await;
         }

@@ -1,0 +1,95 @@
+//! `isolation`: 20 endpoints, every event to all of them. Run A: all 20 healthy. Run B: 2 of them (10%) hang
+//! until the policy's 2 s timeout, on a second receiver port. Same events, same healthy deliveries in both;
+//! `isolation_ratio` = healthy deliveries/s in B ÷ in A.
+
+use std::sync::atomic::Ordering;
+use std::sync::Arc;
+use std::time::Instant;
+
+use serde_json::{json, Map, Value};
+
+use super::cluster::{Cluster, Publisher};
+use super::receiver::Receiver;
+use super::throughput::{flood, window, Flood};
+use super::{print_table, round, row, BenchArgs};
+
+const ENDPOINTS: usize = 20;
+const HANGING: usize = 2;
+const HANG_TIMEOUT_MS: u64 = 2_000;
+
+fn hang_policy() -> anyhow::Result<String> {
+    let mut p = hookline_core::policy::builtin("standard").expect("built-in profile");
+    p.name = "bench-hang".into();
+    p.attempt.timeout_ms = HANG_TIMEOUT_MS;
+    p.schedule.waits_s = Some(vec![1.0]);
+    p.schedule.exponential = None;
+    p.schedule.max_attempts = Some(2);
+    p.schedule.jitter = None;
+    p.schedule.max_window_s = None;
+    Ok(toml::to_string(&p)?)
+}
+
+async fn one_run(args: &BenchArgs, with_hanging: bool, events: Option<u64>) -> anyhow::Result<(Flood, u64)> {
+    let healthy = ENDPOINTS - HANGING;
+    let per_sub = (args.concurrency / ENDPOINTS).max(1);
+    let cluster = Arc::new(
+        Cluster::start(args, |c| {
+            c.dispatcher.per_subscription_concurrency = per_sub;
+            c.dispatcher.max_queued_per_subscription = c.dispatcher.max_queued_per_subscription.max(per_sub);
+        })
+        .await?,
+    );
+    let recv = Receiver::start(Instant::now())?;
+    recv.state.hang_ms.store(30_000, Ordering::Relaxed);
+    let mut bodies: Vec<Value> = (0..healthy)
+        .map(|k| json!({"url": recv.url(&format!("ok/{k}")), "event_types": ["iso", "bench.warm"], "policy": "standard"}))
+        .collect();
+    if with_hanging {
+        let policy = hang_policy()?;
+        for k in healthy..ENDPOINTS {
+            bodies.push(json!({"url": recv.url2(&format!("hang/{k}")), "event_types": ["iso", "bench.warm"], "policy_toml": policy}));
+        }
+    }
+    let subs = bodies.len();
+    cluster.subscribe_all(bodies).await?;
+    let publisher = Publisher::new(cluster.producer(5)?, cluster.topics().events());
+    cluster.warm_up(&publisher, &recv, subs).await?;
+    eprintln!(
+        "  run {}: {healthy} healthy endpoints{}, {per_sub} concurrent per subscription",
+        if with_hanging { "B" } else { "A" },
+        if with_hanging { format!(" + {HANGING} hanging until the {HANG_TIMEOUT_MS} ms timeout") } else { String::new() }
+    );
+    let f = flood(&cluster, &recv, &publisher, "i", &["iso".to_owned()], healthy as u64, events, args.isolation_s, window(args)).await;
+    let cluster = Arc::try_unwrap(cluster).map_err(|_| anyhow::anyhow!("cluster still shared"))?;
+    cluster.stop().await;
+    Ok((f, healthy as u64))
+}
+
+pub async fn run(args: &BenchArgs) -> anyhow::Result<(Map<String, Value>, bool)> {
+    let (a, _) = one_run(args, false, None).await?;
+    let (b, _) = one_run(args, true, Some(a.events)).await?;
+    let rate_a = a.deliveries as f64 / a.seconds;
+    let rate_b = b.deliveries as f64 / b.seconds;
+    let ratio = rate_b / rate_a;
+    let mut out = Map::new();
+    out.insert("endpoints".into(), json!(ENDPOINTS));
+    out.insert("hanging".into(), json!(HANGING));
+    out.insert("events".into(), json!(a.events));
+    out.insert("healthy_deliveries".into(), json!(a.deliveries));
+    out.insert("all_healthy_per_s".into(), json!(round(rate_a, 1)));
+    out.insert("with_hanging_per_s".into(), json!(round(rate_b, 1)));
+    out.insert("isolation_ratio".into(), json!(round(ratio, 3)));
+    out.insert("complete".into(), json!(a.complete && b.complete));
+    let met = ratio >= 0.9 && a.complete && b.complete;
+    print_table(
+        "isolation",
+        &[
+            row("events (each to every endpoint)", a.events, "", None),
+            row("healthy deliveries per run", a.deliveries, "", Some(a.complete && b.complete)),
+            row("all healthy: deliveries/s", format!("{rate_a:.0}"), "", None),
+            row("10% hanging: healthy deliveries/s", format!("{rate_b:.0}"), "", None),
+            row("isolation_ratio", format!("{ratio:.3}"), "≥ 0.9", Some(ratio >= 0.9)),
+        ],
+    );
+    Ok((out, met))
+}
