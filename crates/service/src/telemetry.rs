@@ -14,8 +14,9 @@ static RECORDER: OnceLock<PrometheusHandle> = OnceLock::new();
 pub fn init(settings: &TelemetrySettings) -> PrometheusHandle {
     let filter = EnvFilter::try_from_default_env().unwrap_or_else(|_| EnvFilter::new(&settings.log_level));
     let _ = match settings.log_format {
-        LogFormat::Json => tracing_subscriber::fmt().json().with_env_filter(filter).try_init(),
-        LogFormat::Pretty => tracing_subscriber::fmt().with_env_filter(filter).try_init(),
+        // Logs go to stderr: stdout belongs to command output (the CLI's JSON lines).
+        LogFormat::Json => tracing_subscriber::fmt().json().with_writer(std::io::stderr).with_env_filter(filter).try_init(),
+        LogFormat::Pretty => tracing_subscriber::fmt().with_writer(std::io::stderr).with_env_filter(filter).try_init(),
     };
     metrics_handle()
 }
