@@ -87,6 +87,12 @@ pub async fn run(config: Config, shutdown: CancellationToken, options: Options) 
     )
     .await?;
 
+    // Loudly, at start: an allow-list makes non-public addresses acceptable as subscription URLs.
+    if let Ok(guard) = hookline_core::egress::EgressGuard::new(&config.egress, &Default::default()) {
+        for w in guard.startup_warnings() {
+            tracing::warn!("{w}");
+        }
+    }
     if config.ingest.api_tokens.is_empty() {
         tracing::warn!("ingest.api_tokens is empty: every API request will be refused with 401");
     }
