@@ -3,14 +3,14 @@
 
 use std::sync::Arc;
 
-use axum::extract::{Path, Query, State};
+use axum::extract::{Path, State};
 use axum::http::StatusCode;
 use axum::Json;
 use hookline_core::subscription::activity;
 use serde::Deserialize;
 use serde_json::{json, Value};
 
-use super::{ApiError, ApiJson, ApiState};
+use super::{ApiError, ApiJson, ApiQuery, ApiState};
 use crate::delivery_log::{DeliveryEntry, Filter};
 use crate::replay;
 
@@ -24,7 +24,7 @@ pub struct LogQuery {
     after: Option<String>,
 }
 
-pub async fn list(State(s): State<Arc<ApiState>>, Path(id): Path<String>, Query(q): Query<LogQuery>) -> Result<Json<Value>, ApiError> {
+pub async fn list(State(s): State<Arc<ApiState>>, Path(id): Path<String>, ApiQuery(q): ApiQuery<LogQuery>) -> Result<Json<Value>, ApiError> {
     if s.subs.get(&id).is_none() {
         return Err(ApiError::new(StatusCode::NOT_FOUND, "not_found", format!("no subscription {id}")));
     }
@@ -65,7 +65,7 @@ pub async fn replay_one(State(s): State<Arc<ApiState>>, Path(id): Path<String>) 
     };
     let n = replay::produce(&s, vec![replay::task(event, &entry.subscription_id, entry.attempts_made)])
         .await
-        .map_err(ApiError::unavailable)?;
+        .map_err(ApiError::replay_failed)?;
     Ok((StatusCode::ACCEPTED, Json(json!({"replayed": n, "delivery_id": id}))))
 }
 
@@ -86,7 +86,7 @@ pub async fn replay_since(
     if req.until_ms.is_some_and(|u| u < req.since_ms) {
         return Err(ApiError::field("until_ms", "must not be before since_ms"));
     }
-    let n = replay::since(&s, &sub, req.since_ms, req.until_ms).await.map_err(ApiError::unavailable)?;
+    let n = replay::since(&s, &sub, req.since_ms, req.until_ms).await.map_err(ApiError::replay_failed)?;
     Ok((StatusCode::ACCEPTED, Json(json!({"replayed": n}))))
 }
 
@@ -96,7 +96,7 @@ pub async fn redrive(State(s): State<Arc<ApiState>>, ApiJson(f): ApiJson<replay:
             return Err(ApiError::field("final_state", "must be `failed` or `dead`"));
         }
     }
-    let r = replay::redrive(&s, &f).await.map_err(ApiError::unavailable)?;
+    let r = replay::redrive(&s, &f).await.map_err(ApiError::replay_failed)?;
     Ok((StatusCode::ACCEPTED, Json(json!({"redriven": r.redriven, "skipped": r.skipped}))))
 }
 

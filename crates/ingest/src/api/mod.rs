@@ -9,7 +9,7 @@ mod subscriptions;
 use std::sync::Arc;
 
 use axum::extract::rejection::JsonRejection;
-use axum::extract::{FromRequest, Request, State};
+use axum::extract::{FromRequest, FromRequestParts, Request, State};
 use axum::http::{header, StatusCode};
 use axum::middleware::{self, Next};
 use axum::response::{IntoResponse, Response};
@@ -105,6 +105,20 @@ impl ApiError {
     pub fn unavailable(e: impl std::fmt::Display) -> Self {
         Self::new(StatusCode::SERVICE_UNAVAILABLE, "kafka_unavailable", format!("could not write to Kafka: {e}"))
     }
+
+    /// A replay or redrive that could not read or write Kafka; the message says which.
+    pub fn replay_failed(e: crate::replay::ReplayError) -> Self {
+        Self::new(StatusCode::SERVICE_UNAVAILABLE, "kafka_unavailable", e.to_string())
+    }
+
+    /// A JSON body that does not parse (400) or does not fit the request's shape (422).
+    pub fn body(e: serde_json::Error) -> Self {
+        use serde_json::error::Category;
+        match e.classify() {
+            Category::Syntax | Category::Eof | Category::Io => Self::new(StatusCode::BAD_REQUEST, "invalid_json", e.to_string()),
+            Category::Data => Self::new(StatusCode::UNPROCESSABLE_ENTITY, "invalid_body", e.to_string()),
+        }
+    }
 }
 
 impl IntoResponse for ApiError {
@@ -114,6 +128,20 @@ impl IntoResponse for ApiError {
             body["error"]["field"] = json!(f);
         }
         (self.status, Json(body)).into_response()
+    }
+}
+
+/// `Query<T>` whose rejections are JSON errors naming the problem.
+pub struct ApiQuery<T>(pub T);
+
+impl<S: Send + Sync, T: DeserializeOwned> FromRequestParts<S> for ApiQuery<T> {
+    type Rejection = ApiError;
+
+    async fn from_request_parts(parts: &mut axum::http::request::Parts, state: &S) -> Result<Self, Self::Rejection> {
+        match axum::extract::Query::<T>::from_request_parts(parts, state).await {
+            Ok(axum::extract::Query(v)) => Ok(ApiQuery(v)),
+            Err(r) => Err(ApiError::new(StatusCode::BAD_REQUEST, "invalid_query", r.body_text())),
+        }
     }
 }
 

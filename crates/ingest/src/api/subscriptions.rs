@@ -5,7 +5,7 @@
 use std::collections::HashMap;
 use std::sync::Arc;
 
-use axum::extract::{Path, Query, State};
+use axum::extract::{Path, State};
 use axum::http::StatusCode;
 use axum::Json;
 use hookline_core::egress::{EgressGuard, TargetHost};
@@ -18,7 +18,7 @@ use rand::Rng;
 use serde::Deserialize;
 use serde_json::{json, Value};
 
-use super::{ApiError, ApiJson, ApiState};
+use super::{ApiError, ApiJson, ApiQuery, ApiState};
 
 #[derive(Deserialize)]
 #[serde(deny_unknown_fields)]
@@ -101,7 +101,7 @@ pub async fn get(State(s): State<Arc<ApiState>>, Path(id): Path<String>) -> Resu
     Ok(Json(view(&s, &entry)))
 }
 
-pub async fn list(State(s): State<Arc<ApiState>>, Query(q): Query<ListQuery>) -> Result<Json<Value>, ApiError> {
+pub async fn list(State(s): State<Arc<ApiState>>, ApiQuery(q): ApiQuery<ListQuery>) -> Result<Json<Value>, ApiError> {
     let limit = q.limit.unwrap_or(50);
     if !(1..=500).contains(&limit) {
         return Err(ApiError::field("limit", "must be between 1 and 500"));
@@ -211,7 +211,7 @@ pub async fn rotate_secret(
     let req: RotateSecret = if body.iter().all(u8::is_ascii_whitespace) {
         RotateSecret::default()
     } else {
-        serde_json::from_slice(&body).map_err(|e| ApiError::new(StatusCode::UNPROCESSABLE_ENTITY, "invalid_body", e.to_string()))?
+        serde_json::from_slice(&body).map_err(ApiError::body)?
     };
     let overlap_s = req.overlap_s.unwrap_or(86_400);
     if overlap_s > 30 * 86_400 {
