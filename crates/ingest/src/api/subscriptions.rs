@@ -57,6 +57,7 @@ pub struct UpdateSubscription {
 }
 
 #[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
 pub struct ListQuery {
     limit: Option<usize>,
     /// The last id of the previous page.
