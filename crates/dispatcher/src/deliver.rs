@@ -178,10 +178,16 @@ async fn inactive(
     Ok(())
 }
 
+/// Waits of a task parked again and again because its lane stays full: 4 s, 15 s, then each minute, so a hanging
+/// endpoint's backlog does not churn through the ladder.
+const SPILL_WAITS_MS: [u64; 3] = [4_000, 15_000, 60_000];
+
 /// A lane is too deep (its endpoint is slow or hanging): park the task on the retry ladder for a while instead of
 /// holding a slot of `dispatcher.max_in_flight`, so the partition keeps moving for everyone else. Not an attempt.
-pub async fn spill(ctx: Arc<Ctx>, mut task: DeliveryTask, wait_ms: u64) -> Result<(), Aborted> {
+pub async fn spill(ctx: Arc<Ctx>, mut task: DeliveryTask) -> Result<(), Aborted> {
     let now = now_ms();
+    let wait_ms = SPILL_WAITS_MS[(task.spills as usize).min(SPILL_WAITS_MS.len() - 1)];
+    task.spills = task.spills.saturating_add(1);
     task.due_at_ms = now + wait_ms as i64;
     metrics::counter!("hookline_deliveries_spilled_total").increment(1);
     schedule(&ctx, task, wait_ms, now).await

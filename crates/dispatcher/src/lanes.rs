@@ -1,16 +1,19 @@
 //! Per-subscription lanes: each subscription's deliveries run at most `cap` at a time, in the order they were
 //! read from the partition; a slow or hanging endpoint fills only its own lane, so other subscriptions on the
-//! same partition keep flowing. Waiting work is a queued future, not a parked task, so a deep backlog behind a
-//! hanging endpoint costs memory for the task only.
+//! same partition keep flowing. Waiting work is a queued closure that builds its future only when it runs, so a
+//! deep backlog behind a hanging endpoint costs the task's own size, not a delivery's whole state machine.
 
 use std::collections::{HashMap, VecDeque};
 use std::sync::{Arc, Mutex};
 
 use futures::future::BoxFuture;
 
+/// Work for a lane: called when a slot is free.
+pub type Job = Box<dyn FnOnce() -> BoxFuture<'static, ()> + Send>;
+
 struct Lane {
     running: usize,
-    queue: VecDeque<BoxFuture<'static, ()>>,
+    queue: VecDeque<Job>,
 }
 
 pub struct Lanes {
@@ -24,10 +27,13 @@ impl Lanes {
     }
 
     /// Runs `job` in `key`'s lane: now if the lane has room, otherwise after the jobs queued before it.
-    pub fn submit(self: &Arc<Self>, key: &str, job: BoxFuture<'static, ()>) {
+    pub fn submit(self: &Arc<Self>, key: &str, job: Job) {
         {
             let mut lanes = self.lanes.lock().expect("lanes lock");
-            let lane = lanes.entry(key.to_owned()).or_insert_with(|| Lane { running: 0, queue: VecDeque::new() });
+            let lane = match lanes.get_mut(key) {
+                Some(l) => l,
+                None => lanes.entry(key.to_owned()).or_insert_with(|| Lane { running: 0, queue: VecDeque::new() }),
+            };
             if lane.running >= self.cap {
                 lane.queue.push_back(job);
                 return;
@@ -39,7 +45,7 @@ impl Lanes {
         tokio::spawn(async move {
             let mut job = job;
             loop {
-                job.await;
+                job().await;
                 let mut all = lanes.lanes.lock().expect("lanes lock");
                 let Some(lane) = all.get_mut(&key) else { return };
                 match lane.queue.pop_front() {
@@ -74,17 +80,18 @@ mod tests {
         let (order_tx, mut order_rx) = mpsc::unbounded_channel();
         let (release_tx, release_rx) = oneshot::channel::<()>();
         // "a" is held by a job that waits; two more queue behind it.
+        let submit = |key: &str, job: BoxFuture<'static, ()>| lanes.submit(key, Box::new(move || job));
         let tx = order_tx.clone();
-        lanes.submit("a", Box::pin(async move {
+        submit("a", Box::pin(async move {
             let _ = release_rx.await;
             tx.send("a1").unwrap();
         }));
         for name in ["a2", "a3"] {
             let tx = order_tx.clone();
-            lanes.submit("a", Box::pin(async move { tx.send(name).unwrap() }));
+            submit("a", Box::pin(async move { tx.send(name).unwrap() }));
         }
         let tx = order_tx.clone();
-        lanes.submit("b", Box::pin(async move { tx.send("b1").unwrap() }));
+        submit("b", Box::pin(async move { tx.send("b1").unwrap() }));
         let first = tokio::time::timeout(Duration::from_secs(1), order_rx.recv()).await.unwrap();
         assert_eq!(first, Some("b1"), "another lane runs while `a` is full");
         assert_eq!(lanes.depth("a"), 3);

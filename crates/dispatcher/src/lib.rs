@@ -130,8 +130,6 @@ impl Ctx {
 
 pub(crate) use hookline_service::now_ms;
 
-/// How long a task spilled from a too-deep lane waits before it is tried again (the 4 s tier).
-const SPILL_WAIT_MS: u64 = 4_000;
 
 /// Runs a dispatcher until `shutdown`, then drains: in-flight deliveries get `dispatcher.drain_timeout_ms` to
 /// finish; what does not finish stays uncommitted and is redelivered by the partition's next owner.
@@ -241,22 +239,27 @@ pub async fn run(config: Config, shutdown: CancellationToken, options: Options) 
                 };
                 let lane = task.subscription_id.clone();
                 let done = done_tx.clone();
+                // Only this loop submits to lanes, so a depth read here still holds at the submit below.
                 if ctx.lanes.depth(&lane) >= max_queued {
+                    // The lane is full (its endpoint is slow or hanging): park the task on the ladder instead.
                     let ctx = ctx.clone();
                     tokio::spawn(async move {
-                        if deliver::spill(ctx, task, SPILL_WAIT_MS).await.is_ok() {
+                        if deliver::spill(ctx, task).await.is_ok() {
                             let _ = done.send((p, o));
                         }
                         drop(permit);
                     });
                     continue;
                 }
-                let job = deliver::deliver(ctx.clone(), task, p);
-                ctx.lanes.submit(&lane, Box::pin(async move {
-                    if job.await.is_ok() {
-                        let _ = done.send((p, o));
-                    }
-                    drop(permit);
+                let job_ctx = ctx.clone();
+                // Built when the lane runs it: a queued job holds the task, not a delivery's whole future.
+                ctx.lanes.submit(&lane, Box::new(move || {
+                    Box::pin(async move {
+                        if deliver::deliver(job_ctx, task, p).await.is_ok() {
+                            let _ = done.send((p, o));
+                        }
+                        drop(permit);
+                    })
                 }));
             }
         }

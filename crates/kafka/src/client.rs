@@ -45,7 +45,7 @@ pub fn group_consumer_config(settings: &KafkaSettings, group_id: &str, client_id
         .set("auto.offset.reset", "earliest")
         .set("session.timeout.ms", "10000")
         .set("heartbeat.interval.ms", "1000")
-        .set("fetch.wait.max.ms", "50")
+        .set("fetch.wait.max.ms", settings.fetch_wait_max_ms.to_string())
         .set("enable.partition.eof", "false")
         // Feeds `hookline_consumer_lag` (see rebalance.rs).
         .set("statistics.interval.ms", "5000");
@@ -60,7 +60,7 @@ pub fn table_consumer_config(settings: &KafkaSettings, client_id: &str) -> Clien
         .set("enable.auto.commit", "false")
         .set("enable.auto.offset.store", "false")
         .set("auto.offset.reset", "earliest")
-        .set("fetch.wait.max.ms", "50")
+        .set("fetch.wait.max.ms", settings.fetch_wait_max_ms.to_string())
         .set("enable.partition.eof", "true");
     c
 }

@@ -24,6 +24,10 @@ pub struct KafkaSettings {
     pub delivery_timeout_ms: u64,
     /// Producer batching delay: a small value keeps latency low.
     pub linger_ms: u64,
+    /// Longest a consumer's fetch waits at the broker for data. Real Kafka answers as soon as data arrives, so this
+    /// only bounds idle polling; the embedded mock broker always waits it out when a partition is empty, so there it
+    /// is added to every hop's latency (dev mode uses 10 ms).
+    pub fetch_wait_max_ms: u64,
     /// Whether the broker answers offset-by-time lookups (real Kafka does). Replays "since a time" use it to
     /// start near the time; without it (the embedded mock broker) they scan from the beginning.
     pub offsets_by_time: bool,
@@ -41,6 +45,7 @@ impl Default for KafkaSettings {
             delivery_timeout_ms: 120_000,
             linger_ms: 2,
             offsets_by_time: true,
+            fetch_wait_max_ms: 100,
         }
     }
 }
@@ -53,6 +58,7 @@ pub const PROTECTED_PROPERTIES: &[&str] = &[
     "enable.auto.offset.store",
     "group.id",
     "bootstrap.servers",
+    "fetch.wait.max.ms",
 ];
 
 impl KafkaSettings {
@@ -65,6 +71,9 @@ impl KafkaSettings {
         }
         if self.event_partitions < 1 {
             return Err(format!("kafka.event_partitions: must be at least 1, got {}", self.event_partitions));
+        }
+        if self.fetch_wait_max_ms == 0 || self.fetch_wait_max_ms > 10_000 {
+            return Err(format!("kafka.fetch_wait_max_ms: must be between 1 and 10000, got {}", self.fetch_wait_max_ms));
         }
         if self.replication_factor < 1 {
             return Err(format!("kafka.replication_factor: must be at least 1, got {}", self.replication_factor));
