@@ -31,6 +31,8 @@ enum Command {
     /// Ask the egress guard about URLs without sending anything.
     #[command(subcommand)]
     Egress(cmd::egress::EgressCmd),
+    /// Benchmark the pipeline (throughput, latency, retry-precision, isolation, memory, or all).
+    Bench(cmd::bench::BenchArgs),
 }
 
 fn main() -> ExitCode {
@@ -42,6 +44,7 @@ fn main() -> ExitCode {
         Command::Policy(c) => cmd::policy::run(c),
         Command::Verify(args) => cmd::verify::run(args),
         Command::Egress(c) => cmd::egress::run(c),
+        Command::Bench(args) => cmd::bench::run(args),
     };
     match result {
         Ok(code) => code,

@@ -1,5 +1,6 @@
 //! One file per subcommand. Each exposes its clap arguments and `run(args) -> anyhow::Result<ExitCode>`.
 
+pub mod bench;
 pub mod dev;
 pub mod dev_broker;
 pub mod egress;

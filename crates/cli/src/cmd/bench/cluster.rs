@@ -74,7 +74,6 @@ fn wait_stdin_eof() {
 
 /// A child process; stopped (stdin closed, then killed if it lingers) when dropped.
 pub struct Proc {
-    pub role: &'static str,
     pub pid: u32,
     child: Child,
     stdin: Option<ChildStdin>,
@@ -92,7 +91,7 @@ impl Proc {
             .spawn()
             .with_context(|| format!("starting the {role} child"))?;
         let stdin = child.stdin.take();
-        Ok(Self { role, pid: child.id(), child, stdin })
+        Ok(Self { pid: child.id(), child, stdin })
     }
 
     /// Closes stdin and waits up to `grace` for the child to exit; kills it (by its pid) after that.
@@ -114,6 +113,23 @@ impl Proc {
 
     pub fn cpu_s(&self) -> f64 {
         proc_cpu_s(&format!("/proc/{}/stat", self.pid))
+    }
+
+    /// CPU seconds of the child's threads: (librdkafka `rdk:*` threads, all others).
+    pub fn split_cpu_s(&self) -> (f64, f64) {
+        let (mut rdk, mut other) = (0.0, 0.0);
+        if let Ok(dir) = std::fs::read_dir(format!("/proc/{}/task", self.pid)) {
+            for e in dir.flatten() {
+                let comm = std::fs::read_to_string(e.path().join("comm")).unwrap_or_default();
+                let cpu = proc_cpu_s(&e.path().join("stat").to_string_lossy());
+                if comm.starts_with("rdk:") {
+                    rdk += cpu;
+                } else {
+                    other += cpu;
+                }
+            }
+        }
+        (rdk, other)
     }
 
     /// (VmHWM, VmRSS) in MiB.
@@ -314,6 +330,12 @@ impl Cluster {
         }
         m.insert("ingest", self.ingest.cpu_s());
         m.insert("dispatcher", self.dispatcher.cpu_s());
+        let (rdk, other) = self.dispatcher.split_cpu_s();
+        m.insert("dispatcher_librdkafka", rdk);
+        m.insert("dispatcher_tokio", other);
+        let (rdk, other) = self.ingest.split_cpu_s();
+        m.insert("ingest_librdkafka", rdk);
+        m.insert("ingest_tokio", other);
         m.insert("retry_scheduler", self.scheduler.cpu_s());
         CpuSnapshot(m)
     }
@@ -438,10 +460,5 @@ impl Publisher {
                 self.failed.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
             }
         }
-    }
-
-    pub fn flush(&self) {
-        use rdkafka::producer::Producer;
-        let _ = self.producer.flush(Duration::from_secs(10));
     }
 }

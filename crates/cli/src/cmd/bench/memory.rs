@@ -108,7 +108,7 @@ pub async fn run(args: &BenchArgs) -> anyhow::Result<(Map<String, Value>, bool)>
     print_table(
         "memory",
         &[
-            row("deliveries held in flight", reached, &*Box::leak(format!("{target}").into_boxed_str()), Some(reached as usize >= target)),
+            row("deliveries held in flight", reached, target, Some(reached as usize >= target)),
             row("dispatcher idle RSS (MiB)", format!("{idle_rss:.1}"), "", None),
             row("dispatcher_peak_rss_mb", format!("{peak:.1}"), "≤ 150", Some(peak <= 150.0)),
             row("delivered after release", delivered, "", None),

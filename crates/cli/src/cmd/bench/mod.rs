@@ -125,7 +125,7 @@ pub fn run(args: BenchArgs) -> anyhow::Result<ExitCode> {
             ],
             s => vec![s],
         };
-        let mut all = Map::new();
+        let mut all: Vec<(String, Value)> = Vec::new();
         let mut met_all = true;
         for s in list {
             eprintln!("\n━━ hookline bench {} ━━", s.name());
@@ -143,21 +143,21 @@ pub fn run(args: BenchArgs) -> anyhow::Result<ExitCode> {
             let mut o = Map::new();
             o.insert("scenario".into(), json!(s.name()));
             o.extend(obj);
-            all.insert(s.name().into(), Value::Object(o));
+            all.push((s.name().into(), Value::Object(o)));
         }
+        // Keys in the order the issue gives them: scenario first, machine last (serde_json's map would sort them).
         let line = if scenario == Scenario::All {
-            let mut o = Map::new();
-            o.insert("scenario".into(), json!("all"));
-            o.extend(all);
-            o.insert("seconds".into(), json!(round(started.elapsed().as_secs_f64(), 1)));
-            o.insert("machine".into(), machine);
-            Value::Object(o)
+            let mut pairs = vec![("scenario".to_owned(), json!("all").to_string())];
+            pairs.extend(all.into_iter().map(|(k, v)| (k, ordered(v))));
+            pairs.push(("seconds".into(), json!(round(started.elapsed().as_secs_f64(), 1)).to_string()));
+            pairs.push(("machine".into(), machine.to_string()));
+            object(pairs)
         } else {
             let mut o = all.into_iter().next().map(|(_, v)| v).unwrap_or(Value::Null);
             if let Value::Object(m) = &mut o {
                 m.insert("machine".into(), machine);
             }
-            o
+            ordered(o)
         };
         eprintln!("\nall targets met: {}  ({:.0} s)", if met_all { "yes" } else { "no" }, started.elapsed().as_secs_f64());
         println!("{line}");
@@ -166,6 +166,26 @@ pub fn run(args: BenchArgs) -> anyhow::Result<ExitCode> {
     rt.shutdown_timeout(Duration::from_secs(5));
     result?;
     Ok(ExitCode::SUCCESS)
+}
+
+/// A scenario object as JSON text with `scenario` first and `machine` last.
+fn ordered(v: Value) -> String {
+    let Value::Object(mut m) = v else { return v.to_string() };
+    let mut pairs = Vec::new();
+    if let Some(s) = m.remove("scenario") {
+        pairs.push(("scenario".to_owned(), s.to_string()));
+    }
+    let machine = m.remove("machine");
+    pairs.extend(m.into_iter().map(|(k, v)| (k, v.to_string())));
+    if let Some(mc) = machine {
+        pairs.push(("machine".to_owned(), mc.to_string()));
+    }
+    object(pairs)
+}
+
+fn object(pairs: Vec<(String, String)>) -> String {
+    let body: Vec<String> = pairs.into_iter().map(|(k, v)| format!("{}:{v}", Value::String(k))).collect();
+    format!("{{{}}}", body.join(","))
 }
 
 pub(crate) fn round(v: f64, digits: i32) -> f64 {
@@ -214,12 +234,12 @@ fn machine(args: &BenchArgs) -> Value {
 pub(crate) struct Row {
     pub name: &'static str,
     pub value: String,
-    pub target: &'static str,
+    pub target: String,
     pub met: Option<bool>,
 }
 
-pub(crate) fn row(name: &'static str, value: impl std::fmt::Display, target: &'static str, met: Option<bool>) -> Row {
-    Row { name, value: value.to_string(), target, met }
+pub(crate) fn row(name: &'static str, value: impl std::fmt::Display, target: impl std::fmt::Display, met: Option<bool>) -> Row {
+    Row { name, value: value.to_string(), target: target.to_string(), met }
 }
 
 pub(crate) fn print_table(title: &str, rows: &[Row]) {

@@ -104,12 +104,14 @@ impl Receiver {
         });
         let mut addrs = Vec::new();
         for healthy in [true, false] {
-            let socket = rt.block_on(async {
+            // Registered with the receiver's own runtime (entering it is allowed from async code; block_on is not).
+            let socket = {
+                let _enter = rt.enter();
                 let s = tokio::net::TcpSocket::new_v4()?;
                 s.set_reuseaddr(true)?;
                 s.bind("127.0.0.1:0".parse().expect("literal"))?;
-                s.listen(4096)
-            })?;
+                s.listen(4096)?
+            };
             addrs.push(socket.local_addr()?);
             let st = state.clone();
             rt.spawn(async move {
