@@ -5,3 +5,5 @@ mod api;
 mod lifecycle;
 mod pipeline;
 mod support;
+mod hostile;
+mod faults;

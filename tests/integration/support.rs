@@ -292,3 +292,85 @@ async fn receive(State(s): State<Arc<ReceiverState>>, Path(path): Path<String>, 
         }
     }
 }
+
+// ---------------------------------------------------------------------------------------------------------
+// Added for the reliability suite (hostile.rs, faults.rs).
+
+impl Pipeline {
+    /// The embedded broker, for fault injection (`broker().cluster()` is librdkafka's mock cluster).
+    pub fn broker(&self) -> &DevBroker {
+        self.broker.as_ref().expect("the broker lives as long as the pipeline")
+    }
+
+    /// Like [`Pipeline::start`], with `edit` applied to the config before any service starts (e.g. a small
+    /// `ingest.max_event_bytes`).
+    pub async fn start_with(partitions: i32, edit: impl FnOnce(&mut hookline_service::Config)) -> Pipeline {
+        let topics = Topics::new("hookline.");
+        let broker = DevBroker::start(&topics, partitions, partitions).expect("mock broker");
+        let mut config = hookline_service::Config::dev(&broker.bootstrap_servers(), partitions, TOKEN);
+        config.telemetry.log_level = "warn".into();
+        config.ingest.max_request_bytes = 16 << 10;
+        edit(&mut config);
+        if std::env::var_os("RUST_LOG").is_some() {
+            hookline_service::telemetry::init(&config.telemetry);
+        }
+        let shutdown = CancellationToken::new();
+        let (tx, rx) = tokio::sync::oneshot::channel();
+        let services = vec![
+            tokio::spawn({
+                let f = hookline_ingest::run(config.clone(), shutdown.clone(), hookline_ingest::Options { bound: Some(tx), ..Default::default() });
+                async move { f.await.expect("ingest runs") }
+            }),
+            tokio::spawn({
+                let f = hookline_dispatcher::run(config.clone(), shutdown.clone(), Default::default());
+                async move { f.await.expect("dispatcher runs") }
+            }),
+            tokio::spawn({
+                let f = hookline_retry_scheduler::run(config.clone(), shutdown.clone(), Default::default());
+                async move { f.await.expect("retry-scheduler runs") }
+            }),
+        ];
+        let api = rx.await.expect("ingest starts");
+
+        let seen = Arc::new(ReceiverState::default());
+        let app = axum::Router::new().route("/{path}", axum::routing::post(receive)).with_state(seen.clone());
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.expect("bind receiver");
+        let receiver = listener.local_addr().expect("receiver address");
+        tokio::spawn(async move {
+            let _ = axum::serve(listener, app).await;
+        });
+
+        let attempts = collect::<AttemptRecord>(&config, topics.attempts(), shutdown.clone()).await;
+        let dlq = collect::<DeadLetter>(&config, topics.dlq(), shutdown.clone()).await;
+        let ops = collect::<OpsEvent>(&config, topics.ops(), shutdown.clone()).await;
+        Pipeline {
+            broker: Some(broker),
+            services,
+            api,
+            receiver,
+            seen,
+            attempts,
+            dlq,
+            ops,
+            config,
+            shutdown,
+            client: Client::builder(TokioExecutor::new()).build_http(),
+        }
+    }
+
+    /// Every attempt record of one subscription, in the order they were read.
+    pub fn attempts_of(&self, subscription_id: &str) -> Vec<AttemptRecord> {
+        self.attempts.items.lock().unwrap().iter().filter(|a| a.subscription_id == subscription_id).cloned().collect()
+    }
+
+    /// Waits until the subscription has `n` final attempt records and returns all its attempt records.
+    pub async fn wait_final_of(&self, subscription_id: &str, n: usize, limit: Duration) -> Vec<AttemptRecord> {
+        let attempts = self.attempts.clone();
+        let id = subscription_id.to_owned();
+        wait_for(&self.attempts.changed, limit, &format!("{n} final states of {subscription_id}"), || {
+            attempts.items.lock().unwrap().iter().filter(|a| a.subscription_id == id && !a.final_state.is_empty()).count() >= n
+        })
+        .await;
+        self.attempts_of(subscription_id)
+    }
+}

@@ -153,6 +153,18 @@ async fn read_capped(mut body: hyper::body::Incoming, cap: u64) -> String {
     String::from_utf8_lossy(&excerpt).into_owned()
 }
 
+/// The rustls error inside `e`, looking through `io::Error` wrappers (hyper-rustls nests them, and
+/// `io::Error::source` skips the wrapped error).
+fn find_rustls<'a>(e: &'a (dyn std::error::Error + 'static)) -> Option<&'a rustls::Error> {
+    let mut cur = e;
+    loop {
+        if let Some(tls) = cur.downcast_ref::<rustls::Error>() {
+            return Some(tls);
+        }
+        cur = cur.downcast_ref::<std::io::Error>()?.get_ref()?;
+    }
+}
+
 fn classify_error(err: &hyper_util::client::legacy::Error) -> (Outcome, String, String) {
     if let Some(r) = connector::refusal_in(err) {
         return (r.outcome(), format!("egress refused: {}", r.reason), String::new());
@@ -160,13 +172,8 @@ fn classify_error(err: &hyper_util::client::legacy::Error) -> (Outcome, String, 
     let mut source: Option<&(dyn std::error::Error + 'static)> = Some(err);
     let mut chain = Vec::new();
     while let Some(e) = source {
-        if e.downcast_ref::<rustls::Error>().is_some() {
-            return (Outcome::TlsError, format!("TLS error: {e}"), String::new());
-        }
-        if let Some(io) = e.downcast_ref::<std::io::Error>() {
-            if io.get_ref().is_some_and(|inner| inner.downcast_ref::<rustls::Error>().is_some()) {
-                return (Outcome::TlsError, format!("TLS error: {io}"), String::new());
-            }
+        if let Some(tls) = find_rustls(e) {
+            return (Outcome::TlsError, format!("TLS error: {tls}"), String::new());
         }
         chain.push(e.to_string());
         source = e.source();

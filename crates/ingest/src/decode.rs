@@ -44,8 +44,13 @@ pub fn decode(bytes: &[u8], max_bytes: usize, json_only: bool) -> Result<Event, 
     if bytes.len() > max_bytes {
         return Err(invalid("oversize", format!("{} bytes is over the limit of {max_bytes}", bytes.len())));
     }
+    // A UTF-8 byte-order mark some editors and tools prepend is not part of the JSON.
+    let bytes = bytes.strip_prefix(b"\xEF\xBB\xBF").unwrap_or(bytes);
     let first = bytes.iter().copied().find(|b| !b.is_ascii_whitespace());
     if json_only || first == Some(b'{') || first == Some(b'[') || first == Some(b'"') {
+        if first != Some(b'{') {
+            return Err(invalid("invalid_json", "an event must be a JSON object"));
+        }
         decode_json(bytes)
     } else {
         decode_protobuf(bytes)
@@ -212,6 +217,12 @@ mod tests {
     }
 
     #[test]
+    fn a_byte_order_mark_is_skipped() {
+        let ev = decode(b"\xEF\xBB\xBF{\"id\":\"e\",\"type\":\"t\"}", MAX, false).unwrap();
+        assert_eq!(ev.id, "e");
+    }
+
+    #[test]
     fn accepts_protobuf() {
         let ev = Event { id: "e".into(), r#type: "t".into(), data_json: Bytes::from_static(b"[1]"), ..Default::default() };
         assert_eq!(decode(&ev.encode_to_vec(), MAX, false).unwrap(), ev);
@@ -230,6 +241,8 @@ mod tests {
             (b"{\"id\":\"a\xff\",\"type\":\"t\"}", "invalid_utf8"),
             (b"\x0a\x03abc\x12", "invalid_protobuf"),
             (b"\xff\xff\xff", "invalid_protobuf"),
+            (b"[\"a\",\"t\",null,null,null,null]", "invalid_json"),
+            (b"\"just a string\"", "invalid_json"),
         ];
         for (input, reason) in cases {
             let err = decode(input, MAX, false).unwrap_err();

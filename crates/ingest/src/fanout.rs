@@ -75,8 +75,16 @@ pub async fn run(f: Arc<Fanout>, config: &hookline_service::Config, client_id: &
                     Err(invalid) => {
                         metrics::counter!("hookline_events_invalid_total", "reason" => invalid.reason).increment(1);
                         tracing::debug!(partition = p, offset = o, %invalid, "invalid event dead-lettered");
+                        // The raw record is kept whole when it fits the event limit (it always fits a Kafka record
+                        // then); an oversize one keeps its first bytes, and the source offset points at all of it.
+                        let payload = m.payload().unwrap_or_default();
+                        let keep = payload.len().min(f.max_event_bytes);
+                        let mut detail = invalid.detail;
+                        if keep < payload.len() {
+                            detail.push_str(&format!("; raw truncated to its first {keep} of {} bytes", payload.len()));
+                        }
                         let dl = DeadLetter {
-                            reason: invalid.reason.into(), detail: invalid.detail, raw: m.payload().unwrap_or_default().to_vec().into(),
+                            reason: invalid.reason.into(), detail, raw: payload[..keep].to_vec().into(),
                             source_topic: events.clone(), source_partition: p, source_offset: o, at_ms: crate::now_ms(), ..Default::default()
                         };
                         vec![enqueue(&f.producer, f.topics.dlq(), String::new(), dl.encode_to_vec())]

@@ -24,6 +24,7 @@ pub fn producer_config(settings: &KafkaSettings, client_id: &str) -> ClientConfi
         .set("enable.idempotence", "true")
         .set("partitioner", "murmur2_random")
         .set("linger.ms", settings.linger_ms.to_string())
+        .set("message.max.bytes", settings.message_max_bytes.to_string())
         .set("delivery.timeout.ms", settings.delivery_timeout_ms.to_string())
         .set("compression.type", "lz4");
     c

@@ -24,6 +24,8 @@ pub struct KafkaSettings {
     pub delivery_timeout_ms: u64,
     /// Producer batching delay: a small value keeps latency low.
     pub linger_ms: u64,
+    /// Largest record a producer sends (`message.max.bytes`); keep it at or below the brokers' and topics' limit.
+    pub message_max_bytes: usize,
     /// Longest a consumer's fetch waits at the broker for data. Real Kafka answers as soon as data arrives, so this
     /// only bounds idle polling; the embedded mock broker always waits it out when a partition is empty, so there it
     /// is added to every hop's latency (dev mode uses 10 ms).
@@ -46,6 +48,7 @@ impl Default for KafkaSettings {
             linger_ms: 2,
             offsets_by_time: true,
             fetch_wait_max_ms: 100,
+            message_max_bytes: 1_000_000,
         }
     }
 }
@@ -59,6 +62,7 @@ pub const PROTECTED_PROPERTIES: &[&str] = &[
     "group.id",
     "bootstrap.servers",
     "fetch.wait.max.ms",
+    "message.max.bytes",
 ];
 
 impl KafkaSettings {

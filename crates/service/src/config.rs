@@ -69,7 +69,7 @@ impl Default for IngestSettings {
         Self {
             listen_addr: "0.0.0.0:8080".parse().expect("literal address"),
             api_tokens: Vec::new(),
-            max_event_bytes: 1 << 20,
+            max_event_bytes: 960 << 10,
             max_request_bytes: 2 << 20,
             group_id: "hookline-ingest".into(),
             delivery_log_retention_ms: 30 * 24 * 3_600_000,
@@ -184,6 +184,9 @@ impl NotifySettings {
     }
 }
 
+/// Room kept in every record for what hookline wraps around an event (ids, attempt counters, reasons).
+pub const EVENT_ENVELOPE_BYTES: usize = 16 << 10;
+
 #[derive(Debug, thiserror::Error)]
 pub enum ConfigError {
     #[error("reading config file {path}: {source}")]
@@ -256,6 +259,15 @@ impl Config {
         }
         if self.ingest.max_event_bytes == 0 {
             return Err(ConfigError::Invalid("ingest.max_event_bytes: must be at least 1".into()));
+        }
+        // A delivery task or dead letter carries the whole event plus a few hundred bytes of envelope.
+        let room = self.kafka.message_max_bytes.saturating_sub(EVENT_ENVELOPE_BYTES);
+        if self.ingest.max_event_bytes > room {
+            return Err(ConfigError::Invalid(format!(
+                "ingest.max_event_bytes: {} does not fit in a Kafka record of kafka.message_max_bytes = {} with the \
+                 {EVENT_ENVELOPE_BYTES}-byte room hookline keeps for its envelope; at most {room}",
+                self.ingest.max_event_bytes, self.kafka.message_max_bytes
+            )));
         }
         if self.ingest.api_tokens.iter().any(|t| t.len() < 16) {
             return Err(ConfigError::Invalid("ingest.api_tokens: every token must be at least 16 characters".into()));
