@@ -113,7 +113,7 @@ async fn lost_attempt(ctx: &Ctx, mut task: DeliveryTask, entry: &SubscriptionEnt
         Next::NextAttempt(wait) | Next::MicroRetry(wait) => {
             let due = now + wait.ms as i64;
             let mut rec = records::closing_record(&task, "lease_expired", reason, "", &policy.status_words.pending, lease.started_at_ms, &policy.name);
-            rec.attempt = attempt_no;
+            rec.attempt = task.prior_attempts + attempt_no;
             rec.verdict = "retry".into();
             rec.counts_toward_disable = true;
             rec.next_due_at_ms = due;
@@ -129,11 +129,11 @@ async fn lost_attempt(ctx: &Ctx, mut task: DeliveryTask, entry: &SubscriptionEnt
         Next::Final(state) => {
             let word = policy.status_word(state).to_owned();
             let mut rec = records::closing_record(&task, "lease_expired", reason.clone(), final_word(state), &word, lease.started_at_ms, &policy.name);
-            rec.attempt = attempt_no;
+            rec.attempt = task.prior_attempts + attempt_no;
             rec.counts_toward_disable = true;
             let mut last = task.clone();
             last.attempts_made = attempt_no;
-            let dl = records::dead_letter(&last, "lease_expired", reason.clone(), final_word(state), &word, attempt_no, "lease_expired".into(), now);
+            let dl = records::dead_letter(&last, "lease_expired", reason.clone(), final_word(state), &word, task.prior_attempts + attempt_no, "lease_expired".into(), now);
             ctx.produce(&ctx.topics.attempts(), &task.subscription_id, &rec).await?;
             ctx.produce(&ctx.topics.dlq(), &task.subscription_id, &dl).await?;
             metrics::counter!("hookline_deliveries_total", "outcome" => final_word(state)).increment(1);
@@ -243,7 +243,8 @@ async fn attempt(ctx: &Ctx, mut task: DeliveryTask, entry: &SubscriptionEntry, p
         let decision = decide(policy, &progress, &result.outcome, &mut rand::rng());
         metrics::counter!("hookline_attempts_total", "outcome" => outcome_class(&result.outcome)).increment(1);
         metrics::histogram!("hookline_attempt_duration_ms").record(result.duration.as_secs_f64() * 1000.0);
-        let cx = TryContext { task: &task, attempt: attempt_no, try_no, started_at_ms: started, policy_name: &policy.name };
+        // Records count attempts across replays (as the attempt header does); the engine counts this run's.
+        let cx = TryContext { task: &task, attempt: task.prior_attempts + attempt_no, try_no, started_at_ms: started, policy_name: &policy.name };
 
         match decision.next {
             Next::MicroRetry(wait) => {
@@ -290,7 +291,7 @@ async fn attempt(ctx: &Ctx, mut task: DeliveryTask, entry: &SubscriptionEntry, p
                     let reason = if decision.verdict == Verdict::Terminal { "terminal_outcome" } else { "retries_exhausted" };
                     let mut last = task.clone();
                     last.attempts_made = attempt_no;
-                    let dl = records::dead_letter(&last, reason, result.reason.clone(), final_word(state), &word, attempt_no, result.outcome.token(), ended);
+                    let dl = records::dead_letter(&last, reason, result.reason.clone(), final_word(state), &word, task.prior_attempts + attempt_no, result.outcome.token(), ended);
                     ctx.produce(&ctx.topics.dlq(), &task.subscription_id, &dl).await?;
                     metrics::counter!("hookline_dead_lettered_total", "reason" => reason).increment(1);
                     if state == FinalState::Dead {

@@ -5,6 +5,9 @@
 
 use std::collections::{HashMap, VecDeque};
 use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use tokio::time::Instant;
 
 use futures::future::BoxFuture;
 
@@ -14,6 +17,8 @@ pub type Job = Box<dyn FnOnce() -> BoxFuture<'static, ()> + Send>;
 struct Lane {
     running: usize,
     queue: VecDeque<Job>,
+    /// When a job of this lane last finished (or the lane was created): how a stuck endpoint is told from a busy one.
+    last_done: Instant,
 }
 
 pub struct Lanes {
@@ -32,7 +37,9 @@ impl Lanes {
             let mut lanes = self.lanes.lock().expect("lanes lock");
             let lane = match lanes.get_mut(key) {
                 Some(l) => l,
-                None => lanes.entry(key.to_owned()).or_insert_with(|| Lane { running: 0, queue: VecDeque::new() }),
+                None => lanes
+                    .entry(key.to_owned())
+                    .or_insert_with(|| Lane { running: 0, queue: VecDeque::new(), last_done: Instant::now() }),
             };
             if lane.running >= self.cap {
                 lane.queue.push_back(job);
@@ -48,6 +55,7 @@ impl Lanes {
                 job().await;
                 let mut all = lanes.lanes.lock().expect("lanes lock");
                 let Some(lane) = all.get_mut(&key) else { return };
+                lane.last_done = Instant::now();
                 match lane.queue.pop_front() {
                     Some(next) => job = next,
                     None => {
@@ -60,6 +68,16 @@ impl Lanes {
                 }
             }
         });
+    }
+
+    /// Whether a lane holds at least `max_depth` jobs and none has finished for `stall`: its endpoint is stuck
+    /// (hanging or very slow), not merely busy, so new work for it should wait elsewhere.
+    pub fn is_stuck(&self, key: &str, max_depth: usize, stall: Duration) -> bool {
+        self.lanes
+            .lock()
+            .expect("lanes lock")
+            .get(key)
+            .is_some_and(|l| l.running + l.queue.len() >= max_depth && l.last_done.elapsed() >= stall)
     }
 
     /// Jobs running or waiting in a lane.
@@ -103,5 +121,23 @@ mod tests {
         assert_eq!(rest, ["a1", "a2", "a3"], "a lane keeps the order jobs were submitted in");
         tokio::task::yield_now().await;
         assert_eq!(lanes.depth("a"), 0);
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_deep_lane_is_stuck_only_when_nothing_finishes() {
+        let lanes = Lanes::new(1);
+        let (release_tx, release_rx) = oneshot::channel::<()>();
+        lanes.submit("a", Box::new(move || Box::pin(async move {
+            let _ = release_rx.await;
+        })));
+        lanes.submit("a", Box::new(|| Box::pin(async {})));
+        assert!(!lanes.is_stuck("a", 2, Duration::from_secs(1)), "deep, but only just started");
+        tokio::time::advance(Duration::from_secs(2)).await;
+        assert!(lanes.is_stuck("a", 2, Duration::from_secs(1)), "deep and nothing finished for 2 s");
+        assert!(!lanes.is_stuck("a", 3, Duration::from_secs(1)), "not at the depth");
+        release_tx.send(()).unwrap();
+        tokio::task::yield_now().await;
+        tokio::task::yield_now().await;
+        assert!(!lanes.is_stuck("a", 1, Duration::from_secs(1)), "progress clears it");
     }
 }

@@ -130,6 +130,9 @@ impl Ctx {
 
 pub(crate) use hookline_service::now_ms;
 
+/// A lane at its depth with no delivery finished for this long counts as stuck (see `Lanes::is_stuck`).
+const STUCK_AFTER: Duration = Duration::from_secs(1);
+
 
 /// Runs a dispatcher until `shutdown`, then drains: in-flight deliveries get `dispatcher.drain_timeout_ms` to
 /// finish; what does not finish stays uncommitted and is redelivered by the partition's next owner.
@@ -239,9 +242,9 @@ pub async fn run(config: Config, shutdown: CancellationToken, options: Options) 
                 };
                 let lane = task.subscription_id.clone();
                 let done = done_tx.clone();
-                // Only this loop submits to lanes, so a depth read here still holds at the submit below.
-                if ctx.lanes.depth(&lane) >= max_queued {
-                    // The lane is full (its endpoint is slow or hanging): park the task on the ladder instead.
+                // A deep lane whose endpoint finishes nothing (hanging, or slower than a second per request) would
+                // otherwise use up `max_in_flight` and stall every other subscription: park the task on the ladder.
+                if ctx.lanes.is_stuck(&lane, max_queued, STUCK_AFTER) {
                     let ctx = ctx.clone();
                     tokio::spawn(async move {
                         if deliver::spill(ctx, task).await.is_ok() {

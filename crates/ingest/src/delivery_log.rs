@@ -37,7 +37,13 @@ struct Inner {
     by_subscription: HashMap<String, BTreeSet<(i64, String)>>,
     /// (first_at, delivery id) of everything, for eviction.
     by_age: BTreeSet<(i64, String)>,
+    /// Dead letters read before their delivery's first attempt record: the two topics are read independently.
+    early_dead_letters: HashMap<String, DeadLetter>,
 }
+
+/// Early dead letters kept at most; beyond it the oldest waiting ones are dropped (their deliveries stay readable,
+/// only not replayable one by one; a redrive still finds them).
+const MAX_EARLY_DEAD_LETTERS: usize = 10_000;
 
 pub struct DeliveryLog {
     inner: RwLock<Inner>,
@@ -66,8 +72,10 @@ impl DeliveryLog {
     }
 
     pub fn apply_attempt(&self, rec: AttemptRecord, now_ms: i64) {
-        let mut inner = self.inner.write().expect("delivery log lock");
+        let mut guard = self.inner.write().expect("delivery log lock");
+        let inner = &mut *guard;
         let at = rec.started_at_ms;
+        let early = inner.early_dead_letters.remove(&rec.delivery_id);
         let entry = match inner.deliveries.get_mut(&rec.delivery_id) {
             Some(e) => e,
             None => {
@@ -89,6 +97,10 @@ impl DeliveryLog {
                 })
             }
         };
+        if let Some(dl) = early {
+            entry.event = dl.event;
+            entry.attempts_made = entry.attempts_made.max(dl.attempts);
+        }
         entry.last_at_ms = entry.last_at_ms.max(at);
         entry.attempts_made = entry.attempts_made.max(rec.attempt);
         entry.state = if rec.final_state.is_empty() { "pending".into() } else { rec.final_state.clone() };
@@ -97,7 +109,7 @@ impl DeliveryLog {
             entry.attempts.remove(0);
         }
         entry.attempts.push(rec);
-        Self::evict(&mut inner, now_ms - self.retention_ms, self.max_deliveries);
+        Self::evict(inner, now_ms - self.retention_ms, self.max_deliveries);
     }
 
     /// Remembers the event of a dead-lettered delivery, so it can be replayed.
@@ -106,9 +118,20 @@ impl DeliveryLog {
             return; // malformed input: no delivery
         }
         let mut inner = self.inner.write().expect("delivery log lock");
-        if let Some(e) = inner.deliveries.get_mut(&dl.delivery_id) {
-            e.event = dl.event;
-            e.attempts_made = e.attempts_made.max(dl.attempts);
+        match inner.deliveries.get_mut(&dl.delivery_id) {
+            Some(e) => {
+                e.event = dl.event;
+                e.attempts_made = e.attempts_made.max(dl.attempts);
+            }
+            None => {
+                if inner.early_dead_letters.len() >= MAX_EARLY_DEAD_LETTERS {
+                    let oldest = inner.early_dead_letters.iter().min_by_key(|(_, d)| d.at_ms).map(|(k, _)| k.clone());
+                    if let Some(k) = oldest {
+                        inner.early_dead_letters.remove(&k);
+                    }
+                }
+                inner.early_dead_letters.insert(dl.delivery_id.clone(), dl);
+            }
         }
     }
 
@@ -170,6 +193,28 @@ impl DeliveryLog {
     }
 }
 
+impl DeliveryLog {
+    /// Read-only: visits every kept attempt of a subscription's deliveries that started in `[since_ms, until_ms)`
+    /// (for the per-minute statistics). A delivery starts before its attempts, so deliveries first seen at or after
+    /// `until_ms` are skipped; older ones are visited because their retries may fall in the range.
+    pub fn for_each_attempt(&self, subscription_id: &str, since_ms: i64, until_ms: i64, mut visit: impl FnMut(&AttemptRecord)) {
+        let inner = self.inner.read().expect("delivery log lock");
+        let Some(set) = inner.by_subscription.get(subscription_id) else { return };
+        for (first_at, id) in set.iter() {
+            if *first_at >= until_ms {
+                break;
+            }
+            let Some(e) = inner.deliveries.get(id) else { continue };
+            if e.last_at_ms < since_ms {
+                continue;
+            }
+            for a in e.attempts.iter().filter(|a| a.started_at_ms >= since_ms && a.started_at_ms < until_ms) {
+                visit(a);
+            }
+        }
+    }
+}
+
 fn parse_cursor(c: &str) -> Option<(i64, String)> {
     let (at, id) = c.split_once(':')?;
     Some((at.parse().ok()?, id.to_owned()))
@@ -203,6 +248,15 @@ mod tests {
     }
 
     #[test]
+    fn a_dead_letter_read_before_its_attempts_is_kept_for_them() {
+        let log = DeliveryLog::new(1_000_000, 100);
+        log.apply_dead_letter(DeadLetter { delivery_id: "d9".into(), attempts: 4, event: Some(Event { id: "e9".into(), ..Default::default() }), ..Default::default() });
+        log.apply_attempt(rec("d9", "s", 4, 10, "dead"), 10);
+        let e = log.get("d9").unwrap();
+        assert_eq!((e.event.unwrap().id.as_str(), e.attempts_made), ("e9", 4));
+    }
+
+    #[test]
     fn lists_newest_first_with_filters_and_cursor() {
         let log = DeliveryLog::new(1_000_000, 100);
         for i in 0..5 {
@@ -217,6 +271,21 @@ mod tests {
         assert_eq!(failed.items.len(), 2);
         let recent = log.list("s", &Filter { since_ms: Some(25), ..Default::default() }, 10, None);
         assert_eq!(recent.items.iter().map(|e| e.delivery_id.as_str()).collect::<Vec<_>>(), ["d4", "d3"]);
+    }
+
+    #[test]
+    fn visits_the_attempts_of_one_subscription_in_a_time_range() {
+        let log = DeliveryLog::new(1_000_000, 100);
+        log.apply_attempt(rec("d1", "s", 1, 10, ""), 100);
+        log.apply_attempt(rec("d1", "s", 2, 50, "succeeded"), 100);
+        log.apply_attempt(rec("d2", "s", 1, 60, "failed"), 100);
+        log.apply_attempt(rec("d3", "t", 1, 40, "failed"), 100);
+        let mut seen = Vec::new();
+        log.for_each_attempt("s", 40, 60, |a| seen.push((a.delivery_id.clone(), a.attempt)));
+        assert_eq!(seen, [("d1".to_owned(), 2)], "d1's retry is in range, its first try and d2 are not");
+        let mut all = 0;
+        log.for_each_attempt("s", 0, 1_000, |_| all += 1);
+        assert_eq!(all, 3);
     }
 
     #[test]

@@ -99,8 +99,11 @@ async fn dev(args: DevArgs, broker: &DevBroker) -> anyhow::Result<ExitCode> {
 fn print_welcome(api: SocketAddr, bootstrap: &str, receiver: SocketAddr) {
     println!("hookline is running.");
     println!("  API:              http://{api}   (token: {DEV_TOKEN})");
+    println!("  portal:           http://{api}/portal   (sign in with the token above)");
     println!("  broker:           {bootstrap}");
     println!("  demo receiver:    http://{receiver}/ok  (prints every webhook it gets)");
+    println!("                    also /slow /flaky /ratelimited /gone /failing, and /switch: 500 or 204 as set by");
+    println!("                    `curl -X POST http://{receiver}/switch/control -d fail` (or `-d ok`)");
     println!();
     println!("Create a subscription:");
     println!(
@@ -110,11 +113,12 @@ fn print_welcome(api: SocketAddr, bootstrap: &str, receiver: SocketAddr) {
     println!(
         "  curl -s -X POST http://{api}/v1/events -H 'Authorization: Bearer {DEV_TOKEN}' -H 'Content-Type: application/json' \\\n    -d '{{\"id\":\"evt_1\",\"type\":\"order.created\",\"data\":{{\"total\":42}}}}'"
     );
-    println!("Then watch this terminal: the receiver prints the delivery. Ctrl-C stops everything.");
+    println!("Then watch this terminal (the receiver prints the delivery) or the portal. Ctrl-C stops everything.");
 }
 
 /// The local receiver. Behaviour per path: `ok` 204; `slow` 200 after 200 ms; `flaky` 503 on the first try of
-/// each event, then 200; `ratelimited` 429 with `Retry-After: 1` first, then 200; `gone` 410; `failing` 500.
+/// each event, then 200; `ratelimited` 429 with `Retry-After: 1` first, then 200; `gone` 410; `failing` 500;
+/// `switch` 500 or 204 as set by a `POST /switch/control` with body `fail` or `ok` (204 until then).
 struct Receiver {
     addr: SocketAddr,
 }
@@ -123,12 +127,13 @@ struct Receiver {
 struct ReceiverState {
     seen: Mutex<HashSet<(String, String)>>,
     print: bool,
+    switch_failing: std::sync::atomic::AtomicBool,
 }
 
 impl Receiver {
     async fn start(print: bool) -> anyhow::Result<Self> {
         let state = Arc::new(ReceiverState { print, ..Default::default() });
-        let app = axum::Router::new().route("/{behaviour}", post(receive)).with_state(state);
+        let app = axum::Router::new().route("/{behaviour}", post(receive)).route("/switch/control", post(switch_control)).with_state(state);
         let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await?;
         let addr = listener.local_addr()?;
         tokio::spawn(async move {
@@ -159,8 +164,22 @@ async fn receive(State(s): State<Arc<ReceiverState>>, Path(b): Path<String>, hea
         "ratelimited" if first => (StatusCode::TOO_MANY_REQUESTS, [("retry-after", "1")], "slow down").into_response(),
         "gone" => (StatusCode::GONE, "unsubscribed").into_response(),
         "failing" => (StatusCode::INTERNAL_SERVER_ERROR, "broken").into_response(),
+        "switch" if s.switch_failing.load(std::sync::atomic::Ordering::SeqCst) => {
+            (StatusCode::INTERNAL_SERVER_ERROR, "switched to fail").into_response()
+        }
+        "switch" => StatusCode::NO_CONTENT.into_response(),
         _ => StatusCode::OK.into_response(),
     }
+}
+
+async fn switch_control(State(s): State<Arc<ReceiverState>>, body: String) -> impl IntoResponse {
+    let fail = match body.trim() {
+        "fail" => true,
+        "ok" => false,
+        _ => return (StatusCode::UNPROCESSABLE_ENTITY, "send `fail` or `ok`").into_response(),
+    };
+    s.switch_failing.store(fail, std::sync::atomic::Ordering::SeqCst);
+    StatusCode::NO_CONTENT.into_response()
 }
 
 #[derive(Default)]

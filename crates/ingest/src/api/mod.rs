@@ -4,6 +4,8 @@
 mod deliveries;
 mod events;
 mod openapi;
+mod portal;
+mod stats;
 mod subscriptions;
 
 use std::sync::Arc;
@@ -50,11 +52,14 @@ pub fn router(state: Arc<ApiState>, max_request_bytes: usize) -> Router {
         .route("/v1/subscriptions/{id}/rotate-secret", post(subscriptions::rotate_secret))
         .route("/v1/subscriptions/{id}/deliveries", get(deliveries::list))
         .route("/v1/subscriptions/{id}/replay", post(deliveries::replay_since))
+        .route("/v1/subscriptions/{id}/stats", get(stats::get))
         .route("/v1/deliveries/{id}", get(deliveries::get))
         .route("/v1/deliveries/{id}/replay", post(deliveries::replay_one))
         .route("/v1/dlq/redrive", post(deliveries::redrive))
         .route_layer(middleware::from_fn_with_state(state.clone(), auth))
         .route("/openapi.json", get(openapi::document))
+        .route("/portal", get(portal::index))
+        .route("/portal/{file}", get(portal::file))
         .layer(axum::extract::DefaultBodyLimit::max(max_request_bytes))
         .fallback(|| async { ApiError::new(StatusCode::NOT_FOUND, "not_found", "no such route") })
         .with_state(state)
@@ -65,8 +70,10 @@ async fn auth(State(s): State<Arc<ApiState>>, req: Request, next: Next) -> Respo
         .headers()
         .get(header::AUTHORIZATION)
         .and_then(|v| v.to_str().ok())
-        .and_then(|v| v.strip_prefix("Bearer "))
-        .map(str::trim);
+        // The scheme name is case-insensitive (RFC 9110 §11.1).
+        .and_then(|v| v.split_once(' ').filter(|(scheme, _)| scheme.eq_ignore_ascii_case("bearer")).map(|(_, t)| t))
+        .map(str::trim)
+        .filter(|t| !t.is_empty());
     let Some(presented) = presented else {
         return ApiError::new(StatusCode::UNAUTHORIZED, "unauthorized", "missing `Authorization: Bearer <token>` header")
             .into_response();

@@ -1,0 +1,138 @@
+//! `GET /v1/subscriptions/{id}/stats`: attempts per time bucket by outcome class, and attempt latency (p50, p95),
+//! computed from the delivery log. What the portal's chart draws.
+
+use std::sync::Arc;
+
+use axum::extract::{Path, State};
+use axum::http::StatusCode;
+use axum::Json;
+use hookline_core::model::AttemptRecord;
+use serde::Deserialize;
+use serde_json::{json, Map, Value};
+
+use super::{ApiError, ApiQuery, ApiState};
+
+/// The outcome classes, in the order the chart stacks them.
+pub const CLASSES: [&str; 5] = ["succeeded", "retried", "failed", "cancelled", "other"];
+const DEFAULT_BUCKET_MS: i64 = 60_000;
+const DEFAULT_WINDOW_MS: i64 = 3 * 3_600_000;
+const MAX_BUCKETS: i64 = 500;
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct StatsQuery {
+    since_ms: Option<i64>,
+    until_ms: Option<i64>,
+    bucket_ms: Option<i64>,
+}
+
+/// The class of one attempt: `succeeded` (2xx), `retried` (another attempt is scheduled), `failed` (the delivery
+/// ended `failed` or `dead`), `cancelled` (ended `cancelled` or `skipped`), `other` (anything else).
+pub fn class_of(a: &AttemptRecord) -> usize {
+    match a.final_state.as_str() {
+        "succeeded" => 0,
+        "failed" | "dead" => 2,
+        "cancelled" | "skipped" => 3,
+        _ if a.verdict == "success" => 0,
+        _ if a.verdict == "retry" => 1,
+        _ => 4,
+    }
+}
+
+pub async fn get(State(s): State<Arc<ApiState>>, Path(id): Path<String>, ApiQuery(q): ApiQuery<StatsQuery>) -> Result<Json<Value>, ApiError> {
+    if s.subs.get(&id).is_none() {
+        return Err(ApiError::new(StatusCode::NOT_FOUND, "not_found", format!("no subscription {id}")));
+    }
+    let bucket = q.bucket_ms.unwrap_or(DEFAULT_BUCKET_MS);
+    if bucket < 1_000 {
+        return Err(ApiError::field("bucket_ms", "must be at least 1000 (one second)"));
+    }
+    let until = q.until_ms.unwrap_or_else(crate::now_ms);
+    let since = q.since_ms.unwrap_or(until.saturating_sub(DEFAULT_WINDOW_MS));
+    if since >= until {
+        return Err(ApiError::field("until_ms", "must be after since_ms"));
+    }
+    // Buckets start on multiples of the bucket size, so consecutive requests line up. (Wide arithmetic: the
+    // query's numbers are the client's.)
+    let start = since.saturating_sub(since.rem_euclid(bucket));
+    let n = (i128::from(until) - i128::from(start) + i128::from(bucket) - 1) / i128::from(bucket);
+    if n > i128::from(MAX_BUCKETS) {
+        return Err(ApiError::field("bucket_ms", format!("at most {MAX_BUCKETS} buckets: use a larger bucket_ms or a later since_ms")));
+    }
+    let n = n as usize;
+    let mut counts = vec![[0u64; CLASSES.len()]; n];
+    let mut durations: Vec<Vec<i64>> = vec![Vec::new(); n];
+    s.log.for_each_attempt(&id, start, until, |a| {
+        let i = ((i128::from(a.started_at_ms) - i128::from(start)) / i128::from(bucket)) as usize;
+        if i < n {
+            counts[i][class_of(a)] += 1;
+            durations[i].push(a.duration_ms.max(0));
+        }
+    });
+    let mut totals = [0u64; CLASSES.len()];
+    let mut all_durations = Vec::new();
+    let buckets: Vec<Value> = (0..n)
+        .map(|i| {
+            let mut by = Map::new();
+            for (k, c) in CLASSES.iter().enumerate() {
+                by.insert((*c).to_owned(), json!(counts[i][k]));
+                totals[k] += counts[i][k];
+            }
+            let d = &mut durations[i];
+            d.sort_unstable();
+            all_durations.extend_from_slice(d);
+            json!({
+                "start_ms": start.saturating_add((i as i64).saturating_mul(bucket)),
+                "attempts": d.len(),
+                "counts": by,
+                "p50_ms": percentile(d, 50),
+                "p95_ms": percentile(d, 95),
+            })
+        })
+        .collect();
+    all_durations.sort_unstable();
+    let totals: Map<String, Value> = CLASSES.iter().zip(totals).map(|(c, t)| ((*c).to_owned(), json!(t))).collect();
+    Ok(Json(json!({
+        "subscription_id": id,
+        "since_ms": start,
+        "until_ms": until,
+        "bucket_ms": bucket,
+        "classes": CLASSES,
+        "buckets": buckets,
+        "totals": {"attempts": all_durations.len(), "counts": totals, "p50_ms": percentile(&all_durations, 50), "p95_ms": percentile(&all_durations, 95)},
+    })))
+}
+
+/// Nearest-rank percentile of sorted values; `None` when there are none.
+fn percentile(sorted: &[i64], p: usize) -> Option<i64> {
+    if sorted.is_empty() {
+        return None;
+    }
+    let rank = (p * sorted.len()).div_ceil(100).max(1);
+    Some(sorted[rank - 1])
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn nearest_rank_percentiles() {
+        assert_eq!(percentile(&[], 50), None);
+        assert_eq!(percentile(&[7], 95), Some(7));
+        let v: Vec<i64> = (1..=100).collect();
+        assert_eq!((percentile(&v, 50), percentile(&v, 95)), (Some(50), Some(95)));
+        assert_eq!(percentile(&[1, 2, 3, 4], 50), Some(2));
+    }
+
+    #[test]
+    fn classes_follow_the_final_state_then_the_verdict() {
+        let a = |verdict: &str, fin: &str| AttemptRecord { verdict: verdict.into(), final_state: fin.into(), ..Default::default() };
+        assert_eq!(CLASSES[class_of(&a("success", "succeeded"))], "succeeded");
+        assert_eq!(CLASSES[class_of(&a("retry", ""))], "retried");
+        assert_eq!(CLASSES[class_of(&a("retry", "failed"))], "failed", "the last retry of an exhausted schedule");
+        assert_eq!(CLASSES[class_of(&a("terminal", "dead"))], "failed");
+        assert_eq!(CLASSES[class_of(&a("", "cancelled"))], "cancelled");
+        assert_eq!(CLASSES[class_of(&a("terminal", ""))], "other");
+    }
+}
