@@ -17,8 +17,10 @@ pub type Job = Box<dyn FnOnce() -> BoxFuture<'static, ()> + Send>;
 struct Lane {
     running: usize,
     queue: VecDeque<Job>,
-    /// When a job of this lane last finished (or the lane was created): how a stuck endpoint is told from a busy one.
+    /// When a job of this lane last finished (or the lane was created).
     last_done: Instant,
+    /// Smoothed time between finished jobs: with the depth, how long the lane needs to drain.
+    interval: Option<Duration>,
 }
 
 pub struct Lanes {
@@ -39,7 +41,7 @@ impl Lanes {
                 Some(l) => l,
                 None => lanes
                     .entry(key.to_owned())
-                    .or_insert_with(|| Lane { running: 0, queue: VecDeque::new(), last_done: Instant::now() }),
+                    .or_insert_with(|| Lane { running: 0, queue: VecDeque::new(), last_done: Instant::now(), interval: None }),
             };
             if lane.running >= self.cap {
                 lane.queue.push_back(job);
@@ -55,7 +57,10 @@ impl Lanes {
                 job().await;
                 let mut all = lanes.lanes.lock().expect("lanes lock");
                 let Some(lane) = all.get_mut(&key) else { return };
-                lane.last_done = Instant::now();
+                let now = Instant::now();
+                let dt = now - lane.last_done;
+                lane.interval = Some(lane.interval.map_or(dt, |i| (i * 4 + dt) / 5));
+                lane.last_done = now;
                 match lane.queue.pop_front() {
                     Some(next) => job = next,
                     None => {
@@ -70,14 +75,19 @@ impl Lanes {
         });
     }
 
-    /// Whether a lane holds at least `max_depth` jobs and none has finished for `stall`: its endpoint is stuck
-    /// (hanging or very slow), not merely busy, so new work for it should wait elsewhere.
-    pub fn is_stuck(&self, key: &str, max_depth: usize, stall: Duration) -> bool {
-        self.lanes
-            .lock()
-            .expect("lanes lock")
-            .get(key)
-            .is_some_and(|l| l.running + l.queue.len() >= max_depth && l.last_done.elapsed() >= stall)
+    /// Whether a lane holds at least `max_depth` jobs and would need longer than `drain` to finish them at the pace
+    /// it has been finishing jobs (or has finished none for that long): its endpoint hangs or is far too slow for
+    /// its load, so new work for it should wait elsewhere. A deep lane that drains quickly is just busy.
+    pub fn is_stuck(&self, key: &str, max_depth: usize, drain: Duration) -> bool {
+        let lanes = self.lanes.lock().expect("lanes lock");
+        let Some(l) = lanes.get(key) else { return false };
+        let depth = l.running + l.queue.len();
+        if depth < max_depth {
+            return false;
+        }
+        let since = l.last_done.elapsed();
+        let pace = l.interval.map_or(since, |i| i.max(since));
+        since >= drain || pace.saturating_mul(u32::try_from(depth).unwrap_or(u32::MAX)) >= drain
     }
 
     /// Jobs running or waiting in a lane.
@@ -124,20 +134,24 @@ mod tests {
     }
 
     #[tokio::test(start_paused = true)]
-    async fn a_deep_lane_is_stuck_only_when_nothing_finishes() {
+    async fn a_deep_lane_is_stuck_when_it_cannot_drain_in_time() {
         let lanes = Lanes::new(1);
-        let (release_tx, release_rx) = oneshot::channel::<()>();
+        let (first_tx, first_rx) = oneshot::channel::<()>();
         lanes.submit("a", Box::new(move || Box::pin(async move {
-            let _ = release_rx.await;
+            let _ = first_rx.await;
         })));
-        lanes.submit("a", Box::new(|| Box::pin(async {})));
+        lanes.submit("a", Box::new(|| Box::pin(std::future::pending())));
         assert!(!lanes.is_stuck("a", 2, Duration::from_secs(1)), "deep, but only just started");
         tokio::time::advance(Duration::from_secs(2)).await;
         assert!(lanes.is_stuck("a", 2, Duration::from_secs(1)), "deep and nothing finished for 2 s");
         assert!(!lanes.is_stuck("a", 3, Duration::from_secs(1)), "not at the depth");
-        release_tx.send(()).unwrap();
-        tokio::task::yield_now().await;
-        tokio::task::yield_now().await;
-        assert!(!lanes.is_stuck("a", 1, Duration::from_secs(1)), "progress clears it");
+        // The first job finishes after 2 s: at that pace the one left takes ~2 s more.
+        first_tx.send(()).unwrap();
+        for _ in 0..3 {
+            tokio::task::yield_now().await;
+        }
+        assert_eq!(lanes.depth("a"), 1);
+        assert!(lanes.is_stuck("a", 1, Duration::from_secs(1)), "too slow to drain in 1 s");
+        assert!(!lanes.is_stuck("a", 1, Duration::from_secs(3)), "drains within 3 s");
     }
 }

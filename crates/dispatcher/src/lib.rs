@@ -130,8 +130,8 @@ impl Ctx {
 
 pub(crate) use hookline_service::now_ms;
 
-/// A lane at its depth with no delivery finished for this long counts as stuck (see `Lanes::is_stuck`).
-const STUCK_AFTER: Duration = Duration::from_secs(1);
+/// A lane at its depth that would need longer than this to drain counts as stuck (see `Lanes::is_stuck`).
+const STUCK_AFTER: Duration = Duration::from_secs(5);
 
 
 /// Runs a dispatcher until `shutdown`, then drains: in-flight deliveries get `dispatcher.drain_timeout_ms` to
@@ -242,7 +242,7 @@ pub async fn run(config: Config, shutdown: CancellationToken, options: Options) 
                 };
                 let lane = task.subscription_id.clone();
                 let done = done_tx.clone();
-                // A deep lane whose endpoint finishes nothing (hanging, or slower than a second per request) would
+                // A deep lane that cannot drain within seconds (its endpoint hangs or is far too slow) would
                 // otherwise use up `max_in_flight` and stall every other subscription: park the task on the ladder.
                 if ctx.lanes.is_stuck(&lane, max_queued, STUCK_AFTER) {
                     let ctx = ctx.clone();
