@@ -88,58 +88,7 @@ pub async fn wait_for(notify: &Notify, limit: Duration, what: &str, mut cond: im
 
 impl Pipeline {
     pub async fn start(partitions: i32) -> Pipeline {
-        let topics = Topics::new("hookline.");
-        let broker = DevBroker::start(&topics, partitions, partitions).expect("mock broker");
-        let mut config = hookline_service::Config::dev(&broker.bootstrap_servers(), partitions, TOKEN);
-        config.telemetry.log_level = "warn".into();
-        // Small, so an oversized request fits in the socket buffers and the 413 is read back reliably.
-        config.ingest.max_request_bytes = 16 << 10;
-        // Logs only when asked for (RUST_LOG=hookline_dispatcher=debug cargo test ...).
-        if std::env::var_os("RUST_LOG").is_some() {
-            hookline_service::telemetry::init(&config.telemetry);
-        }
-        let shutdown = CancellationToken::new();
-        let (tx, rx) = tokio::sync::oneshot::channel();
-        let services = vec![
-            tokio::spawn({
-                let f = hookline_ingest::run(config.clone(), shutdown.clone(), hookline_ingest::Options { bound: Some(tx), ..Default::default() });
-                async move { f.await.expect("ingest runs") }
-            }),
-            tokio::spawn({
-                let f = hookline_dispatcher::run(config.clone(), shutdown.clone(), Default::default());
-                async move { f.await.expect("dispatcher runs") }
-            }),
-            tokio::spawn({
-                let f = hookline_retry_scheduler::run(config.clone(), shutdown.clone(), Default::default());
-                async move { f.await.expect("retry-scheduler runs") }
-            }),
-        ];
-        let api = rx.await.expect("ingest starts");
-
-        let seen = Arc::new(ReceiverState::default());
-        let app = axum::Router::new().route("/{path}", axum::routing::post(receive)).with_state(seen.clone());
-        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.expect("bind receiver");
-        let receiver = listener.local_addr().expect("receiver address");
-        tokio::spawn(async move {
-            let _ = axum::serve(listener, app).await;
-        });
-
-        let attempts = collect::<AttemptRecord>(&config, topics.attempts(), shutdown.clone()).await;
-        let dlq = collect::<DeadLetter>(&config, topics.dlq(), shutdown.clone()).await;
-        let ops = collect::<OpsEvent>(&config, topics.ops(), shutdown.clone()).await;
-        Pipeline {
-            broker: Some(broker),
-            services,
-            api,
-            receiver,
-            seen,
-            attempts,
-            dlq,
-            ops,
-            config,
-            shutdown,
-            client: Client::builder(TokioExecutor::new()).build_http(),
-        }
+        Self::start_with(partitions, |_| {}).await
     }
 
     pub fn script(&self, path: &str, script: Script) {
