@@ -20,7 +20,7 @@ enum Command {
     Dev(cmd::dev::DevArgs),
     /// Run librdkafka's mock cluster alone and print its bootstrap servers.
     DevBroker(cmd::dev_broker::DevBrokerArgs),
-    /// Create hookline's Kafka topics.
+    /// List or create hookline's Kafka topics.
     #[command(subcommand)]
     Topics(cmd::topics::TopicsCmd),
     /// List, show, check and simulate delivery policies.
