@@ -192,7 +192,7 @@ impl Drop for Pipeline {
 
 async fn collect<T: prost::Message + Default + Send + 'static>(
     config: &hookline_service::Config,
-    topic: String,
+    topic: &str,
     stop: CancellationToken,
 ) -> Arc<Collected<T>> {
     let c = Arc::new(Collected::<T>::default());

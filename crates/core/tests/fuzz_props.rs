@@ -118,7 +118,7 @@ fn check_accepted(p: &policy::Policy) -> Result<(), TestCaseError> {
     prop_assert!(p.attempt.timeout_ms > 0 && p.attempt.response_cap_bytes > 0);
     prop_assert!(!p.classify.is_empty());
     if let Some(max) = p.max_attempts() {
-        prop_assert!(max >= 1 && max <= MAX_ATTEMPTS_LIMIT, "max_attempts {max}");
+        prop_assert!((1..=MAX_ATTEMPTS_LIMIT).contains(&max), "max_attempts {max}");
     }
     let mut rng = rand::rngs::StdRng::seed_from_u64(7);
     let outcomes = [

@@ -7,7 +7,7 @@ use std::time::Duration;
 use bytes::Bytes;
 use hookline_core::health::{self, HealthEvent, Transition};
 use hookline_core::model::{
-    DeliveryTask, EndpointCondition, EndpointState, OpsEvent, RetryEnvelope, TaskOrigin,
+    DeliveryTask, EndpointCondition, EndpointState, Event, OpsEvent, RetryEnvelope, TaskOrigin,
 };
 use hookline_core::policy::{DisableAction, InactiveAction, InFlightRule, Policy};
 use hookline_core::request::{self, HeaderContext};
@@ -38,7 +38,7 @@ pub async fn deliver(ctx: Arc<Ctx>, task: DeliveryTask, partition: i32) -> Resul
     let Some(entry) = ctx.subs.get(&task.subscription_id) else {
         // Deleted subscription: nothing to deliver to. Recorded so the delivery has a final state.
         let rec = records::closing_record(&task, "subscription_deleted", "the subscription was deleted".into(), "cancelled", "cancelled", now, "");
-        ctx.produce(&ctx.topics.attempts(), &task.subscription_id, &rec).await?;
+        ctx.produce(ctx.topics.attempts(), &task.subscription_id, &rec).await?;
         metrics::counter!("hookline_deliveries_total", "outcome" => "cancelled").increment(1);
         return Ok(());
     };
@@ -48,8 +48,8 @@ pub async fn deliver(ctx: Arc<Ctx>, task: DeliveryTask, partition: i32) -> Resul
             let detail = format!("the subscription's policy is invalid: {e}");
             let rec = records::closing_record(&task, "invalid_policy", detail.clone(), "dead", "dead", now, &entry.sub.policy);
             let dl = records::dead_letter(&task, "invalid_policy", detail, "dead", "dead", task.attempts_made, String::new(), now);
-            ctx.produce(&ctx.topics.attempts(), &task.subscription_id, &rec).await?;
-            ctx.produce(&ctx.topics.dlq(), &task.subscription_id, &dl).await?;
+            ctx.produce(ctx.topics.attempts(), &task.subscription_id, &rec).await?;
+            ctx.produce(ctx.topics.dlq(), &task.subscription_id, &dl).await?;
             metrics::counter!("hookline_dead_lettered_total", "reason" => "invalid_policy").increment(1);
             metrics::counter!("hookline_deliveries_total", "outcome" => "dead").increment(1);
             return Ok(());
@@ -92,10 +92,10 @@ async fn leased_attempt(ctx: &Ctx, task: DeliveryTask, entry: &SubscriptionEntry
             policy: policy.name.clone(),
             ..Default::default()
         };
-        ctx.produce_to_partition(&topic, partition, &key, Some(&lease.encode_to_vec())).await?;
+        ctx.produce_to_partition(topic, partition, &key, Some(&lease.encode_to_vec())).await?;
         attempt(ctx, task, entry, policy).await?;
     }
-    ctx.produce_to_partition(&topic, partition, &key, None).await
+    ctx.produce_to_partition(topic, partition, &key, None).await
 }
 
 /// The earlier owner died during this attempt: it counts as a failed attempt whose outcome is unknown.
@@ -122,7 +122,7 @@ async fn lost_attempt(ctx: &Ctx, mut task: DeliveryTask, entry: &SubscriptionEnt
             next.due_at_ms = due;
             next.scheduled_wait_ms = wait.ms as i64;
             next.origin = TaskOrigin::Retry as i32;
-            ctx.produce(&ctx.topics.attempts(), &task.subscription_id, &rec).await?;
+            ctx.produce(ctx.topics.attempts(), &task.subscription_id, &rec).await?;
             schedule(ctx, next, wait.ms, now).await?;
             metrics::counter!("hookline_deliveries_retried_total").increment(1);
         }
@@ -134,8 +134,8 @@ async fn lost_attempt(ctx: &Ctx, mut task: DeliveryTask, entry: &SubscriptionEnt
             let mut last = task.clone();
             last.attempts_made = attempt_no;
             let dl = records::dead_letter(&last, "lease_expired", reason.clone(), final_word(state), &word, task.prior_attempts + attempt_no, "lease_expired".into(), now);
-            ctx.produce(&ctx.topics.attempts(), &task.subscription_id, &rec).await?;
-            ctx.produce(&ctx.topics.dlq(), &task.subscription_id, &dl).await?;
+            ctx.produce(ctx.topics.attempts(), &task.subscription_id, &rec).await?;
+            ctx.produce(ctx.topics.dlq(), &task.subscription_id, &dl).await?;
             metrics::counter!("hookline_deliveries_total", "outcome" => final_word(state)).increment(1);
             metrics::counter!("hookline_dead_lettered_total", "reason" => "lease_expired").increment(1);
             if state == FinalState::Dead {
@@ -159,18 +159,18 @@ async fn inactive(
         InactiveAction::Hold => {
             let mut held = task.clone();
             held.origin = TaskOrigin::Held as i32;
-            ctx.produce(&ctx.topics.held(), &task.subscription_id, &held).await?;
+            ctx.produce(ctx.topics.held(), &task.subscription_id, &held).await?;
             metrics::counter!("hookline_deliveries_held_total").increment(1);
         }
         InactiveAction::Cancel => {
             let word = policy.status_word(FinalState::Cancelled).to_owned();
             let rec = records::closing_record(task, "inactive", why, "cancelled", &word, now, &policy.name);
-            ctx.produce(&ctx.topics.attempts(), &task.subscription_id, &rec).await?;
+            ctx.produce(ctx.topics.attempts(), &task.subscription_id, &rec).await?;
             metrics::counter!("hookline_deliveries_total", "outcome" => "cancelled").increment(1);
         }
         InactiveAction::Skip => {
             let rec = records::closing_record(task, "inactive", why, "skipped", &policy.status_words.skipped, now, &policy.name);
-            ctx.produce(&ctx.topics.attempts(), &task.subscription_id, &rec).await?;
+            ctx.produce(ctx.topics.attempts(), &task.subscription_id, &rec).await?;
             metrics::counter!("hookline_deliveries_total", "outcome" => "skipped").increment(1);
         }
     }
@@ -202,13 +202,12 @@ async fn schedule(ctx: &Ctx, mut task: DeliveryTask, wait_ms: u64, now: i64) -> 
     let key = task.subscription_id.clone();
     let env = RetryEnvelope { task: Some(task), enqueued_at_ms: now, tier_delay_ms: tier.delay_ms as i64 };
     metrics::counter!("hookline_retries_scheduled_total", "tier" => tier.name).increment(1);
-    ctx.produce(&ctx.topics.retry(tier), &key, &env).await
+    ctx.produce(ctx.topics.retry(tier), &key, &env).await
 }
 
 async fn attempt(ctx: &Ctx, mut task: DeliveryTask, entry: &SubscriptionEntry, policy: &Policy) -> Result<(), Aborted> {
     let attempt_no = task.attempts_made + 1;
-    let event = task.event.clone().unwrap_or_default();
-    let body = match request::body(policy, &event) {
+    let body = match request::body(policy, task.event.as_ref().unwrap_or(&Event::default())) {
         Ok(b) => b,
         Err(e) => {
             let now = now_ms();
@@ -216,8 +215,8 @@ async fn attempt(ctx: &Ctx, mut task: DeliveryTask, entry: &SubscriptionEntry, p
             let word = policy.status_word(FinalState::Dead).to_owned();
             let rec = records::closing_record(&task, "oversize", detail.clone(), "dead", &word, now, &policy.name);
             let dl = records::dead_letter(&task, "oversize", detail, "dead", &word, task.attempts_made, "oversize".into(), now);
-            ctx.produce(&ctx.topics.attempts(), &task.subscription_id, &rec).await?;
-            ctx.produce(&ctx.topics.dlq(), &task.subscription_id, &dl).await?;
+            ctx.produce(ctx.topics.attempts(), &task.subscription_id, &rec).await?;
+            ctx.produce(ctx.topics.dlq(), &task.subscription_id, &dl).await?;
             metrics::counter!("hookline_dead_lettered_total", "reason" => "oversize").increment(1);
             metrics::counter!("hookline_deliveries_total", "outcome" => "dead").increment(1);
             return Ok(());
@@ -248,9 +247,8 @@ async fn attempt(ctx: &Ctx, mut task: DeliveryTask, entry: &SubscriptionEntry, p
 
         match decision.next {
             Next::MicroRetry(wait) => {
-                let word = policy.status_words.pending.clone();
-                let rec = records::attempt_record(&cx, &result, &decision, ended + wait.ms as i64, &word);
-                ctx.produce(&ctx.topics.attempts(), &task.subscription_id, &rec).await?;
+                let rec = records::attempt_record(&cx, &result, &decision, ended + wait.ms as i64, &policy.status_words.pending);
+                ctx.produce(ctx.topics.attempts(), &task.subscription_id, &rec).await?;
                 tokio::select! {
                     _ = tokio::time::sleep(Duration::from_millis(wait.ms)) => {}
                     _ = ctx.shutdown.cancelled() => return Err(Aborted),
@@ -260,8 +258,7 @@ async fn attempt(ctx: &Ctx, mut task: DeliveryTask, entry: &SubscriptionEntry, p
             }
             Next::NextAttempt(wait) => {
                 let due = ended + wait.ms as i64;
-                let word = policy.status_words.pending.clone();
-                let rec = records::attempt_record(&cx, &result, &decision, due, &word);
+                let rec = records::attempt_record(&cx, &result, &decision, due, &policy.status_words.pending);
                 let mut next = task.clone();
                 next.attempts_made = attempt_no;
                 next.due_at_ms = due;
@@ -269,7 +266,7 @@ async fn attempt(ctx: &Ctx, mut task: DeliveryTask, entry: &SubscriptionEntry, p
                 next.origin = TaskOrigin::Retry as i32;
                 let attempts = ctx.topics.attempts();
                 let (a, b) = tokio::join!(
-                    ctx.produce(&attempts, &task.subscription_id, &rec),
+                    ctx.produce(attempts, &task.subscription_id, &rec),
                     schedule(ctx, next, wait.ms, ended),
                 );
                 a?;
@@ -279,7 +276,7 @@ async fn attempt(ctx: &Ctx, mut task: DeliveryTask, entry: &SubscriptionEntry, p
             Next::Final(state) => {
                 let word = policy.status_word(state).to_owned();
                 let rec = records::attempt_record(&cx, &result, &decision, 0, &word);
-                ctx.produce(&ctx.topics.attempts(), &task.subscription_id, &rec).await?;
+                ctx.produce(ctx.topics.attempts(), &task.subscription_id, &rec).await?;
                 metrics::counter!("hookline_deliveries_total", "outcome" => final_word(state)).increment(1);
                 if state == FinalState::Succeeded {
                     if let Some(ev) = &task.event {
@@ -292,7 +289,7 @@ async fn attempt(ctx: &Ctx, mut task: DeliveryTask, entry: &SubscriptionEntry, p
                     let mut last = task.clone();
                     last.attempts_made = attempt_no;
                     let dl = records::dead_letter(&last, reason, result.reason.clone(), final_word(state), &word, task.prior_attempts + attempt_no, result.outcome.token(), ended);
-                    ctx.produce(&ctx.topics.dlq(), &task.subscription_id, &dl).await?;
+                    ctx.produce(ctx.topics.dlq(), &task.subscription_id, &dl).await?;
                     metrics::counter!("hookline_dead_lettered_total", "reason" => reason).increment(1);
                     if state == FinalState::Dead {
                         follow_ups(ctx, &task, policy, &result.reason, ended).await?;
@@ -348,7 +345,7 @@ async fn follow_ups(ctx: &Ctx, task: &DeliveryTask, policy: &Policy, reason: &st
     let event_type = task.event.as_ref().map(|e| e.r#type.as_str()).unwrap_or("");
     for f in policy.follow_ups.iter().filter(|f| f.on_event_type == event_type) {
         let ev = records::follow_up_event(task, &f.emit_event_type, reason, now);
-        ctx.produce(&ctx.topics.events(), &ev.id.clone(), &ev).await?;
+        ctx.produce(ctx.topics.events(), &ev.id.clone(), &ev).await?;
         metrics::counter!("hookline_follow_up_events_total").increment(1);
     }
     Ok(())
@@ -365,21 +362,22 @@ async fn update_health(
     let id = &entry.sub.id;
     let topic = ctx.topics.endpoint_state();
     let (pending, transition, snapshot) = ctx.states.update(id, |st: &mut EndpointState| {
-        let before = st.clone();
+        let before = (st.consecutive_failures, st.condition, st.generation, st.first_failure_at_ms);
         if entry.sub.resume_generation > st.generation {
             health::resume(st, entry.sub.resume_generation);
         }
         let transition = health::apply(st, policy.disable.as_ref(), event, now);
         // A success on a healthy endpoint only moves last_success_at: not worth a record per delivery.
-        let material = st.consecutive_failures != before.consecutive_failures
-            || st.condition != before.condition
-            || st.generation != before.generation
-            || st.first_failure_at_ms != before.first_failure_at_ms;
-        let pending = material.then(|| ctx.enqueue(&topic, id, st.encode_to_vec()));
-        (pending, transition, st.clone())
+        let material = (st.consecutive_failures, st.condition, st.generation, st.first_failure_at_ms) != before;
+        let pending = material.then(|| {
+            let payload = st.encode_to_vec();
+            (ctx.enqueue(topic, id, &payload), payload)
+        });
+        let snapshot = (!matches!(transition, Transition::None)).then(|| st.clone());
+        (pending, transition, snapshot)
     });
-    if let Some(p) = pending {
-        ctx.await_enqueued(p, &topic, id, snapshot.encode_to_vec()).await?;
+    if let Some((enqueued, payload)) = pending {
+        ctx.await_enqueued(enqueued, topic, id, &payload).await?;
     }
     let ops = match transition {
         Transition::None => None,
@@ -396,6 +394,7 @@ async fn update_health(
         Transition::Recovered => Some(("endpoint_recovered", String::new())),
     };
     if let Some((kind, reason)) = ops {
+        let snapshot = snapshot.unwrap_or_default();
         let condition = EndpointCondition::try_from(snapshot.condition).unwrap_or(EndpointCondition::Unspecified);
         let ev = OpsEvent {
             kind: kind.to_owned(),
@@ -406,7 +405,7 @@ async fn update_health(
             owner_email: entry.sub.owner_email.clone(),
             url: entry.sub.url.clone(),
         };
-        ctx.produce(&ctx.topics.ops(), id, &ev).await?;
+        ctx.produce(ctx.topics.ops(), id, &ev).await?;
     }
     Ok(())
 }

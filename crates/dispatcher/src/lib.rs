@@ -113,18 +113,18 @@ impl Ctx {
     }
 
     /// Enqueues without waiting, preserving order with other enqueues to the same partition.
-    pub fn enqueue(&self, topic: &str, key: &str, payload: Vec<u8>) -> Option<DeliveryFuture> {
-        self.producer.send_result(FutureRecord::to(topic).key(key).payload(&payload)).ok()
+    pub fn enqueue(&self, topic: &str, key: &str, payload: &[u8]) -> Option<DeliveryFuture> {
+        self.producer.send_result(FutureRecord::to(topic).key(key).payload(payload)).ok()
     }
 
     /// Waits for an enqueued record; falls back to a reliable produce if it could not be enqueued or failed.
-    pub async fn await_enqueued(&self, f: Option<DeliveryFuture>, topic: &str, key: &str, payload: Vec<u8>) -> Result<(), Aborted> {
+    pub async fn await_enqueued(&self, f: Option<DeliveryFuture>, topic: &str, key: &str, payload: &[u8]) -> Result<(), Aborted> {
         if let Some(f) = f {
             if let Ok(Ok(_)) = f.await {
                 return Ok(());
             }
         }
-        self.produce_bytes(topic, key, &payload).await
+        self.produce_bytes(topic, key, payload).await
     }
 }
 
@@ -179,7 +179,7 @@ pub async fn run(config: Config, shutdown: CancellationToken, options: Options) 
     let consumer: StreamConsumer<RebalanceContext> =
         group_consumer_config(kafka, &config.dispatcher.group_id, &instance).create_with_context(context)?;
     let deliveries = topics.deliveries();
-    consumer.subscribe(&[&deliveries])?;
+    consumer.subscribe(&[deliveries])?;
     readiness.set(true);
 
     let max_in_flight = config.dispatcher.max_in_flight;
@@ -192,10 +192,10 @@ pub async fn run(config: Config, shutdown: CancellationToken, options: Options) 
         tokio::select! {
             biased;
             _ = shutdown.cancelled() => break,
-            Some(ev) = rebalances.recv() => on_rebalance(ev, &mut marks, &ctx, &states_reader, &deliveries),
+            Some(ev) = rebalances.recv() => on_rebalance(ev, &mut marks, &ctx, &states_reader, deliveries),
             Some((p, o)) = done_rx.recv() => {
-                if let Some(w) = marks.complete(&deliveries, p, o) {
-                    store(&consumer, &deliveries, p, w);
+                if let Some(w) = marks.complete(deliveries, p, o) {
+                    store(&consumer, deliveries, p, w);
                 }
             }
             next = async {
@@ -213,10 +213,10 @@ pub async fn run(config: Config, shutdown: CancellationToken, options: Options) 
                 // An assignment is reported during the poll that returns its first records: apply it first, so
                 // every task finds its partition's ownership in place.
                 while let Ok(ev) = rebalances.try_recv() {
-                    on_rebalance(ev, &mut marks, &ctx, &states_reader, &deliveries);
+                    on_rebalance(ev, &mut marks, &ctx, &states_reader, deliveries);
                 }
                 let (p, o) = (m.partition(), m.offset());
-                marks.start(&deliveries, p, o);
+                marks.start(deliveries, p, o);
                 metrics::gauge!("hookline_dispatcher_in_flight").set((max_in_flight - in_flight.available_permits()) as f64);
                 let task = match m.payload().map(DeliveryTask::decode) {
                     Some(Ok(t)) => t,
@@ -225,13 +225,13 @@ pub async fn run(config: Config, shutdown: CancellationToken, options: Options) 
                         let ctx = ctx.clone();
                         let raw = m.payload().unwrap_or_default().to_vec();
                         let done = done_tx.clone();
-                        let topic = deliveries.clone();
+                        let topic = deliveries.to_owned();
                         tokio::spawn(async move {
                             let dl = hookline_core::model::DeadLetter {
                                 reason: "invalid_task".into(), detail, raw: raw.into(), source_topic: topic,
                                 source_partition: p, source_offset: o, at_ms: now_ms(), ..Default::default()
                             };
-                            if ctx.produce(&ctx.topics.dlq(), "", &dl).await.is_ok() {
+                            if ctx.produce(ctx.topics.dlq(), "", &dl).await.is_ok() {
                                 metrics::counter!("hookline_dead_lettered_total", "reason" => "invalid_task").increment(1);
                                 let _ = done.send((p, o));
                             }
@@ -283,15 +283,15 @@ pub async fn run(config: Config, shutdown: CancellationToken, options: Options) 
                 break;
             }
             Some((p, o)) = done_rx.recv() => {
-                if let Some(w) = marks.complete(&deliveries, p, o) {
-                    store(&consumer, &deliveries, p, w);
+                if let Some(w) = marks.complete(deliveries, p, o) {
+                    store(&consumer, deliveries, p, w);
                 }
             }
         }
     }
     while let Ok((p, o)) = done_rx.try_recv() {
-        if let Some(w) = marks.complete(&deliveries, p, o) {
-            store(&consumer, &deliveries, p, w);
+        if let Some(w) = marks.complete(deliveries, p, o) {
+            store(&consumer, deliveries, p, w);
         }
     }
     if let Err(e) = consumer.commit_consumer_state(CommitMode::Sync) {
@@ -318,7 +318,7 @@ fn on_rebalance(ev: RebalanceEvent, marks: &mut Watermarks, ctx: &Arc<Ctx>, read
                         let synced = async {
                             let end = reader.end_offset(p).await.map_err(|e| e.to_string())?;
                             reader.wait_for(p, end).await;
-                            ctx.leases.load(&ctx.kafka, &ctx.topics.inflight(), p).await.map_err(|e| e.to_string())
+                            ctx.leases.load(&ctx.kafka, ctx.topics.inflight(), p).await.map_err(|e| e.to_string())
                         };
                         match synced.await {
                             Ok(leases) => {

@@ -97,7 +97,7 @@ struct Attempts {
     changed: Notify,
 }
 
-async fn collect_attempts(config: &hookline_service::Config, topic: String, stop: CancellationToken) -> Arc<Attempts> {
+async fn collect_attempts(config: &hookline_service::Config, topic: &str, stop: CancellationToken) -> Arc<Attempts> {
     let c = Arc::new(Attempts::default());
     let c2 = c.clone();
     hookline_kafka::table::spawn(

@@ -37,11 +37,11 @@ pub async fn run(f: Arc<Fanout>, config: &hookline_service::Config, client_id: &
     let consumer: StreamConsumer<RebalanceContext> =
         group_consumer_config(&config.kafka, &config.ingest.group_id, client_id).create_with_context(context)?;
     let events = f.topics.events();
-    consumer.subscribe(&[&events])?;
+    consumer.subscribe(&[events])?;
     let in_flight = Arc::new(Semaphore::new(MAX_IN_FLIGHT));
     let (done_tx, mut done_rx) = mpsc::unbounded_channel::<(i32, i64)>();
     let mut marks = Watermarks::new();
-    let store = |consumer: &StreamConsumer<RebalanceContext>, p: i32, w: i64| store(consumer, &events, p, w);
+    let store = |consumer: &StreamConsumer<RebalanceContext>, p: i32, w: i64| store(consumer, events, p, w);
     loop {
         tokio::select! {
             biased;
@@ -52,7 +52,7 @@ pub async fn run(f: Arc<Fanout>, config: &hookline_service::Config, client_id: &
                 }
             }
             Some((p, o)) = done_rx.recv() => {
-                if let Some(w) = marks.complete(&events, p, o) { store(&consumer, p, w); }
+                if let Some(w) = marks.complete(events, p, o) { store(&consumer, p, w); }
             }
             next = async {
                 let permit = in_flight.clone().acquire_owned().await.expect("never closed");
@@ -64,7 +64,7 @@ pub async fn run(f: Arc<Fanout>, config: &hookline_service::Config, client_id: &
                     Err(e) => { tracing::warn!(error = %e, "events consumer error"); continue; }
                 };
                 let (p, o) = (m.partition(), m.offset());
-                marks.start(&events, p, o);
+                marks.start(events, p, o);
                 metrics::counter!("hookline_events_consumed_total").increment(1);
                 let accepted_at = m.timestamp().to_millis().unwrap_or_else(crate::now_ms);
                 let work = match decode::decode(m.payload().unwrap_or_default(), f.max_event_bytes, false) {
@@ -85,7 +85,7 @@ pub async fn run(f: Arc<Fanout>, config: &hookline_service::Config, client_id: &
                         }
                         let dl = DeadLetter {
                             reason: invalid.reason.into(), detail, raw: payload[..keep].to_vec().into(),
-                            source_topic: events.clone(), source_partition: p, source_offset: o, at_ms: crate::now_ms(), ..Default::default()
+                            source_topic: events.to_owned(), source_partition: p, source_offset: o, at_ms: crate::now_ms(), ..Default::default()
                         };
                         vec![enqueue(&f.producer, f.topics.dlq(), String::new(), dl.encode_to_vec())]
                     }
@@ -105,7 +105,7 @@ pub async fn run(f: Arc<Fanout>, config: &hookline_service::Config, client_id: &
     // Drain what is in flight, then commit.
     let _ = tokio::time::timeout(Duration::from_secs(10), in_flight.acquire_many(MAX_IN_FLIGHT as u32)).await;
     while let Ok((p, o)) = done_rx.try_recv() {
-        if let Some(w) = marks.complete(&events, p, o) {
+        if let Some(w) = marks.complete(events, p, o) {
             store(&consumer, p, w);
         }
     }
@@ -121,9 +121,9 @@ pub struct Pending {
     future: Option<rdkafka::producer::DeliveryFuture>,
 }
 
-fn enqueue(producer: &FutureProducer, topic: String, key: String, payload: Vec<u8>) -> Pending {
-    let future = producer.send_result(FutureRecord::to(&topic).key(&key).payload(&payload)).ok();
-    Pending { topic, key, payload, future }
+fn enqueue(producer: &FutureProducer, topic: &str, key: String, payload: Vec<u8>) -> Pending {
+    let future = producer.send_result(FutureRecord::to(topic).key(&key).payload(&payload)).ok();
+    Pending { topic: topic.to_owned(), key, payload, future }
 }
 
 fn fan_out(f: &Fanout, ev: Event) -> Vec<Pending> {
@@ -140,7 +140,7 @@ fn fan_out(f: &Fanout, ev: Event) -> Vec<Pending> {
                 origin: TaskOrigin::Fanout as i32,
                 ..Default::default()
             };
-            enqueue(&f.producer, deliveries.clone(), entry.sub.id.clone(), task.encode_to_vec())
+            enqueue(&f.producer, deliveries, entry.sub.id.clone(), task.encode_to_vec())
         })
         .collect()
 }

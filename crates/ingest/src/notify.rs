@@ -257,12 +257,13 @@ pub async fn run(config: &hookline_service::Config, shutdown: CancellationToken)
     if notifier.smtp.credentials.is_some() && !is_loopback(&notifier.smtp.addr) {
         tracing::warn!(addr = %notifier.smtp.addr, "notify: AUTH PLAIN over plain TCP to a non-loopback relay sends the password unencrypted");
     }
-    let topic = Topics::new(config.kafka.topic_prefix.clone()).ops();
+    let topics = Topics::new(config.kafka.topic_prefix.clone());
+    let topic = topics.ops();
     let group = format!("{}-notify", config.ingest.group_id);
     let (context, mut rebalances) = RebalanceContext::new("ingest-notify");
     let consumer: StreamConsumer<RebalanceContext> =
         group_consumer_config(&config.kafka, &group, "hookline-ingest-notify").create_with_context(context)?;
-    consumer.subscribe(&[&topic])?;
+    consumer.subscribe(&[topic])?;
     tracing::info!(%topic, %group, relay = %notifier.smtp.addr, "owner e-mail notifications on");
 
     let mut marks = Watermarks::new();
@@ -271,7 +272,7 @@ pub async fn run(config: &hookline_service::Config, shutdown: CancellationToken)
     let mut paused: HashSet<i32> = HashSet::new();
     let pause = |p: i32, on: bool| {
         let mut tpl = TopicPartitionList::new();
-        tpl.add_partition(&topic, p);
+        tpl.add_partition(topic, p);
         let r = if on { consumer.pause(&tpl) } else { consumer.resume(&tpl) };
         if let Err(e) = r {
             tracing::debug!(partition = p, error = %e, "notify: pause/resume failed (partition revoked?)");
@@ -307,8 +308,8 @@ pub async fn run(config: &hookline_service::Config, shutdown: CancellationToken)
             }
             () = async { job.as_mut().expect("guarded by the branch condition").2.as_mut().await }, if job.is_some() => {
                 let (p, o, _) = job.take().expect("a job just finished");
-                if let Some(w) = marks.complete(&topic, p, o) {
-                    store(&consumer, &topic, p, w);
+                if let Some(w) = marks.complete(topic, p, o) {
+                    store(&consumer, topic, p, w);
                 }
             }
             received = consumer.recv() => {
@@ -317,7 +318,7 @@ pub async fn run(config: &hookline_service::Config, shutdown: CancellationToken)
                     Err(e) => { tracing::warn!(error = %e, "ops consumer error"); continue; }
                 };
                 let (p, o) = (m.partition(), m.offset());
-                marks.start(&topic, p, o);
+                marks.start(topic, p, o);
                 let composed = OpsEvent::decode(m.payload().unwrap_or_default())
                     .map_err(|e| Skip::Undecodable(e.to_string()))
                     .and_then(|ev| notifier.compose(&ev, crate::now_ms()).map(|mail| (ev, mail)));
@@ -336,8 +337,8 @@ pub async fn run(config: &hookline_service::Config, shutdown: CancellationToken)
                             Skip::NoOwnerEmail => tracing::info!(subscription = %key, partition = p, offset = o, %skip, "ops record: no e-mail"),
                             _ => tracing::warn!(subscription = %key, partition = p, offset = o, %skip, "ops record: no e-mail"),
                         }
-                        if let Some(w) = marks.complete(&topic, p, o) {
-                            store(&consumer, &topic, p, w);
+                        if let Some(w) = marks.complete(topic, p, o) {
+                            store(&consumer, topic, p, w);
                         }
                     }
                 }
@@ -348,8 +349,8 @@ pub async fn run(config: &hookline_service::Config, shutdown: CancellationToken)
     // left, like the queue, uncommitted: the next start sends them.
     if let Some((p, o, fut)) = job.take() {
         if tokio::time::timeout(SHUTDOWN_GRACE.min(notifier.smtp.timeout), fut).await.is_ok() {
-            if let Some(w) = marks.complete(&topic, p, o) {
-                store(&consumer, &topic, p, w);
+            if let Some(w) = marks.complete(topic, p, o) {
+                store(&consumer, topic, p, w);
             }
         }
     }

@@ -44,10 +44,9 @@ pub async fn produce(s: &ApiState, tasks: Vec<DeliveryTask>) -> Result<usize, Re
     let n = tasks.len();
     let sends = tasks.iter().map(|t| {
         let payload = t.encode_to_vec();
-        let topic = topic.clone();
         async move {
             s.producer
-                .send(FutureRecord::to(&topic).key(&t.subscription_id).payload(&payload), Duration::from_secs(10))
+                .send(FutureRecord::to(topic).key(&t.subscription_id).payload(&payload), Duration::from_secs(10))
                 .await
                 .map_err(|(e, _)| e)
         }
@@ -62,7 +61,7 @@ pub async fn produce(s: &ApiState, tasks: Vec<DeliveryTask>) -> Result<usize, Re
 /// Every event accepted since `since_ms` (and up to `until_ms`) that the subscription's filter matches.
 pub async fn since(s: &ApiState, entry: &SubscriptionEntry, since_ms: i64, until_ms: Option<i64>) -> Result<usize, ReplayError> {
     let mut tasks = Vec::new();
-    scan(&s.kafka, &s.topics.events(), Some(since_ms), SCAN_LIMIT, |m| {
+    scan(&s.kafka, s.topics.events(), Some(since_ms), SCAN_LIMIT, |m| {
         let written = m.timestamp().to_millis().unwrap_or(0);
         if until_ms.is_some_and(|u| written > u) {
             return;
@@ -102,7 +101,7 @@ pub struct Redrive {
 /// Sends dead-lettered deliveries again: the newest dead letter of each delivery that matches the filter.
 pub async fn redrive(s: &ApiState, f: &RedriveFilter) -> Result<Redrive, ReplayError> {
     let mut latest: HashMap<String, DeadLetter> = HashMap::new();
-    scan(&s.kafka, &s.topics.dlq(), f.since_ms, SCAN_LIMIT, |m| {
+    scan(&s.kafka, s.topics.dlq(), f.since_ms, SCAN_LIMIT, |m| {
         let Ok(dl) = DeadLetter::decode(m.payload().unwrap_or_default()) else { return };
         let wanted = !dl.delivery_id.is_empty()
             && dl.event.is_some()

@@ -374,7 +374,7 @@ async fn ops_events_become_owner_emails() {
         event("endpoint_disabled", "sub-b", "owner-b@customer.example"),
     ];
     for ev in &records {
-        hookline_kafka::produce::send(&producer, &topics.ops(), &ev.subscription_id, &ev.encode_to_vec()).await.expect("produced");
+        hookline_kafka::produce::send(&producer, topics.ops(), &ev.subscription_id, &ev.encode_to_vec()).await.expect("produced");
     }
 
     let shutdown = CancellationToken::new();
@@ -407,7 +407,7 @@ async fn ops_events_become_owner_emails() {
     let check: BaseConsumer = hookline_kafka::client::group_consumer_config(&config.kafka, &group, "notify-test-check").create().unwrap();
     let mut tpl = TopicPartitionList::new();
     for p in 0..2 {
-        tpl.add_partition(&topics.ops(), p);
+        tpl.add_partition(topics.ops(), p);
     }
     let committed = tokio::task::spawn_blocking(move || check.committed_offsets(tpl, Duration::from_secs(10)).expect("committed offsets"))
         .await

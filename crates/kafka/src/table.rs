@@ -94,7 +94,7 @@ impl TableHandle {
 /// tombstone. The reader stops when `cancel` fires.
 pub async fn spawn<F>(
     settings: &KafkaSettings,
-    topic: String,
+    topic: &str,
     client_id: &str,
     mut apply: F,
     cancel: CancellationToken,
@@ -102,6 +102,7 @@ pub async fn spawn<F>(
 where
     F: FnMut(i32, &[u8], Option<&[u8]>) + Send + 'static,
 {
+    let topic = topic.to_owned();
     let kafka = |source| TableError::Kafka { topic: topic.clone(), source };
     let consumer: StreamConsumer<QuietEof> =
         table_consumer_config(settings, client_id).create_with_context(QuietEof).map_err(kafka)?;

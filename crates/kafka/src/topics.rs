@@ -45,76 +45,95 @@ pub struct TopicSpec {
     pub retention_ms: Option<u64>,
 }
 
-/// Topic names under a prefix (default `hookline.`).
+/// Topic names under a prefix (default `hookline.`), built once: they are looked up for every record produced.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Topics {
-    prefix: String,
+    events: String,
+    deliveries: String,
+    retry: Vec<String>,
+    held: String,
+    dlq: String,
+    subscriptions: String,
+    endpoint_state: String,
+    attempts: String,
+    ops: String,
+    inflight: String,
 }
 
 impl Topics {
     pub fn new(prefix: impl Into<String>) -> Self {
-        Self { prefix: prefix.into() }
+        let prefix = prefix.into();
+        let name = |base: &str| format!("{prefix}{base}");
+        Self {
+            events: name("events"),
+            deliveries: name("deliveries"),
+            retry: TIERS.iter().map(|t| name(&format!("retry.{}", t.name))).collect(),
+            held: name("held"),
+            dlq: name("dlq"),
+            subscriptions: name("subscriptions"),
+            endpoint_state: name("endpoint-state"),
+            attempts: name("attempts"),
+            ops: name("ops"),
+            inflight: name("inflight"),
+        }
     }
 
-    fn name(&self, base: &str) -> String {
-        format!("{}{}", self.prefix, base)
+    pub fn events(&self) -> &str {
+        &self.events
     }
-
-    pub fn events(&self) -> String {
-        self.name("events")
+    pub fn deliveries(&self) -> &str {
+        &self.deliveries
     }
-    pub fn deliveries(&self) -> String {
-        self.name("deliveries")
-    }
-    pub fn retry(&self, tier: &Tier) -> String {
-        self.name(&format!("retry.{}", tier.name))
+    pub fn retry(&self, tier: &Tier) -> &str {
+        let i = TIERS.iter().position(|t| t == tier).expect("tiers come from TIERS");
+        &self.retry[i]
     }
     /// Deliveries waiting for their paused subscription to be resumed.
-    pub fn held(&self) -> String {
-        self.name("held")
+    pub fn held(&self) -> &str {
+        &self.held
     }
-    pub fn dlq(&self) -> String {
-        self.name("dlq")
+    pub fn dlq(&self) -> &str {
+        &self.dlq
     }
-    pub fn subscriptions(&self) -> String {
-        self.name("subscriptions")
+    pub fn subscriptions(&self) -> &str {
+        &self.subscriptions
     }
-    pub fn endpoint_state(&self) -> String {
-        self.name("endpoint-state")
+    pub fn endpoint_state(&self) -> &str {
+        &self.endpoint_state
     }
-    pub fn attempts(&self) -> String {
-        self.name("attempts")
+    pub fn attempts(&self) -> &str {
+        &self.attempts
     }
-    pub fn ops(&self) -> String {
-        self.name("ops")
+    pub fn ops(&self) -> &str {
+        &self.ops
     }
     /// Leases of attempts in flight (policies with `in_flight = "count"`), key = delivery id, written to the
     /// delivery's partition; removed by a tombstone once the attempt's outcome is written.
-    pub fn inflight(&self) -> String {
-        self.name("inflight")
+    pub fn inflight(&self) -> &str {
+        &self.inflight
     }
 
     /// Every topic, with how `hookline topics create` makes it.
     pub fn all(&self) -> Vec<TopicSpec> {
         let day = 24 * 3_600_000u64;
         let mut specs = vec![
-            TopicSpec { name: self.events(), cleanup: Cleanup::Delete, co_partitioned: false, retention_ms: Some(30 * day) },
-            TopicSpec { name: self.deliveries(), cleanup: Cleanup::Delete, co_partitioned: true, retention_ms: Some(7 * day) },
+            TopicSpec { name: self.events.clone(), cleanup: Cleanup::Delete, co_partitioned: false, retention_ms: Some(30 * day) },
+            TopicSpec { name: self.deliveries.clone(), cleanup: Cleanup::Delete, co_partitioned: true, retention_ms: Some(7 * day) },
         ];
         specs.extend(TIERS.iter().map(|t| TopicSpec {
-            name: self.retry(t),
+            name: self.retry(t).to_owned(),
             cleanup: Cleanup::Delete,
             co_partitioned: true,
             retention_ms: Some(7 * day),
         }));
         specs.extend([
-            TopicSpec { name: self.held(), cleanup: Cleanup::Delete, co_partitioned: true, retention_ms: Some(30 * day) },
-            TopicSpec { name: self.dlq(), cleanup: Cleanup::Delete, co_partitioned: false, retention_ms: Some(30 * day) },
-            TopicSpec { name: self.subscriptions(), cleanup: Cleanup::Compact, co_partitioned: true, retention_ms: None },
-            TopicSpec { name: self.endpoint_state(), cleanup: Cleanup::Compact, co_partitioned: true, retention_ms: None },
-            TopicSpec { name: self.inflight(), cleanup: Cleanup::Compact, co_partitioned: true, retention_ms: None },
-            TopicSpec { name: self.attempts(), cleanup: Cleanup::Delete, co_partitioned: true, retention_ms: Some(30 * day) },
-            TopicSpec { name: self.ops(), cleanup: Cleanup::Delete, co_partitioned: false, retention_ms: Some(30 * day) },
+            TopicSpec { name: self.held.clone(), cleanup: Cleanup::Delete, co_partitioned: true, retention_ms: Some(30 * day) },
+            TopicSpec { name: self.dlq.clone(), cleanup: Cleanup::Delete, co_partitioned: false, retention_ms: Some(30 * day) },
+            TopicSpec { name: self.subscriptions.clone(), cleanup: Cleanup::Compact, co_partitioned: true, retention_ms: None },
+            TopicSpec { name: self.endpoint_state.clone(), cleanup: Cleanup::Compact, co_partitioned: true, retention_ms: None },
+            TopicSpec { name: self.inflight.clone(), cleanup: Cleanup::Compact, co_partitioned: true, retention_ms: None },
+            TopicSpec { name: self.attempts.clone(), cleanup: Cleanup::Delete, co_partitioned: true, retention_ms: Some(30 * day) },
+            TopicSpec { name: self.ops.clone(), cleanup: Cleanup::Delete, co_partitioned: false, retention_ms: Some(30 * day) },
         ]);
         specs
     }

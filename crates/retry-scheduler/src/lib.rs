@@ -90,10 +90,9 @@ pub async fn run(config: Config, shutdown: CancellationToken, options: Options) 
     let (context, mut rebalances) = RebalanceContext::new("retry-scheduler");
     let consumer: StreamConsumer<RebalanceContext> =
         group_consumer_config(&config.kafka, &config.retry_scheduler.group_id, &instance).create_with_context(context)?;
-    let mut inputs: Vec<String> = TIERS.iter().map(|t| topics.retry(t)).collect();
+    let mut inputs: Vec<&str> = TIERS.iter().map(|t| topics.retry(t)).collect();
     inputs.push(topics.held());
-    let input_refs: Vec<&str> = inputs.iter().map(String::as_str).collect();
-    consumer.subscribe(&input_refs)?;
+    consumer.subscribe(&inputs)?;
     readiness.set(true);
 
     let mut sched = Scheduler {
@@ -314,7 +313,8 @@ impl Scheduler {
     }
 
     /// Produces in the background; the offset completes when the broker acknowledged it.
-    fn forward(&self, topic: String, key: String, payload: Vec<u8>, at: (String, i32, i64), done: &mpsc::UnboundedSender<(String, i32, i64)>) {
+    fn forward(&self, topic: &str, key: String, payload: Vec<u8>, at: (String, i32, i64), done: &mpsc::UnboundedSender<(String, i32, i64)>) {
+        let topic = topic.to_owned();
         let producer = self.producer.clone();
         let shutdown = self.shutdown.clone();
         let done = done.clone();

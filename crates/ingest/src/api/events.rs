@@ -37,7 +37,7 @@ pub async fn publish(
     })?;
     event.accepted_at_ms = crate::now_ms();
     // Re-encoded as protobuf: validated once here, decoded cheaply by the fan-out.
-    hookline_kafka::produce::send(&s.producer, &s.topics.events(), &event.id, &event.encode_to_vec())
+    hookline_kafka::produce::send(&s.producer, s.topics.events(), &event.id, &event.encode_to_vec())
         .await
         .map_err(ApiError::unavailable)?;
     metrics::counter!("hookline_events_accepted_total", "source" => "http").increment(1);

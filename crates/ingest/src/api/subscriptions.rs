@@ -286,7 +286,7 @@ async fn write(s: &ApiState, sub: &Subscription) -> Result<(), ApiError> {
 
 async fn produce(s: &ApiState, id: &str, value: Option<Vec<u8>>) -> Result<(i32, i64), ApiError> {
     let topic = s.topics.subscriptions();
-    let record = rdkafka::producer::FutureRecord::<str, [u8]>::to(&topic).key(id);
+    let record = rdkafka::producer::FutureRecord::<str, [u8]>::to(topic).key(id);
     let record = match &value {
         Some(v) => record.payload(v.as_slice()),
         None => record,

@@ -52,7 +52,7 @@ async fn one_run(args: &BenchArgs, with_hanging: bool, events: Option<u64>) -> a
     }
     let subs = bodies.len();
     cluster.subscribe_all(bodies).await?;
-    let publisher = Publisher::new(cluster.producer(5)?, cluster.topics().events());
+    let publisher = Publisher::new(cluster.producer(5)?, cluster.topics().events().to_owned());
     cluster.warm_up(&publisher, &recv, subs).await?;
     eprintln!(
         "  run {}: {healthy} healthy endpoints{}, {per_sub} concurrent per subscription",

@@ -22,7 +22,7 @@ pub async fn run(args: &BenchArgs) -> anyhow::Result<(Map<String, Value>, bool)>
         .map(|k| json!({"url": recv.url(&format!("ok/{k}")), "event_types": [format!("lat.{k}"), "bench.warm"], "policy": "standard"}))
         .collect();
     cluster.subscribe_all(bodies).await?;
-    let publisher = Publisher::new(cluster.producer(cluster.config.kafka.linger_ms)?, cluster.topics().events());
+    let publisher = Publisher::new(cluster.producer(cluster.config.kafka.linger_ms)?, cluster.topics().events().to_owned());
     cluster.warm_up(&publisher, &recv, subs).await?;
     // Let the warm-up traffic settle before measuring.
     tokio::time::sleep(Duration::from_secs(1)).await;
@@ -40,7 +40,7 @@ pub async fn run(args: &BenchArgs) -> anyhow::Result<(Map<String, Value>, bool)>
     let mut sent: u64 = 0;
     while sent < total {
         tick.tick().await;
-        let due = ((start.elapsed().as_micros() as u128 * rate as u128) / 1_000_000).min(total as u128) as u64;
+        let due = ((start.elapsed().as_micros() * rate as u128) / 1_000_000).min(total as u128) as u64;
         while sent < due {
             let id = format!("l{sent}");
             let body = event_json(&id, &format!("lat.{}", sent % subs as u64), sent);

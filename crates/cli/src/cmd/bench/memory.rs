@@ -40,7 +40,7 @@ pub async fn run(args: &BenchArgs) -> anyhow::Result<(Map<String, Value>, bool)>
         .map(|k| json!({"url": recv.url2(&format!("hold/{k}")), "event_types": [format!("mem.{k}"), "bench.warm"], "policy_toml": policy}))
         .collect();
     cluster.subscribe_all(bodies).await?;
-    let publisher = Publisher::new(cluster.producer(5)?, cluster.topics().events());
+    let publisher = Publisher::new(cluster.producer(5)?, cluster.topics().events().to_owned());
     cluster.warm_up(&publisher, &recv, SUBS).await?;
     tokio::time::sleep(Duration::from_secs(1)).await;
     let (_, idle_rss) = cluster.dispatcher.rss_mb();

@@ -243,7 +243,7 @@ pub(crate) fn row(name: &'static str, value: impl std::fmt::Display, target: imp
 }
 
 pub(crate) fn print_table(title: &str, rows: &[Row]) {
-    eprintln!("\n  {title:<34} {:>14}  {:<14} {}", "value", "target", "");
+    eprintln!("\n  {title:<34} {:>14}  {:<14} ", "value", "target");
     eprintln!("  {}", "─".repeat(70));
     for r in rows {
         let verdict = match r.met {

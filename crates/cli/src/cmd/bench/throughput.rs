@@ -138,7 +138,7 @@ pub async fn run(args: &BenchArgs) -> anyhow::Result<(Map<String, Value>, bool)>
         })
         .collect();
     cluster.subscribe_all(bodies).await?;
-    let publisher = Publisher::new(cluster.producer(5)?, cluster.topics().events());
+    let publisher = Publisher::new(cluster.producer(5)?, cluster.topics().events().to_owned());
     cluster.warm_up(&publisher, &recv, subs).await?;
     eprintln!(
         "  {subs} subscriptions (standard profile), fan-out {fanout}, {per_sub} concurrent per subscription = {concurrency}; window {} deliveries",
