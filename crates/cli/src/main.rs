@@ -33,6 +33,9 @@ enum Command {
     Egress(cmd::egress::EgressCmd),
     /// Benchmark the pipeline (throughput, latency, retry-precision, isolation, memory, or all).
     Bench(cmd::bench::BenchArgs),
+    /// Reliability soak: the broker and the three services as separate processes, a stream of events, faults
+    /// (kill -9, SIGSTOP, SIGTERM, broker down, request errors); reports missing and duplicate deliveries.
+    Soak(cmd::soak::SoakArgs),
 }
 
 fn main() -> ExitCode {
@@ -45,6 +48,7 @@ fn main() -> ExitCode {
         Command::Verify(args) => cmd::verify::run(args),
         Command::Egress(c) => cmd::egress::run(c),
         Command::Bench(args) => cmd::bench::run(args),
+        Command::Soak(args) => cmd::soak::run(args),
     };
     match result {
         Ok(code) => code,

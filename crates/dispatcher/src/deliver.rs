@@ -35,42 +35,50 @@ pub async fn deliver(ctx: Arc<Ctx>, task: DeliveryTask, partition: i32) -> Resul
     if task.origin == TaskOrigin::Retry as i32 && task.due_at_ms > 0 {
         metrics::histogram!("hookline_retry_lateness_ms").record((now - task.due_at_ms) as f64);
     }
+    // The branches below are boxed: this future lives as long as the delivery, so it should not carry the records
+    // of branches it did not take.
     let Some(entry) = ctx.subs.get(&task.subscription_id) else {
         // Deleted subscription: nothing to deliver to. Recorded so the delivery has a final state.
-        let rec = records::closing_record(&task, "subscription_deleted", "the subscription was deleted".into(), "cancelled", "cancelled", now, "");
-        ctx.produce(ctx.topics.attempts(), &task.subscription_id, &rec).await?;
-        metrics::counter!("hookline_deliveries_total", "outcome" => "cancelled").increment(1);
-        return Ok(());
+        return Box::pin(async {
+            let rec = records::closing_record(&task, "subscription_deleted", "the subscription was deleted".into(), "cancelled", "cancelled", now, "");
+            ctx.produce(ctx.topics.attempts(), &task.subscription_id, &rec).await?;
+            metrics::counter!("hookline_deliveries_total", "outcome" => "cancelled").increment(1);
+            Ok(())
+        })
+        .await;
     };
     let policy = match &entry.policy {
         Ok(p) => p.clone(),
         Err(e) => {
-            let detail = format!("the subscription's policy is invalid: {e}");
-            let rec = records::closing_record(&task, "invalid_policy", detail.clone(), "dead", "dead", now, &entry.sub.policy);
-            let dl = records::dead_letter(&task, "invalid_policy", detail, "dead", "dead", task.attempts_made, String::new(), now);
-            ctx.produce(ctx.topics.attempts(), &task.subscription_id, &rec).await?;
-            ctx.produce(ctx.topics.dlq(), &task.subscription_id, &dl).await?;
-            metrics::counter!("hookline_dead_lettered_total", "reason" => "invalid_policy").increment(1);
-            metrics::counter!("hookline_deliveries_total", "outcome" => "dead").increment(1);
-            return Ok(());
+            return Box::pin(async {
+                let detail = format!("the subscription's policy is invalid: {e}");
+                let rec = records::closing_record(&task, "invalid_policy", detail.clone(), "dead", "dead", now, &entry.sub.policy);
+                let dl = records::dead_letter(&task, "invalid_policy", detail, "dead", "dead", task.attempts_made, String::new(), now);
+                ctx.produce(ctx.topics.attempts(), &task.subscription_id, &rec).await?;
+                ctx.produce(ctx.topics.dlq(), &task.subscription_id, &dl).await?;
+                metrics::counter!("hookline_dead_lettered_total", "reason" => "invalid_policy").increment(1);
+                metrics::counter!("hookline_deliveries_total", "outcome" => "dead").increment(1);
+                Ok(())
+            })
+            .await;
         }
     };
 
     let state = ctx.states.get(&task.subscription_id);
     let act = activity(&entry.sub, state.as_ref());
     if !act.is_active() {
-        return inactive(&ctx, &task, &entry, &policy, &act, now).await;
+        return Box::pin(inactive(&ctx, &task, &entry, &policy, &act, now)).await;
     }
     // Early (a replay scheduled for later, or clocks apart): wait on the tier ladder, never deliver early.
     if task.due_at_ms > now + 5 {
         let wait = (task.due_at_ms - now) as u64;
-        return schedule(&ctx, task, wait, now).await;
+        return Box::pin(schedule(&ctx, task, wait, now)).await;
     }
 
     if policy.in_flight == InFlightRule::Count {
-        return leased_attempt(&ctx, task, &entry, &policy, partition).await;
+        return Box::pin(leased_attempt(&ctx, task, &entry, &policy, partition)).await;
     }
-    attempt(&ctx, task, &entry, &policy).await
+    Box::pin(attempt(&ctx, task, &entry, &policy)).await
 }
 
 /// An attempt under a lease (`in_flight = "count"`): an attempt an earlier owner left in flight counts; otherwise
@@ -182,11 +190,21 @@ async fn inactive(
 /// endpoint's backlog does not churn through the ladder.
 const SPILL_WAITS_MS: [u64; 3] = [4_000, 15_000, 60_000];
 
+/// How long a spilled task waits: its step of `SPILL_WAITS_MS`, or longer if its lane needs longer to drain (a
+/// hanging endpoint's lane needs minutes: its tasks wait the longest step at once instead of coming back to be
+/// parked again after 4 s and 15 s), never more than the longest step.
+fn spill_wait_ms(spills: u32, lane_drain: Duration) -> u64 {
+    let step = SPILL_WAITS_MS[(spills as usize).min(SPILL_WAITS_MS.len() - 1)];
+    let longest = SPILL_WAITS_MS[SPILL_WAITS_MS.len() - 1];
+    step.max(u64::try_from(lane_drain.as_millis()).unwrap_or(u64::MAX)).min(longest)
+}
+
 /// A lane is too deep (its endpoint is slow or hanging): park the task on the retry ladder for a while instead of
 /// holding a slot of `dispatcher.max_in_flight`, so the partition keeps moving for everyone else. Not an attempt.
-pub async fn spill(ctx: Arc<Ctx>, mut task: DeliveryTask) -> Result<(), Aborted> {
+/// `lane_drain` is how long the lane would need to drain at its pace.
+pub async fn spill(ctx: Arc<Ctx>, mut task: DeliveryTask, lane_drain: Duration) -> Result<(), Aborted> {
     let now = now_ms();
-    let wait_ms = SPILL_WAITS_MS[(task.spills as usize).min(SPILL_WAITS_MS.len() - 1)];
+    let wait_ms = spill_wait_ms(task.spills, lane_drain);
     task.spills = task.spills.saturating_add(1);
     task.due_at_ms = now + wait_ms as i64;
     metrics::counter!("hookline_deliveries_spilled_total").increment(1);
@@ -205,9 +223,17 @@ async fn schedule(ctx: &Ctx, mut task: DeliveryTask, wait_ms: u64, now: i64) -> 
     ctx.produce(ctx.topics.retry(tier), &key, &env).await
 }
 
+/// What an attempt does after a try's outcome is recorded.
+enum AfterTry {
+    /// A micro-retry: try again after this many ms, within the same attempt.
+    TryAgain(u64),
+    Done,
+}
+
 async fn attempt(ctx: &Ctx, mut task: DeliveryTask, entry: &SubscriptionEntry, policy: &Policy) -> Result<(), Aborted> {
     let attempt_no = task.attempts_made + 1;
-    let body = match request::body(policy, task.event.as_ref().unwrap_or(&Event::default())) {
+    let event = task.event.as_ref();
+    let body = match request::body(policy, event.unwrap_or(&Event::default())) {
         Ok(b) => b,
         Err(e) => {
             let now = now_ms();
@@ -222,89 +248,118 @@ async fn attempt(ctx: &Ctx, mut task: DeliveryTask, entry: &SubscriptionEntry, p
             return Ok(());
         }
     };
+    // The body is handed to the request, not kept: hyper frees it once it is written, so a delivery waiting for
+    // its answer does not hold it. A micro-retry builds it again (byte for byte the same; it was built once).
+    let mut body = Some(body);
     let mut try_no = 1;
     loop {
         let started = now_ms();
         if task.first_attempt_at_ms == 0 {
             task.first_attempt_at_ms = started;
         }
-        tracing::debug!(delivery = %task.delivery_id, attempt_no, try_no, "sending");
-        let result = send_once(ctx, &task, entry, policy, attempt_no, body.clone(), started).await;
-        tracing::debug!(delivery = %task.delivery_id, outcome = %result.outcome, reason = %result.reason, "try finished");
-        let ended = now_ms();
-        let progress = Progress {
-            attempt: attempt_no,
-            try_no,
-            first_attempt_at_ms: task.first_attempt_at_ms,
-            now_ms: ended,
-            wall_clock_ms: ended,
+        let body = match body.take() {
+            Some(b) => b,
+            None => request::body(policy, task.event.as_ref().unwrap_or(&Event::default())).unwrap_or_default(),
         };
-        let decision = decide(policy, &progress, &result.outcome, &mut rand::rng());
-        metrics::counter!("hookline_attempts_total", "outcome" => outcome_class(&result.outcome)).increment(1);
-        metrics::histogram!("hookline_attempt_duration_ms").record(result.duration.as_secs_f64() * 1000.0);
-        // Records count attempts across replays (as the attempt header does); the engine counts this run's.
-        let cx = TryContext { task: &task, attempt: task.prior_attempts + attempt_no, try_no, started_at_ms: started, policy_name: &policy.name };
-
-        match decision.next {
-            Next::MicroRetry(wait) => {
-                let rec = records::attempt_record(&cx, &result, &decision, ended + wait.ms as i64, &policy.status_words.pending);
-                ctx.produce(ctx.topics.attempts(), &task.subscription_id, &rec).await?;
+        tracing::debug!(delivery = %task.delivery_id, attempt_no, try_no, "sending");
+        // Boxed, like every step after it: the future of a delivery is as large as its largest step, and it lives
+        // as long as the delivery waits for the endpoint.
+        let result = Box::pin(send_once(ctx, &task, entry, policy, attempt_no, body, started)).await;
+        tracing::debug!(delivery = %task.delivery_id, outcome = %result.outcome, reason = %result.reason, "try finished");
+        match Box::pin(conclude_try(ctx, &task, entry, policy, attempt_no, try_no, started, result)).await? {
+            AfterTry::TryAgain(wait_ms) => {
                 tokio::select! {
-                    _ = tokio::time::sleep(Duration::from_millis(wait.ms)) => {}
+                    _ = tokio::time::sleep(Duration::from_millis(wait_ms)) => {}
                     _ = ctx.shutdown.cancelled() => return Err(Aborted),
                 }
                 try_no += 1;
-                continue;
             }
-            Next::NextAttempt(wait) => {
-                let due = ended + wait.ms as i64;
-                let rec = records::attempt_record(&cx, &result, &decision, due, &policy.status_words.pending);
-                let mut next = task.clone();
-                next.attempts_made = attempt_no;
-                next.due_at_ms = due;
-                next.scheduled_wait_ms = wait.ms as i64;
-                next.origin = TaskOrigin::Retry as i32;
-                let attempts = ctx.topics.attempts();
-                let (a, b) = tokio::join!(
-                    ctx.produce(attempts, &task.subscription_id, &rec),
-                    schedule(ctx, next, wait.ms, ended),
-                );
-                a?;
-                b?;
-                metrics::counter!("hookline_deliveries_retried_total").increment(1);
-            }
-            Next::Final(state) => {
-                let word = policy.status_word(state).to_owned();
-                let rec = records::attempt_record(&cx, &result, &decision, 0, &word);
-                ctx.produce(ctx.topics.attempts(), &task.subscription_id, &rec).await?;
-                metrics::counter!("hookline_deliveries_total", "outcome" => final_word(state)).increment(1);
-                if state == FinalState::Succeeded {
-                    if let Some(ev) = &task.event {
-                        if ev.accepted_at_ms > 0 {
-                            metrics::histogram!("hookline_delivery_latency_ms").record((ended - ev.accepted_at_ms) as f64);
-                        }
+            AfterTry::Done => return Ok(()),
+        }
+    }
+}
+
+/// Decides what a try's outcome means and writes it: the attempt record; then a micro-retry, the next attempt on
+/// the ladder, or the final state (dead letter, follow-ups); then the endpoint's health.
+#[allow(clippy::too_many_arguments)]
+async fn conclude_try(
+    ctx: &Ctx,
+    task: &DeliveryTask,
+    entry: &SubscriptionEntry,
+    policy: &Policy,
+    attempt_no: u32,
+    try_no: u32,
+    started: i64,
+    result: crate::sender::TryResult,
+) -> Result<AfterTry, Aborted> {
+    let ended = now_ms();
+    let progress = Progress {
+        attempt: attempt_no,
+        try_no,
+        first_attempt_at_ms: task.first_attempt_at_ms,
+        now_ms: ended,
+        wall_clock_ms: ended,
+    };
+    let decision = decide(policy, &progress, &result.outcome, &mut rand::rng());
+    metrics::counter!("hookline_attempts_total", "outcome" => outcome_class(&result.outcome)).increment(1);
+    metrics::histogram!("hookline_attempt_duration_ms").record(result.duration.as_secs_f64() * 1000.0);
+    // Records count attempts across replays (as the attempt header does); the engine counts this run's.
+    let cx = TryContext { task, attempt: task.prior_attempts + attempt_no, try_no, started_at_ms: started, policy_name: &policy.name };
+
+    match decision.next {
+        Next::MicroRetry(wait) => {
+            let rec = records::attempt_record(&cx, &result, &decision, ended + wait.ms as i64, &policy.status_words.pending);
+            ctx.produce(ctx.topics.attempts(), &task.subscription_id, &rec).await?;
+            return Ok(AfterTry::TryAgain(wait.ms));
+        }
+        Next::NextAttempt(wait) => {
+            let due = ended + wait.ms as i64;
+            let rec = records::attempt_record(&cx, &result, &decision, due, &policy.status_words.pending);
+            let mut next = task.clone();
+            next.attempts_made = attempt_no;
+            next.due_at_ms = due;
+            next.scheduled_wait_ms = wait.ms as i64;
+            next.origin = TaskOrigin::Retry as i32;
+            let attempts = ctx.topics.attempts();
+            let (a, b) = tokio::join!(
+                ctx.produce(attempts, &task.subscription_id, &rec),
+                Box::pin(schedule(ctx, next, wait.ms, ended)),
+            );
+            a?;
+            b?;
+            metrics::counter!("hookline_deliveries_retried_total").increment(1);
+        }
+        Next::Final(state) => {
+            let word = policy.status_word(state).to_owned();
+            let rec = records::attempt_record(&cx, &result, &decision, 0, &word);
+            ctx.produce(ctx.topics.attempts(), &task.subscription_id, &rec).await?;
+            metrics::counter!("hookline_deliveries_total", "outcome" => final_word(state)).increment(1);
+            if state == FinalState::Succeeded {
+                if let Some(ev) = &task.event {
+                    if ev.accepted_at_ms > 0 {
+                        metrics::histogram!("hookline_delivery_latency_ms").record((ended - ev.accepted_at_ms) as f64);
                     }
-                } else {
-                    let reason = if decision.verdict == Verdict::Terminal { "terminal_outcome" } else { "retries_exhausted" };
-                    let mut last = task.clone();
-                    last.attempts_made = attempt_no;
-                    let dl = records::dead_letter(&last, reason, result.reason.clone(), final_word(state), &word, task.prior_attempts + attempt_no, result.outcome.token(), ended);
-                    ctx.produce(ctx.topics.dlq(), &task.subscription_id, &dl).await?;
-                    metrics::counter!("hookline_dead_lettered_total", "reason" => reason).increment(1);
-                    if state == FinalState::Dead {
-                        follow_ups(ctx, &task, policy, &result.reason, ended).await?;
-                    }
+                }
+            } else {
+                let reason = if decision.verdict == Verdict::Terminal { "terminal_outcome" } else { "retries_exhausted" };
+                let mut last = task.clone();
+                last.attempts_made = attempt_no;
+                let dl = records::dead_letter(&last, reason, result.reason.clone(), final_word(state), &word, task.prior_attempts + attempt_no, result.outcome.token(), ended);
+                ctx.produce(ctx.topics.dlq(), &task.subscription_id, &dl).await?;
+                metrics::counter!("hookline_dead_lettered_total", "reason" => reason).increment(1);
+                if state == FinalState::Dead {
+                    Box::pin(follow_ups(ctx, task, policy, &result.reason, ended)).await?;
                 }
             }
         }
-        let event = match decision.verdict {
-            Verdict::Success => HealthEvent::Success,
-            _ if decision.counts_toward_disable => HealthEvent::CountedFailure,
-            _ => HealthEvent::UncountedFailure,
-        };
-        update_health(ctx, entry, policy, event, ended).await?;
-        return Ok(());
     }
+    let event = match decision.verdict {
+        Verdict::Success => HealthEvent::Success,
+        _ if decision.counts_toward_disable => HealthEvent::CountedFailure,
+        _ => HealthEvent::UncountedFailure,
+    };
+    Box::pin(update_health(ctx, entry, policy, event, ended)).await?;
+    Ok(AfterTry::Done)
 }
 
 async fn send_once(
@@ -338,7 +393,9 @@ async fn send_once(
             }
         }
     };
-    ctx.sender.send(&entry.egress_key, policy, &entry.sub.url, &headers, body).await
+    drop(secrets);
+    // The headers move into the request (no copy kept while the request is out).
+    ctx.sender.send_owned(&entry.egress_key, policy, &entry.sub.url, headers, body).await
 }
 
 async fn follow_ups(ctx: &Ctx, task: &DeliveryTask, policy: &Policy, reason: &str, now: i64) -> Result<(), Aborted> {
@@ -408,6 +465,40 @@ async fn update_health(
         ctx.produce(ctx.topics.ops(), id, &ev).await?;
     }
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn output_size<F, A, B, C, R>(_: &F) -> usize
+    where
+        F: Fn(A, B, C) -> R,
+    {
+        std::mem::size_of::<R>()
+    }
+
+    /// A delivery's future lives as long as the delivery (10k of them with 10k in flight): every branch and step
+    /// that is not waiting on the endpoint is boxed, so it stays small. It was 8.6 KB before.
+    #[tokio::test]
+    async fn a_delivery_future_stays_small() {
+        assert!(output_size(&deliver) <= 1_200, "deliver: {} bytes", output_size(&deliver));
+        let sender = crate::sender::Sender::new(Default::default(), Arc::new(crate::connector::SystemResolver));
+        let policy = hookline_core::policy::builtin("standard").unwrap();
+        let send = sender.send_owned("k", &policy, "http://127.0.0.1:1/", Default::default(), Bytes::new());
+        assert!(std::mem::size_of_val(&send) <= 2_000, "send: {} bytes", std::mem::size_of_val(&send));
+    }
+
+    #[test]
+    fn spill_waits_follow_the_steps_or_the_lanes_drain_time_up_to_a_minute() {
+        let s = Duration::from_secs;
+        assert_eq!(spill_wait_ms(0, s(5)), 5_000, "a lane just over the threshold: about when it has room");
+        assert_eq!(spill_wait_ms(0, s(1)), 4_000);
+        assert_eq!(spill_wait_ms(1, s(5)), 15_000);
+        assert_eq!(spill_wait_ms(7, s(5)), 60_000);
+        assert_eq!(spill_wait_ms(0, s(170)), 60_000, "a hanging lane: the longest step at once");
+        assert_eq!(spill_wait_ms(0, Duration::MAX), 60_000);
+    }
 }
 
 fn outcome_class(o: &hookline_core::Outcome) -> &'static str {

@@ -11,17 +11,73 @@ use tokio::time::Instant;
 
 use futures::future::BoxFuture;
 
-/// Work for a lane: called when a slot is free.
-pub type Job = Box<dyn FnOnce() -> BoxFuture<'static, ()> + Send>;
+/// What a job is asked to do.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Run {
+    /// A slot of its lane is free: do the work.
+    Now,
+    /// The job was shed from a stuck lane (see [`Lanes::shed`]): park the work elsewhere. The lane would need
+    /// this long to drain.
+    Shed(Duration),
+}
+
+/// Work for a lane: called with [`Run::Now`] when a slot is free, or with [`Run::Shed`] by whoever shed it.
+pub type Job = Box<dyn FnOnce(Run) -> BoxFuture<'static, ()> + Send>;
 
 struct Lane {
     running: usize,
     queue: VecDeque<Job>,
     /// When a job of this lane last finished (or the lane was created).
     last_done: Instant,
-    /// Smoothed time between finished jobs: with the depth, how long the lane needs to drain.
-    interval: Option<Duration>,
+    /// The current pace window: when it started and how many jobs finished in it. A window closes at the first
+    /// job that finishes at least `PACE_WINDOW` after it started.
+    window_start: Instant,
+    window_done: u32,
+    /// Jobs finished per second, over the closed windows (each window weighs half of what came before).
+    rate: Option<f64>,
 }
+
+impl Lane {
+    fn new(now: Instant) -> Self {
+        Self { running: 0, queue: VecDeque::new(), last_done: now, window_start: now, window_done: 0, rate: None }
+    }
+
+    fn finished(&mut self, now: Instant) {
+        self.last_done = now;
+        self.window_done += 1;
+        let elapsed = now - self.window_start;
+        if elapsed >= PACE_WINDOW {
+            let r = f64::from(self.window_done) / elapsed.as_secs_f64();
+            self.rate = Some(self.rate.map_or(r, |prev| (prev + r) / 2.0));
+            self.window_start = now;
+            self.window_done = 0;
+        }
+    }
+
+    /// How long the lane would need to finish what it holds, at the pace it has been finishing jobs; `None` while it
+    /// is too young to tell (no window closed yet and less than `PACE_WINDOW` old).
+    fn drain_time(&self, now: Instant) -> Option<Duration> {
+        let depth = (self.running + self.queue.len()) as f64;
+        let open = now - self.window_start;
+        // The open window counts once it is long enough to mean something: jobs finished in it so far.
+        let partial = (open >= PACE_WINDOW).then(|| f64::from(self.window_done) / open.as_secs_f64());
+        let rate = match (self.rate, partial) {
+            (Some(r), Some(p)) => (r + p) / 2.0,
+            (Some(r), None) => r,
+            (None, Some(p)) => p,
+            (None, None) => return None,
+        };
+        if rate <= 0.0 {
+            return Some(Duration::MAX);
+        }
+        Some(Duration::from_secs_f64((depth / rate).min(1e9)))
+    }
+}
+
+/// The shortest time a lane's pace is measured over. Jobs finish in bursts (a lane's tries wait on the same
+/// produce acknowledgements, a loaded host stalls for tens of milliseconds): gaps between single completions say
+/// little, a second of completions does.
+const PACE_WINDOW: Duration = Duration::from_secs(1);
 
 pub struct Lanes {
     cap: usize,
@@ -39,9 +95,7 @@ impl Lanes {
             let mut lanes = self.lanes.lock().expect("lanes lock");
             let lane = match lanes.get_mut(key) {
                 Some(l) => l,
-                None => lanes
-                    .entry(key.to_owned())
-                    .or_insert_with(|| Lane { running: 0, queue: VecDeque::new(), last_done: Instant::now(), interval: None }),
+                None => lanes.entry(key.to_owned()).or_insert_with(|| Lane::new(Instant::now())),
             };
             if lane.running >= self.cap {
                 lane.queue.push_back(job);
@@ -54,13 +108,10 @@ impl Lanes {
         tokio::spawn(async move {
             let mut job = job;
             loop {
-                job().await;
+                job(Run::Now).await;
                 let mut all = lanes.lanes.lock().expect("lanes lock");
                 let Some(lane) = all.get_mut(&key) else { return };
-                let now = Instant::now();
-                let dt = now - lane.last_done;
-                lane.interval = Some(lane.interval.map_or(dt, |i| (i * 4 + dt) / 5));
-                lane.last_done = now;
+                lane.finished(Instant::now());
                 match lane.queue.pop_front() {
                     Some(next) => job = next,
                     None => {
@@ -79,15 +130,39 @@ impl Lanes {
     /// it has been finishing jobs (or has finished none for that long): its endpoint hangs or is far too slow for
     /// its load, so new work for it should wait elsewhere. A deep lane that drains quickly is just busy.
     pub fn is_stuck(&self, key: &str, max_depth: usize, drain: Duration) -> bool {
+        self.stuck_for(key, max_depth, drain).is_some()
+    }
+
+    /// Like [`Lanes::is_stuck`]; when stuck, how long the lane would need to drain at its pace (at least `drain`):
+    /// about when there is room in it again.
+    pub fn stuck_for(&self, key: &str, max_depth: usize, drain: Duration) -> Option<Duration> {
         let lanes = self.lanes.lock().expect("lanes lock");
-        let Some(l) = lanes.get(key) else { return false };
-        let depth = l.running + l.queue.len();
-        if depth < max_depth {
-            return false;
+        let l = lanes.get(key)?;
+        if l.running + l.queue.len() < max_depth {
+            return None;
         }
-        let since = l.last_done.elapsed();
-        let pace = l.interval.map_or(since, |i| i.max(since));
-        since >= drain || pace.saturating_mul(u32::try_from(depth).unwrap_or(u32::MAX)) >= drain
+        let now = Instant::now();
+        let since = now - l.last_done;
+        // The pace is measured over whole seconds (see `PACE_WINDOW`): a young lane is given that long, unless it
+        // has finished nothing at all for `drain`.
+        let estimate = l.drain_time(now);
+        let needed = match estimate {
+            Some(t) => t.max(since),
+            None => since,
+        };
+        (needed >= drain).then_some(needed)
+    }
+
+    /// Takes the newest queued jobs of `key`'s lane until it holds at most `keep` (running included); the caller
+    /// runs them with [`Run::Shed`]. For a stuck lane: what it queued before it was known to be stuck (its pace is
+    /// measured over a second or more) would otherwise hold slots of `dispatcher.max_in_flight` for as long as the
+    /// lane needs to drain.
+    pub fn shed(&self, key: &str, keep: usize) -> Vec<Job> {
+        let mut lanes = self.lanes.lock().expect("lanes lock");
+        let Some(l) = lanes.get_mut(key) else { return Vec::new() };
+        let excess = (l.running + l.queue.len()).saturating_sub(keep).min(l.queue.len());
+        let at = l.queue.len() - excess;
+        l.queue.split_off(at).into()
     }
 
     /// Jobs running or waiting in a lane.
@@ -108,7 +183,7 @@ mod tests {
         let (order_tx, mut order_rx) = mpsc::unbounded_channel();
         let (release_tx, release_rx) = oneshot::channel::<()>();
         // "a" is held by a job that waits; two more queue behind it.
-        let submit = |key: &str, job: BoxFuture<'static, ()>| lanes.submit(key, Box::new(move || job));
+        let submit = |key: &str, job: BoxFuture<'static, ()>| lanes.submit(key, Box::new(move |_| job));
         let tx = order_tx.clone();
         submit("a", Box::pin(async move {
             let _ = release_rx.await;
@@ -137,10 +212,10 @@ mod tests {
     async fn a_deep_lane_is_stuck_when_it_cannot_drain_in_time() {
         let lanes = Lanes::new(1);
         let (first_tx, first_rx) = oneshot::channel::<()>();
-        lanes.submit("a", Box::new(move || Box::pin(async move {
+        lanes.submit("a", Box::new(move |_| Box::pin(async move {
             let _ = first_rx.await;
         })));
-        lanes.submit("a", Box::new(|| Box::pin(std::future::pending())));
+        lanes.submit("a", Box::new(|_| Box::pin(std::future::pending())));
         assert!(!lanes.is_stuck("a", 2, Duration::from_secs(1)), "deep, but only just started");
         tokio::time::advance(Duration::from_secs(2)).await;
         assert!(lanes.is_stuck("a", 2, Duration::from_secs(1)), "deep and nothing finished for 2 s");
@@ -153,5 +228,31 @@ mod tests {
         assert_eq!(lanes.depth("a"), 1);
         assert!(lanes.is_stuck("a", 1, Duration::from_secs(1)), "too slow to drain in 1 s");
         assert!(!lanes.is_stuck("a", 1, Duration::from_secs(3)), "drains within 3 s");
+    }
+
+    #[tokio::test]
+    async fn shedding_takes_the_newest_queued_jobs_and_never_a_running_one() {
+        let lanes = Lanes::new(2);
+        let (tx, mut rx) = mpsc::unbounded_channel();
+        for n in 0..6 {
+            let tx = tx.clone();
+            lanes.submit("a", Box::new(move |run| Box::pin(async move {
+                if run == Run::Now {
+                    std::future::pending::<()>().await;
+                }
+                tx.send((n, run)).unwrap();
+            })));
+        }
+        assert_eq!(lanes.depth("a"), 6);
+        assert!(lanes.shed("a", 6).is_empty());
+        let shed = lanes.shed("a", 3);
+        assert_eq!(lanes.depth("a"), 3);
+        for job in shed {
+            job(Run::Shed(Duration::from_secs(9))).await;
+        }
+        let got: Vec<_> = std::iter::from_fn(|| rx.try_recv().ok()).collect();
+        assert_eq!(got, [(3, Run::Shed(Duration::from_secs(9))), (4, Run::Shed(Duration::from_secs(9))), (5, Run::Shed(Duration::from_secs(9)))]);
+        assert_eq!(lanes.shed("a", 0).len(), 1, "the two running jobs stay");
+        assert_eq!(lanes.depth("a"), 2);
     }
 }

@@ -17,12 +17,13 @@ use std::time::Duration;
 use hookline_core::model::DeliveryTask;
 use hookline_kafka::client::{group_consumer_config, producer};
 use hookline_kafka::produce;
-use hookline_kafka::rebalance::{RebalanceContext, RebalanceEvent};
+use hookline_kafka::rebalance::{RebalanceContext, RebalanceEvent, RevokeDrain};
 use hookline_kafka::state::{EndpointStates, StateTables, SubscriptionTable};
 use hookline_kafka::table::{TableError, TableHandle};
-use hookline_kafka::watermark::{store, Watermarks};
+use hookline_kafka::watermark::{store, SharedWatermarks};
 use hookline_kafka::Topics;
 use hookline_service::{health, telemetry, Config, Readiness};
+use futures::future::BoxFuture;
 use prost::Message as _;
 use rdkafka::consumer::{CommitMode, Consumer, StreamConsumer};
 use rdkafka::error::KafkaError;
@@ -33,7 +34,7 @@ use tokio_util::sync::CancellationToken;
 
 use crate::connector::{Resolve, SystemResolver};
 use crate::deliver::Aborted;
-use crate::lanes::Lanes;
+use crate::lanes::{Lanes, Run};
 use crate::sender::Sender;
 
 #[derive(Debug, thiserror::Error)]
@@ -73,8 +74,12 @@ impl Ctx {
     /// Produces until acknowledged. librdkafka already retries for `delivery.timeout.ms`; past that the broker is
     /// really unavailable, and the record is retried here until it lands or the process shuts down (then the
     /// input offset stays uncommitted and the task is redone by the next owner).
-    pub async fn produce(&self, topic: &str, key: &str, msg: &impl prost::Message) -> Result<(), Aborted> {
-        self.produce_bytes(topic, key, &msg.encode_to_vec()).await
+    ///
+    /// The produce futures are boxed: a delivery's future would otherwise carry the largest of them inline (several
+    /// KiB) for its whole life, also while it only waits for the endpoint's answer.
+    pub fn produce<'a>(&'a self, topic: &'a str, key: &'a str, msg: &impl prost::Message) -> BoxFuture<'a, Result<(), Aborted>> {
+        let payload = msg.encode_to_vec();
+        Box::pin(async move { self.produce_bytes(topic, key, &payload).await })
     }
 
     async fn produce_bytes(&self, topic: &str, key: &str, payload: &[u8]) -> Result<(), Aborted> {
@@ -93,23 +98,25 @@ impl Ctx {
     }
 
     /// Writes (or with `None`, deletes) a record on an explicit partition, until acknowledged.
-    pub async fn produce_to_partition(&self, topic: &str, partition: i32, key: &str, payload: Option<&[u8]>) -> Result<(), Aborted> {
-        loop {
-            let mut record: FutureRecord<'_, str, [u8]> = FutureRecord::to(topic).partition(partition).key(key);
-            if let Some(p) = payload {
-                record = record.payload(p);
-            }
-            match self.producer.send(record, Duration::from_secs(10)).await {
-                Ok(_) => return Ok(()),
-                Err((e, _)) => {
-                    tracing::warn!(error = %e, topic, "produce failed; retrying");
-                    tokio::select! {
-                        _ = tokio::time::sleep(Duration::from_secs(1)) => {}
-                        _ = self.shutdown.cancelled() => return Err(Aborted),
+    pub fn produce_to_partition<'a>(&'a self, topic: &'a str, partition: i32, key: &'a str, payload: Option<&'a [u8]>) -> BoxFuture<'a, Result<(), Aborted>> {
+        Box::pin(async move {
+            loop {
+                let mut record: FutureRecord<'_, str, [u8]> = FutureRecord::to(topic).partition(partition).key(key);
+                if let Some(p) = payload {
+                    record = record.payload(p);
+                }
+                match self.producer.send(record, Duration::from_secs(10)).await {
+                    Ok(_) => return Ok(()),
+                    Err((e, _)) => {
+                        tracing::warn!(error = %e, topic, "produce failed; retrying");
+                        tokio::select! {
+                            _ = tokio::time::sleep(Duration::from_secs(1)) => {}
+                            _ = self.shutdown.cancelled() => return Err(Aborted),
+                        }
                     }
                 }
             }
-        }
+        })
     }
 
     /// Enqueues without waiting, preserving order with other enqueues to the same partition.
@@ -118,19 +125,21 @@ impl Ctx {
     }
 
     /// Waits for an enqueued record; falls back to a reliable produce if it could not be enqueued or failed.
-    pub async fn await_enqueued(&self, f: Option<DeliveryFuture>, topic: &str, key: &str, payload: &[u8]) -> Result<(), Aborted> {
-        if let Some(f) = f {
-            if let Ok(Ok(_)) = f.await {
-                return Ok(());
+    pub fn await_enqueued<'a>(&'a self, f: Option<DeliveryFuture>, topic: &'a str, key: &'a str, payload: &'a [u8]) -> BoxFuture<'a, Result<(), Aborted>> {
+        Box::pin(async move {
+            if let Some(f) = f {
+                if let Ok(Ok(_)) = f.await {
+                    return Ok(());
+                }
             }
-        }
-        self.produce_bytes(topic, key, payload).await
+            self.produce_bytes(topic, key, payload).await
+        })
     }
 }
 
 pub(crate) use hookline_service::now_ms;
 
-/// A lane at its depth that would need longer than this to drain counts as stuck (see `Lanes::is_stuck`).
+/// A lane at its depth that would need longer than this to drain counts as stuck (see `Lanes::stuck_for`).
 const STUCK_AFTER: Duration = Duration::from_secs(5);
 
 
@@ -175,26 +184,38 @@ pub async fn run(config: Config, shutdown: CancellationToken, options: Options) 
         shutdown: shutdown.clone(),
     });
 
-    let (context, mut rebalances) = RebalanceContext::new("dispatcher");
+    let deliveries = topics.deliveries();
+    let marks = Arc::new(SharedWatermarks::default());
+    let drain = Duration::from_millis(config.dispatcher.drain_timeout_ms);
+    let revoke_drain = RevokeDrain {
+        marks: marks.clone(),
+        topic: deliveries.to_owned(),
+        limit: Duration::from_millis(config.dispatcher.revoke_drain_ms),
+        release: Box::new({
+            let states = states.clone();
+            move |p| states.revoke(p)
+        }),
+        shutdown: shutdown.clone(),
+    };
+    let (context, mut rebalances) = RebalanceContext::with_revoke_drain("dispatcher", revoke_drain);
     let consumer: StreamConsumer<RebalanceContext> =
         group_consumer_config(kafka, &config.dispatcher.group_id, &instance).create_with_context(context)?;
-    let deliveries = topics.deliveries();
     consumer.subscribe(&[deliveries])?;
     readiness.set(true);
 
     let max_in_flight = config.dispatcher.max_in_flight;
     let max_queued = config.dispatcher.max_queued_per_subscription;
     let in_flight = Arc::new(Semaphore::new(max_in_flight));
-    let (done_tx, mut done_rx) = mpsc::unbounded_channel::<(i32, i64)>();
-    let mut marks = Watermarks::new();
+    let (tx, mut done_rx) = mpsc::unbounded_channel::<i32>();
+    let done_tx = Done { marks: marks.clone(), topic: deliveries.into(), tx };
 
     loop {
         tokio::select! {
             biased;
             _ = shutdown.cancelled() => break,
-            Some(ev) = rebalances.recv() => on_rebalance(ev, &mut marks, &ctx, &states_reader, deliveries),
-            Some((p, o)) = done_rx.recv() => {
-                if let Some(w) = marks.complete(deliveries, p, o) {
+            Some(ev) = rebalances.recv() => on_rebalance(ev, &marks, &ctx, &states_reader, deliveries),
+            Some(p) = done_rx.recv() => {
+                if let Some(w) = marks.committable(deliveries, p) {
                     store(&consumer, deliveries, p, w);
                 }
             }
@@ -213,7 +234,7 @@ pub async fn run(config: Config, shutdown: CancellationToken, options: Options) 
                 // An assignment is reported during the poll that returns its first records: apply it first, so
                 // every task finds its partition's ownership in place.
                 while let Ok(ev) = rebalances.try_recv() {
-                    on_rebalance(ev, &mut marks, &ctx, &states_reader, deliveries);
+                    on_rebalance(ev, &marks, &ctx, &states_reader, deliveries);
                 }
                 let (p, o) = (m.partition(), m.offset());
                 marks.start(deliveries, p, o);
@@ -243,11 +264,15 @@ pub async fn run(config: Config, shutdown: CancellationToken, options: Options) 
                 let lane = task.subscription_id.clone();
                 let done = done_tx.clone();
                 // A deep lane that cannot drain within seconds (its endpoint hangs or is far too slow) would
-                // otherwise use up `max_in_flight` and stall every other subscription: park the task on the ladder.
-                if ctx.lanes.is_stuck(&lane, max_queued, STUCK_AFTER) {
+                // otherwise use up `max_in_flight` and stall every other subscription: park the task on the ladder,
+                // and with it what the lane queued beyond its depth before it was known to be stuck.
+                if let Some(drain) = ctx.lanes.stuck_for(&lane, max_queued, STUCK_AFTER) {
+                    for job in ctx.lanes.shed(&lane, max_queued) {
+                        tokio::spawn(job(Run::Shed(drain)));
+                    }
                     let ctx = ctx.clone();
                     tokio::spawn(async move {
-                        if deliver::spill(ctx, task).await.is_ok() {
+                        if deliver::spill(ctx, task, drain).await.is_ok() {
                             let _ = done.send((p, o));
                         }
                         drop(permit);
@@ -256,9 +281,13 @@ pub async fn run(config: Config, shutdown: CancellationToken, options: Options) 
                 }
                 let job_ctx = ctx.clone();
                 // Built when the lane runs it: a queued job holds the task, not a delivery's whole future.
-                ctx.lanes.submit(&lane, Box::new(move || {
+                ctx.lanes.submit(&lane, Box::new(move |run| {
                     Box::pin(async move {
-                        if deliver::deliver(job_ctx, task, p).await.is_ok() {
+                        let result = match run {
+                            Run::Now => deliver::deliver(job_ctx, task, p).await,
+                            Run::Shed(drain) => deliver::spill(job_ctx, task, drain).await,
+                        };
+                        if result.is_ok() {
                             let _ = done.send((p, o));
                         }
                         drop(permit);
@@ -270,7 +299,6 @@ pub async fn run(config: Config, shutdown: CancellationToken, options: Options) 
 
     // Drain: let in-flight deliveries finish (their records are produced), storing offsets as they complete.
     readiness.set(false);
-    let drain = Duration::from_millis(config.dispatcher.drain_timeout_ms);
     let all = in_flight.clone().acquire_many_owned(max_in_flight as u32);
     tokio::pin!(all);
     let deadline = tokio::time::sleep(drain);
@@ -282,15 +310,15 @@ pub async fn run(config: Config, shutdown: CancellationToken, options: Options) 
                 tracing::warn!(in_flight = marks.total_in_flight(), "drain deadline passed; unfinished deliveries stay uncommitted");
                 break;
             }
-            Some((p, o)) = done_rx.recv() => {
-                if let Some(w) = marks.complete(deliveries, p, o) {
+            Some(p) = done_rx.recv() => {
+                if let Some(w) = marks.committable(deliveries, p) {
                     store(&consumer, deliveries, p, w);
                 }
             }
         }
     }
-    while let Ok((p, o)) = done_rx.try_recv() {
-        if let Some(w) = marks.complete(deliveries, p, o) {
+    while let Ok(p) = done_rx.try_recv() {
+        if let Some(w) = marks.committable(deliveries, p) {
             store(&consumer, deliveries, p, w);
         }
     }
@@ -303,7 +331,25 @@ pub async fn run(config: Config, shutdown: CancellationToken, options: Options) 
     Ok(())
 }
 
-fn on_rebalance(ev: RebalanceEvent, marks: &mut Watermarks, ctx: &Arc<Ctx>, reader: &TableHandle, topic: &str) {
+/// Completes a record where its outcome became durable (so a revoke drain waiting in the rebalance callback sees
+/// it at once), then has the main loop store the partition's watermark.
+#[derive(Clone)]
+struct Done {
+    marks: Arc<SharedWatermarks>,
+    topic: Arc<str>,
+    tx: mpsc::UnboundedSender<i32>,
+}
+
+impl Done {
+    fn send(&self, (partition, offset): (i32, i64)) -> Result<(), mpsc::error::SendError<i32>> {
+        if self.marks.complete(&self.topic, partition, offset).is_some() {
+            return self.tx.send(partition);
+        }
+        Ok(())
+    }
+}
+
+fn on_rebalance(ev: RebalanceEvent, marks: &SharedWatermarks, ctx: &Arc<Ctx>, reader: &TableHandle, topic: &str) {
     let states = &ctx.states;
     match ev {
         RebalanceEvent::Assigned(parts) => {

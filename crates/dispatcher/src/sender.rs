@@ -72,6 +72,32 @@ impl Sender {
         headers: &hookline_core::request::AttemptHeaders,
         body: Bytes,
     ) -> TryResult {
+        let map = header_map(headers.iter().map(|(k, v)| (k, http::HeaderValue::from_str(v))));
+        self.send_with(egress_key, policy, url, map, body).await
+    }
+
+    /// [`Sender::send`], taking the headers: their values become the request's without being copied, and nothing
+    /// of them stays behind while the request is out.
+    pub async fn send_owned(
+        &self,
+        egress_key: &str,
+        policy: &Policy,
+        url: &str,
+        headers: hookline_core::request::AttemptHeaders,
+        body: Bytes,
+    ) -> TryResult {
+        let map = header_map(headers.into_vec().into_iter().map(|(k, v)| (k, http::HeaderValue::try_from(v))));
+        self.send_with(egress_key, policy, url, map, body).await
+    }
+
+    async fn send_with(
+        &self,
+        egress_key: &str,
+        policy: &Policy,
+        url: &str,
+        headers: Result<http::HeaderMap, String>,
+        body: Bytes,
+    ) -> TryResult {
         let started = Instant::now();
         let timeout = Duration::from_millis(policy.attempt.timeout_ms);
         let finish = |outcome: Outcome, reason: String, excerpt: String| TryResult {
@@ -97,14 +123,19 @@ impl Sender {
                 }
             };
             // The parsed, normalised URL that was judged, never the raw string.
-            let mut req = http::Request::post(target.url.as_str());
-            for (k, v) in headers.iter() {
-                req = req.header(k, v);
-            }
-            let req = match req.body(Full::new(body)) {
-                Ok(r) => r,
+            let uri = match http::Uri::try_from(target.url.as_str()) {
+                Ok(u) => u,
+                Err(e) => return (Outcome::InvalidUrl, format!("invalid request: {}", http::Error::from(e)), String::new()),
+            };
+            let headers = match headers {
+                Ok(h) => h,
                 Err(e) => return (Outcome::InvalidUrl, format!("invalid request: {e}"), String::new()),
             };
+            drop(target);
+            let mut req = http::Request::new(Full::new(body));
+            *req.method_mut() = http::Method::POST;
+            *req.uri_mut() = uri;
+            *req.headers_mut() = headers;
             let resp = match route.client.request(req).await {
                 Ok(r) => r,
                 Err(e) => return classify_error(&e),
@@ -128,6 +159,20 @@ impl Sender {
             Err(_) => finish(Outcome::Timeout, format!("Timed out after {}", hookline_core::sign::human_duration_ms(timeout.as_millis() as u64)), String::new()),
         }
     }
+}
+
+/// The request's header map, sized for the headers and the two hyper adds (`host`, `content-length`) so that it
+/// is allocated once. An invalid name or value is reported as the request builder would.
+fn header_map<K: AsRef<str>>(
+    headers: impl Iterator<Item = (K, Result<http::HeaderValue, http::header::InvalidHeaderValue>)>,
+) -> Result<http::HeaderMap, String> {
+    let mut map = http::HeaderMap::with_capacity(headers.size_hint().0 + 2);
+    for (k, v) in headers {
+        let name = http::HeaderName::from_bytes(k.as_ref().as_bytes()).map_err(|e| http::Error::from(e).to_string())?;
+        let value = v.map_err(|e| http::Error::from(e).to_string())?;
+        map.append(name, value);
+    }
+    Ok(map)
 }
 
 /// Reads the body up to `cap` bytes and returns the start of it; the rest is not read (the connection is then

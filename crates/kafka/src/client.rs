@@ -44,8 +44,8 @@ pub fn group_consumer_config(settings: &KafkaSettings, group_id: &str, client_id
         .set("auto.commit.interval.ms", "500")
         .set("enable.auto.offset.store", "false")
         .set("auto.offset.reset", "earliest")
-        .set("session.timeout.ms", "10000")
-        .set("heartbeat.interval.ms", "1000")
+        .set("session.timeout.ms", settings.session_timeout_ms.to_string())
+        .set("heartbeat.interval.ms", (settings.session_timeout_ms / 10).max(100).to_string())
         .set("fetch.wait.max.ms", settings.fetch_wait_max_ms.to_string())
         .set("enable.partition.eof", "false")
         // Feeds `hookline_consumer_lag` (see rebalance.rs).

@@ -1,10 +1,16 @@
 //! A consumer context that reports partition assignments and revocations to the consumer's owner.
 
+use std::sync::Arc;
+use std::time::Duration;
+
 use rdkafka::client::ClientContext;
-use rdkafka::consumer::{BaseConsumer, ConsumerContext, Rebalance};
+use rdkafka::consumer::{BaseConsumer, CommitMode, Consumer, ConsumerContext, Rebalance};
 use rdkafka::error::KafkaResult;
-use rdkafka::TopicPartitionList;
+use rdkafka::{Offset, TopicPartitionList};
 use tokio::sync::mpsc;
+use tokio_util::sync::CancellationToken;
+
+use crate::watermark::SharedWatermarks;
 
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum RebalanceEvent {
@@ -16,12 +22,66 @@ pub enum RebalanceEvent {
 pub struct RebalanceContext {
     events: mpsc::UnboundedSender<RebalanceEvent>,
     name: &'static str,
+    drain: Option<RevokeDrain>,
+}
+
+/// Finish before letting go: when partitions of `topic` are revoked, the rebalance waits (up to `limit`) for
+/// their records in flight, then commits their watermarks, so the next owner starts after the work this member
+/// finished instead of redoing it. Without it every rebalance (a member joining, leaving, or restarting) redoes each
+/// member's uncommitted work: duplicates for every delivery in flight on every member.
+pub struct RevokeDrain {
+    pub marks: Arc<SharedWatermarks>,
+    pub topic: String,
+    pub limit: Duration,
+    /// Called with each revoked partition once the wait is over: work not started by then must not start here.
+    pub release: Box<dyn Fn(i32) + Send + Sync>,
+    /// Once shutting down, the service's own drain has already waited: commit what is done without waiting again.
+    pub shutdown: CancellationToken,
 }
 
 impl RebalanceContext {
     pub fn new(name: &'static str) -> (Self, mpsc::UnboundedReceiver<RebalanceEvent>) {
         let (tx, rx) = mpsc::unbounded_channel();
-        (Self { events: tx, name }, rx)
+        (Self { events: tx, name, drain: None }, rx)
+    }
+
+    pub fn with_revoke_drain(name: &'static str, drain: RevokeDrain) -> (Self, mpsc::UnboundedReceiver<RebalanceEvent>) {
+        let (tx, rx) = mpsc::unbounded_channel();
+        (Self { events: tx, name, drain: Some(drain) }, rx)
+    }
+
+    fn drain_revoked(&self, consumer: &BaseConsumer<Self>, tpl: &TopicPartitionList) {
+        let Some(d) = &self.drain else { return };
+        let parts: Vec<i32> = tpl.elements().iter().filter(|e| e.topic() == d.topic).map(|e| e.partition()).collect();
+        if parts.is_empty() {
+            return;
+        }
+        // The callback runs inside the consumer's poll, on a runtime worker: waiting there must hand the worker's
+        // other tasks (the deliveries being waited for) to another thread. A current-thread runtime cannot, so it
+        // commits what is already done.
+        let limit = if d.shutdown.is_cancelled() { Duration::ZERO } else { d.limit };
+        let started = std::time::Instant::now();
+        let offsets = match tokio::runtime::Handle::try_current().map(|h| h.runtime_flavor()) {
+            Ok(tokio::runtime::RuntimeFlavor::MultiThread) if !limit.is_zero() => {
+                tokio::task::block_in_place(|| d.marks.wait_drained(&d.topic, &parts, limit))
+            }
+            _ => d.marks.wait_drained(&d.topic, &parts, Duration::ZERO),
+        };
+        for p in &parts {
+            (d.release)(*p);
+            d.marks.forget(&d.topic, *p);
+        }
+        let mut commit = TopicPartitionList::new();
+        for (p, w) in &offsets {
+            let _ = commit.add_partition_offset(&d.topic, *p, Offset::Offset(*w));
+        }
+        let result = if commit.count() > 0 { consumer.commit(&commit, CommitMode::Sync) } else { Ok(()) };
+        metrics::histogram!("hookline_revoke_drain_ms").record(started.elapsed().as_millis() as f64);
+        match result {
+            Ok(()) => tracing::info!(consumer = self.name, partitions = parts.len(), waited_ms = started.elapsed().as_millis() as u64, "revoked partitions drained and committed"),
+            // A member that was already expelled (frozen past its session) cannot commit: the next owner redoes it.
+            Err(e) => tracing::warn!(consumer = self.name, error = %e, "commit on revoke failed; the next owner redoes uncommitted work"),
+        }
     }
 }
 
@@ -46,9 +106,10 @@ impl ClientContext for RebalanceContext {
 }
 
 impl ConsumerContext for RebalanceContext {
-    fn pre_rebalance(&self, _consumer: &BaseConsumer<Self>, rebalance: &Rebalance<'_>) {
+    fn pre_rebalance(&self, consumer: &BaseConsumer<Self>, rebalance: &Rebalance<'_>) {
         if let Rebalance::Revoke(tpl) = rebalance {
             tracing::info!(consumer = self.name, partitions = tpl.count(), "partitions revoked");
+            self.drain_revoked(consumer, tpl);
             let _ = self.events.send(RebalanceEvent::Revoked(list(tpl)));
         }
     }

@@ -33,6 +33,10 @@ pub struct KafkaSettings {
     /// Whether the broker answers offset-by-time lookups (real Kafka does). Replays "since a time" use it to
     /// start near the time; without it (the embedded mock broker) they scan from the beginning.
     pub offsets_by_time: bool,
+    /// Group consumers' `session.timeout.ms`: how long a member that stopped heartbeating (killed, frozen, cut
+    /// off) keeps its partitions before the group reassigns them. Shorter recovers sooner from a crash; too short
+    /// turns a GC-free but briefly stalled host into a rebalance. Heartbeats go every tenth of it.
+    pub session_timeout_ms: u64,
 }
 
 impl Default for KafkaSettings {
@@ -49,6 +53,7 @@ impl Default for KafkaSettings {
             offsets_by_time: true,
             fetch_wait_max_ms: 100,
             message_max_bytes: 1_000_000,
+            session_timeout_ms: 10_000,
         }
     }
 }
@@ -63,6 +68,8 @@ pub const PROTECTED_PROPERTIES: &[&str] = &[
     "bootstrap.servers",
     "fetch.wait.max.ms",
     "message.max.bytes",
+    "session.timeout.ms",
+    "heartbeat.interval.ms",
 ];
 
 impl KafkaSettings {
@@ -79,12 +86,22 @@ impl KafkaSettings {
         if self.fetch_wait_max_ms == 0 || self.fetch_wait_max_ms > 10_000 {
             return Err(format!("kafka.fetch_wait_max_ms: must be between 1 and 10000, got {}", self.fetch_wait_max_ms));
         }
+        // Kafka brokers accept 6 s to 30 min by default (group.min/max.session.timeout.ms).
+        if !(1_000..=1_800_000).contains(&self.session_timeout_ms) {
+            return Err(format!("kafka.session_timeout_ms: must be between 1000 and 1800000, got {}", self.session_timeout_ms));
+        }
         if self.replication_factor < 1 {
             return Err(format!("kafka.replication_factor: must be at least 1, got {}", self.replication_factor));
         }
         if let Some(k) = self.properties.keys().find(|k| PROTECTED_PROPERTIES.contains(&k.as_str())) {
+            let instead = match k.as_str() {
+                "fetch.wait.max.ms" => " (use kafka.fetch_wait_max_ms)",
+                "message.max.bytes" => " (use kafka.message_max_bytes)",
+                "session.timeout.ms" | "heartbeat.interval.ms" => " (use kafka.session_timeout_ms)",
+                _ => "",
+            };
             return Err(format!(
-                "kafka.properties.{k}: hookline sets this itself (at-least-once delivery depends on it); remove it"
+                "kafka.properties.{k}: hookline sets this itself (at-least-once delivery depends on it); remove it{instead}"
             ));
         }
         Ok(())

@@ -2,6 +2,8 @@
 //! contiguous completed watermark (the lowest offset still in flight, or one past the highest seen).
 
 use std::collections::{BTreeSet, HashMap};
+use std::sync::{Condvar, Mutex};
+use std::time::{Duration, Instant};
 
 use rdkafka::consumer::{Consumer, ConsumerContext};
 use rdkafka::{Offset, TopicPartitionList};
@@ -77,9 +79,81 @@ pub fn store<C: Consumer<X>, X: ConsumerContext>(consumer: &C, topic: &str, part
     }
 }
 
+/// Watermarks shared by the tasks that complete records and a rebalance callback that waits for a revoked
+/// partition's records in flight before committing it (see `rebalance::RevokeDrain`). Completing wakes waiters.
+#[derive(Debug, Default)]
+pub struct SharedWatermarks {
+    marks: Mutex<Watermarks>,
+    changed: Condvar,
+}
+
+impl SharedWatermarks {
+    fn lock(&self) -> std::sync::MutexGuard<'_, Watermarks> {
+        self.marks.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    pub fn start(&self, topic: &str, partition: i32, offset: i64) {
+        self.lock().start(topic, partition, offset);
+    }
+
+    /// Returns the new committable offset when the watermark moved.
+    pub fn complete(&self, topic: &str, partition: i32, offset: i64) -> Option<i64> {
+        let moved = self.lock().complete(topic, partition, offset);
+        self.changed.notify_all();
+        moved
+    }
+
+    pub fn committable(&self, topic: &str, partition: i32) -> Option<i64> {
+        self.lock().committable(topic, partition)
+    }
+
+    pub fn total_in_flight(&self) -> usize {
+        self.lock().total_in_flight()
+    }
+
+    pub fn forget(&self, topic: &str, partition: i32) {
+        self.lock().forget(topic, partition);
+        self.changed.notify_all();
+    }
+
+    /// Blocks until none of `partitions` has a record in flight, or `limit` passes; returns each partition's
+    /// committable offset at that moment (partitions never read are left out).
+    pub fn wait_drained(&self, topic: &str, partitions: &[i32], limit: Duration) -> Vec<(i32, i64)> {
+        let deadline = Instant::now() + limit;
+        let mut marks = self.lock();
+        loop {
+            let busy = partitions.iter().any(|p| marks.in_flight(topic, *p) > 0);
+            let left = deadline.saturating_duration_since(Instant::now());
+            if !busy || left.is_zero() {
+                return partitions.iter().filter_map(|p| marks.committable(topic, *p).map(|w| (*p, w))).collect();
+            }
+            marks = self.changed.wait_timeout(marks, left).unwrap_or_else(|e| e.into_inner()).0;
+        }
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_revoke_drain_waits_for_the_partitions_in_flight_and_no_longer_than_its_limit() {
+        let marks = std::sync::Arc::new(SharedWatermarks::default());
+        for o in 0..3 {
+            marks.start("t", 0, o);
+        }
+        marks.start("t", 1, 40);
+        let m = marks.clone();
+        let finisher = std::thread::spawn(move || {
+            for o in [2, 0, 1] {
+                m.complete("t", 0, o);
+            }
+        });
+        assert_eq!(marks.wait_drained("t", &[0], Duration::from_secs(30)), vec![(0, 3)], "every offset of partition 0 done");
+        finisher.join().unwrap();
+        // Partition 1 never completes: the wait ends at its limit with the watermark below the stuck record.
+        assert_eq!(marks.wait_drained("t", &[1, 7], Duration::from_millis(1)), vec![(1, 40)]);
+    }
 
     #[test]
     fn watermark_waits_for_the_lowest_in_flight_offset() {

@@ -93,6 +93,11 @@ pub struct DispatcherSettings {
     pub max_queued_per_subscription: usize,
     /// On SIGTERM, how long in-flight deliveries may take to finish before the rest is handed back uncommitted.
     pub drain_timeout_ms: u64,
+    /// When a rebalance takes partitions away, how long to wait for their deliveries in flight before committing
+    /// them and letting go (0: commit only what is already finished). Kafka accepts commits while a rebalance is
+    /// being prepared, so waiting spares the next owner from redoing that work; the embedded mock broker refuses
+    /// them, and there waiting only adds to what is redone.
+    pub revoke_drain_ms: u64,
     pub group_id: String,
 }
 
@@ -104,6 +109,7 @@ impl Default for DispatcherSettings {
             per_subscription_concurrency: 16,
             max_queued_per_subscription: 256,
             drain_timeout_ms: 30_000,
+            revoke_drain_ms: 0,
             group_id: "hookline-dispatcher".into(),
         }
     }
@@ -244,6 +250,12 @@ impl Config {
         self.kafka.validate().map_err(ConfigError::Invalid)?;
         self.egress.validate().map_err(|e| ConfigError::Invalid(e.to_string()))?;
         self.notify.validate()?;
+        if self.dispatcher.revoke_drain_ms > 60_000 {
+            return Err(ConfigError::Invalid(format!(
+                "dispatcher.revoke_drain_ms: at most 60000 (a member waiting longer holds up the whole group's rebalance), got {}",
+                self.dispatcher.revoke_drain_ms
+            )));
+        }
         if self.dispatcher.max_in_flight == 0 {
             return Err(ConfigError::Invalid("dispatcher.max_in_flight: must be at least 1".into()));
         }
@@ -384,5 +396,11 @@ mod tests {
         assert!(e.to_string().contains("dispatcher.max_in_flight"), "{e}");
         let e = Config::from_toml_with_env("[kafka.properties]\nacks = \"1\"\n", "f", env(&[])).unwrap_err();
         assert!(e.to_string().contains("kafka.properties.acks"), "{e}");
+        let e = Config::from_toml_with_env("[kafka.properties]\n\"session.timeout.ms\" = \"1000\"\n", "f", env(&[])).unwrap_err();
+        assert!(e.to_string().contains("kafka.session_timeout_ms"), "points at the setting to use: {e}");
+        let e = Config::from_toml_with_env("", "f", env(&[("HOOKLINE_KAFKA__SESSION_TIMEOUT_MS", "500")])).unwrap_err();
+        assert!(e.to_string().contains("kafka.session_timeout_ms"), "{e}");
+        let e = Config::from_toml_with_env("[dispatcher]\nrevoke_drain_ms = 60001\n", "f", env(&[])).unwrap_err();
+        assert!(e.to_string().contains("dispatcher.revoke_drain_ms"), "{e}");
     }
 }

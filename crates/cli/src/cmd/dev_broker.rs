@@ -3,6 +3,7 @@
 use std::process::ExitCode;
 
 use hookline_kafka::mock::DevBroker;
+use rdkafka::types::{RDKafkaApiKey, RDKafkaRespErr};
 use hookline_kafka::Topics;
 
 #[derive(clap::Args)]
@@ -13,6 +14,12 @@ pub struct DevBrokerArgs {
     /// Topic name prefix.
     #[arg(long, default_value = "hookline.")]
     topic_prefix: String,
+    /// Read fault commands from stdin, one per line, and stop when stdin closes (for test harnesses such as
+    /// `hookline soak`): `down` / `up` (broker 1 unreachable / back), `errors API` (every API request fails until
+    /// cleared; API is produce, fetch or commit), `clear API`. Each applied command is acknowledged on stdout as
+    /// `ok <command>`; a bad one as `error <message>`.
+    #[arg(long)]
+    control: bool,
 }
 
 pub fn run(args: DevBrokerArgs) -> anyhow::Result<ExitCode> {
@@ -29,9 +36,53 @@ pub fn run(args: DevBrokerArgs) -> anyhow::Result<ExitCode> {
         args.partitions,
         args.partitions
     );
-    rt.block_on(async {
-        let _ = tokio::signal::ctrl_c().await;
-    });
+    if args.control {
+        // The broker's own threads serve Kafka; this one only reads commands.
+        for line in std::io::stdin().lines() {
+            let line = line?;
+            let cmd = line.trim();
+            if cmd.is_empty() {
+                continue;
+            }
+            match apply(&broker, cmd) {
+                Ok(()) => println!("ok {cmd}"),
+                Err(e) => println!("error {e}"),
+            }
+        }
+    } else {
+        rt.block_on(async {
+            let _ = tokio::signal::ctrl_c().await;
+        });
+    }
     drop(broker);
     Ok(ExitCode::SUCCESS)
+}
+
+/// Far more than any fault lasts: the errors stay until `clear`.
+const MANY_ERRORS: usize = 100_000;
+
+fn apply(broker: &DevBroker, cmd: &str) -> Result<(), String> {
+    let c = broker.cluster();
+    let api = |name: &str| match name {
+        "produce" => Ok((RDKafkaApiKey::Produce, RDKafkaRespErr::RD_KAFKA_RESP_ERR_NOT_LEADER_FOR_PARTITION)),
+        "fetch" => Ok((RDKafkaApiKey::Fetch, RDKafkaRespErr::RD_KAFKA_RESP_ERR_NOT_LEADER_FOR_PARTITION)),
+        "commit" => Ok((RDKafkaApiKey::OffsetCommit, RDKafkaRespErr::RD_KAFKA_RESP_ERR_NOT_COORDINATOR)),
+        other => Err(format!("unknown API {other:?}: expected produce, fetch or commit")),
+    };
+    let words: Vec<&str> = cmd.split_whitespace().collect();
+    match words.as_slice() {
+        ["down"] => c.broker_down(1).map_err(|e| e.to_string()),
+        ["up"] => c.broker_up(1).map_err(|e| e.to_string()),
+        ["errors", name] => {
+            let (key, err) = api(name)?;
+            c.request_errors(key, &vec![err; MANY_ERRORS]);
+            Ok(())
+        }
+        ["clear", name] => {
+            let (key, _) = api(name)?;
+            c.clear_request_errors(key);
+            Ok(())
+        }
+        _ => Err(format!("unknown command {cmd:?}: expected down, up, errors API or clear API")),
+    }
 }

@@ -5,5 +5,6 @@ pub mod dev;
 pub mod dev_broker;
 pub mod egress;
 pub mod policy;
+pub mod soak;
 pub mod topics;
 pub mod verify;

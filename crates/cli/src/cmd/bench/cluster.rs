@@ -1,5 +1,5 @@
 //! The pipeline under test: the broker and the three services as child processes of this executable
-//! (`hookline bench --serve ROLE --config-toml ...`), the ingest API for subscriptions, a producer for events,
+//! (`hookline bench --serve ROLE`, config in `HOOKLINE_BENCH_CONFIG_TOML`), the ingest API for subscriptions, a producer for events,
 //! and per-process CPU / RSS readings from `/proc`.
 //!
 //! A child stops when its stdin closes (the parent closed it, or died), so nothing outlives a bench run.
@@ -29,6 +29,9 @@ use super::BenchArgs;
 
 pub const TOKEN: &str = "bench-token-not-for-production";
 
+/// The environment variable a child reads its config (TOML) from.
+pub const CONFIG_ENV: &str = "HOOKLINE_BENCH_CONFIG_TOML";
+
 /// Runs one service in this (child) process until stdin closes.
 pub fn serve(role: &str, config_toml: &str) -> anyhow::Result<ExitCode> {
     let config: Config = toml::from_str(config_toml).context("the bench child's config")?;
@@ -51,8 +54,15 @@ pub fn serve(role: &str, config_toml: &str) -> anyhow::Result<ExitCode> {
     let result: anyhow::Result<()> = rt.block_on(async {
         match role {
             "ingest" => hookline_ingest::run(config, shutdown, Default::default()).await?,
-            "dispatcher" => hookline_dispatcher::run(config, shutdown, Default::default()).await?,
-            "retry-scheduler" => hookline_retry_scheduler::run(config, shutdown, Default::default()).await?,
+            // Health routes on (the bench picked free ports), so the parent can read their /metrics.
+            "dispatcher" => {
+                let options = hookline_dispatcher::Options { serve_health: true, ..Default::default() };
+                hookline_dispatcher::run(config, shutdown, options).await?
+            }
+            "retry-scheduler" => {
+                let options = hookline_retry_scheduler::Options { serve_health: true, ..Default::default() };
+                hookline_retry_scheduler::run(config, shutdown, options).await?
+            }
             other => anyhow::bail!("unknown bench role {other}"),
         }
         Ok(())
@@ -84,7 +94,8 @@ impl Proc {
         let exe = std::env::current_exe().context("locating the hookline executable")?;
         let toml = toml::to_string(config)?;
         let mut child = Command::new(exe)
-            .args(["bench", "--serve", role, "--config-toml", &toml])
+            .args(["bench", "--serve", role])
+            .env(CONFIG_ENV, &toml)
             .stdin(Stdio::piped())
             .stdout(if capture_stdout { Stdio::piped() } else { Stdio::null() })
             .stderr(Stdio::inherit())
@@ -231,6 +242,8 @@ impl Cluster {
         // A free port for the ingest API (bound, read, released: the child binds it right after).
         let api = std::net::TcpListener::bind("127.0.0.1:0")?.local_addr()?;
         config.ingest.listen_addr = api;
+        config.dispatcher.health_addr = std::net::TcpListener::bind("127.0.0.1:0")?.local_addr()?;
+        config.retry_scheduler.health_addr = std::net::TcpListener::bind("127.0.0.1:0")?.local_addr()?;
         tune(&mut config);
         config.validate().map_err(|e| anyhow::anyhow!("{e}"))?;
         let ingest = Proc::spawn("ingest", &config, false)?;
@@ -320,6 +333,52 @@ impl Cluster {
         }
         eprintln!("  warmed up in {:.1} s: {subs} subscriptions receive", t.elapsed().as_secs_f64());
         Ok(())
+    }
+
+    /// The sum of every series of each named counter/gauge on a service's `/metrics` (`dispatcher` or
+    /// `retry-scheduler`); names that are absent are left out.
+    pub async fn metrics(&self, role: &str, names: &[&str]) -> HashMap<String, f64> {
+        let addr = if role == "dispatcher" { self.config.dispatcher.health_addr } else { self.config.retry_scheduler.health_addr };
+        let mut out = HashMap::new();
+        let Ok(req) = http::Request::get(format!("http://{addr}/metrics")).body(Full::new(Bytes::new())) else { return out };
+        let Ok(Ok(resp)) = tokio::time::timeout(Duration::from_secs(2), self.http.request(req)).await else { return out };
+        let Ok(body) = resp.into_body().collect().await else { return out };
+        for line in String::from_utf8_lossy(&body.to_bytes()).lines() {
+            if line.starts_with('#') {
+                continue;
+            }
+            let Some((series, value)) = line.rsplit_once(' ') else { continue };
+            let name = series.split('{').next().unwrap_or(series);
+            if let (true, Ok(v)) = (names.contains(&name), value.parse::<f64>()) {
+                *out.entry(name.to_owned()).or_default() += v;
+                if series.len() > name.len() {
+                    *out.entry(series.to_owned()).or_default() += v;
+                }
+            }
+        }
+        out
+    }
+
+    /// A one-line summary of what the dispatcher and the retry-scheduler did (spills, retries, timeouts).
+    pub async fn metrics_line(&self) -> String {
+        let d = self
+            .metrics(
+                "dispatcher",
+                &["hookline_deliveries_spilled_total", "hookline_deliveries_retried_total", "hookline_attempts_total", "hookline_dispatcher_in_flight"],
+            )
+            .await;
+        let s = self.metrics("retry-scheduler", &["hookline_retry_held", "hookline_retry_rerouted_total"]).await;
+        let g = |m: &HashMap<String, f64>, k: &str| m.get(k).copied().unwrap_or(0.0);
+        format!(
+            "dispatcher: attempts {:.0} ({:.0} timed out), retried {:.0}, spilled {:.0}, in flight {:.0} · retry-scheduler: holding {:.0}, re-routed {:.0}",
+            g(&d, "hookline_attempts_total"),
+            g(&d, "hookline_attempts_total{outcome=\"timeout\"}"),
+            g(&d, "hookline_deliveries_retried_total"),
+            g(&d, "hookline_deliveries_spilled_total"),
+            g(&d, "hookline_dispatcher_in_flight"),
+            g(&s, "hookline_retry_held"),
+            g(&s, "hookline_retry_rerouted_total"),
+        )
     }
 
     /// CPU seconds of every process of the run, by name.

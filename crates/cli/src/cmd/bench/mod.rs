@@ -104,7 +104,10 @@ pub struct BenchArgs {
 
 pub fn run(args: BenchArgs) -> anyhow::Result<ExitCode> {
     if let Some(role) = &args.serve {
-        return cluster::serve(role, args.config_toml.as_deref().unwrap_or(""));
+        // The parent passes the config in the environment (a multi-line argument trips up tools that read
+        // `/proc/PID/cmdline`, heaptrack among them); `--config-toml` still works.
+        let toml = args.config_toml.clone().or_else(|| std::env::var(cluster::CONFIG_ENV).ok()).unwrap_or_default();
+        return cluster::serve(role, &toml);
     }
     let scenario = args.scenario.expect("clap requires a scenario");
     let rt = tokio::runtime::Builder::new_multi_thread()

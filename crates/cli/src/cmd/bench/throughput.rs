@@ -69,7 +69,12 @@ pub async fn flood(
     let mut last_t = 0.0;
     // When the last delivery arrived: the end of the measurement if some never arrive.
     let (mut seen_got, mut last_arrival) = (0, start);
+    let mut last_metrics = start;
     let complete = loop {
+        if last_metrics.elapsed() >= Duration::from_secs(5) {
+            last_metrics = Instant::now();
+            eprintln!("           {}", cluster.metrics_line().await);
+        }
         let got = ok.load(Ordering::Relaxed) - base;
         if got != seen_got {
             seen_got = got;
@@ -101,7 +106,7 @@ pub async fn flood(
                 break true;
             }
             if since.elapsed() > Duration::from_secs(60) && last_arrival.elapsed() > Duration::from_secs(20) {
-                eprintln!("  gave up waiting: {got} of {want} deliveries arrived");
+                eprintln!("  gave up waiting: {got} of {want} deliveries arrived; {}", cluster.metrics_line().await);
                 break false;
             }
             tokio::time::sleep(Duration::from_millis(2)).await;

@@ -1,0 +1,180 @@
+//! The faults the harness injects, and the fleet of processes it injects them into. Each fault is applied and
+//! lifted (or its victim restarted) before the next one starts, and leaves a line in the fault schedule.
+
+use std::time::{Duration, Instant};
+
+use serde_json::{json, Value};
+
+use super::procs::{Broker, Role, Service};
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum)]
+pub enum FaultKind {
+    /// SIGKILL a dispatcher mid-delivery, restart it at once (the dispatchers take turns).
+    KillDispatcher,
+    /// SIGKILL the retry-scheduler while it holds records, restart it.
+    KillScheduler,
+    /// SIGKILL ingest mid fan-out and mid-request, restart it.
+    KillIngest,
+    /// SIGSTOP a dispatcher past the session timeout (its partitions move while it holds work), then SIGCONT.
+    StopDispatcher,
+    /// SIGTERM a dispatcher: it must drain and exit 0; restart it.
+    TermDispatcher,
+    /// SIGTERM the retry-scheduler; restart it.
+    TermScheduler,
+    /// SIGTERM ingest; restart it.
+    TermIngest,
+    /// The broker unreachable for 3 s.
+    BrokerDown,
+    /// Every produce request fails (NOT_LEADER_FOR_PARTITION) for 2 s.
+    ProduceErrors,
+    /// Every fetch request fails (NOT_LEADER_FOR_PARTITION) for 2 s.
+    FetchErrors,
+    /// Every offset commit fails (NOT_COORDINATOR) for 2 s.
+    CommitErrors,
+}
+
+impl FaultKind {
+    pub fn name(self) -> &'static str {
+        match self {
+            FaultKind::KillDispatcher => "kill-dispatcher",
+            FaultKind::KillScheduler => "kill-scheduler",
+            FaultKind::KillIngest => "kill-ingest",
+            FaultKind::StopDispatcher => "stop-dispatcher",
+            FaultKind::TermDispatcher => "term-dispatcher",
+            FaultKind::TermScheduler => "term-scheduler",
+            FaultKind::TermIngest => "term-ingest",
+            FaultKind::BrokerDown => "broker-down",
+            FaultKind::ProduceErrors => "produce-errors",
+            FaultKind::FetchErrors => "fetch-errors",
+            FaultKind::CommitErrors => "commit-errors",
+        }
+    }
+
+    /// Consumer-group rebalances the fault causes, each of which may redo a window of uncommitted work (at least
+    /// once): the victim's expiry and its successor's join for a kill or a freeze; a broker outage can outlast the
+    /// session timeout (librdkafka's reconnect backoff). A SIGTERM drains and commits, and request errors move no
+    /// partitions: those redo nothing.
+    pub fn rebalances(self) -> u64 {
+        match self {
+            FaultKind::KillDispatcher | FaultKind::KillIngest | FaultKind::StopDispatcher | FaultKind::KillScheduler => 2,
+            FaultKind::BrokerDown => 1,
+            FaultKind::TermDispatcher
+            | FaultKind::TermScheduler
+            | FaultKind::TermIngest
+            | FaultKind::ProduceErrors
+            | FaultKind::FetchErrors
+            | FaultKind::CommitErrors => 0,
+        }
+    }
+}
+
+const BROKER_DOWN_FOR: Duration = Duration::from_secs(3);
+const ERRORS_FOR: Duration = Duration::from_secs(2);
+
+pub struct Fleet {
+    pub broker: Broker,
+    pub ingest: Service,
+    pub dispatchers: Vec<Service>,
+    pub scheduler: Service,
+    /// The services' group session timeout: a frozen dispatcher is held past it.
+    pub session_timeout: Duration,
+    /// How long a SIGTERMed service may take to exit.
+    pub term_limit: Duration,
+    /// Exits the harness did not cause: (service, status).
+    pub unexpected_exits: Vec<(String, String)>,
+}
+
+impl Fleet {
+    pub fn services(&mut self) -> impl Iterator<Item = &mut Service> {
+        std::iter::once(&mut self.ingest).chain(self.dispatchers.iter_mut()).chain(std::iter::once(&mut self.scheduler))
+    }
+
+    /// Restarts any service that died on its own, and remembers that it did.
+    pub fn revive(&mut self) -> anyhow::Result<()> {
+        let mut died = Vec::new();
+        for s in self.services() {
+            if let Some(status) = s.exited() {
+                died.push((s.name.clone(), status.to_string()));
+                s.start()?;
+            }
+        }
+        for (name, status) in &died {
+            eprintln!("soak: {name} exited on its own ({status}); restarted");
+        }
+        self.unexpected_exits.extend(died);
+        Ok(())
+    }
+
+    fn by_role(&mut self, role: Role, turn: usize) -> &mut Service {
+        match role {
+            Role::Ingest => &mut self.ingest,
+            Role::RetryScheduler => &mut self.scheduler,
+            Role::Dispatcher => {
+                let n = self.dispatchers.len();
+                &mut self.dispatchers[turn % n]
+            }
+        }
+    }
+
+    /// Applies one fault and lifts it; returns its line of the fault schedule. `turn` picks the dispatcher.
+    pub async fn apply(&mut self, fault: FaultKind, turn: usize, t0: Instant) -> anyhow::Result<Value> {
+        let at_s = t0.elapsed().as_secs_f64();
+        let started = Instant::now();
+        let mut line = json!({"at_s": (at_s * 10.0).round() / 10.0, "fault": fault.name()});
+        match fault {
+            FaultKind::KillDispatcher | FaultKind::KillScheduler | FaultKind::KillIngest => {
+                let role = match fault {
+                    FaultKind::KillDispatcher => Role::Dispatcher,
+                    FaultKind::KillScheduler => Role::RetryScheduler,
+                    _ => Role::Ingest,
+                };
+                let s = self.by_role(role, turn);
+                line["target"] = json!(s.name);
+                s.kill9()?;
+                s.start()?;
+            }
+            FaultKind::TermDispatcher | FaultKind::TermScheduler | FaultKind::TermIngest => {
+                let role = match fault {
+                    FaultKind::TermDispatcher => Role::Dispatcher,
+                    FaultKind::TermScheduler => Role::RetryScheduler,
+                    _ => Role::Ingest,
+                };
+                let limit = self.term_limit;
+                let s = self.by_role(role, turn);
+                line["target"] = json!(s.name);
+                let status = s.terminate(limit).await?;
+                line["exit_code"] = json!(status.code());
+                line["drain_ms"] = json!(started.elapsed().as_millis() as u64);
+                s.start()?;
+            }
+            FaultKind::StopDispatcher => {
+                let hold = self.session_timeout + Duration::from_secs(2);
+                let s = self.by_role(Role::Dispatcher, turn);
+                line["target"] = json!(s.name);
+                s.freeze()?;
+                tokio::time::sleep(hold).await;
+                s.thaw()?;
+                line["held_ms"] = json!(hold.as_millis() as u64);
+            }
+            FaultKind::BrokerDown => {
+                self.broker.command("down")?;
+                tokio::time::sleep(BROKER_DOWN_FOR).await;
+                self.broker.command("up")?;
+                line["held_ms"] = json!(BROKER_DOWN_FOR.as_millis() as u64);
+            }
+            FaultKind::ProduceErrors | FaultKind::FetchErrors | FaultKind::CommitErrors => {
+                let api = match fault {
+                    FaultKind::ProduceErrors => "produce",
+                    FaultKind::FetchErrors => "fetch",
+                    _ => "commit",
+                };
+                self.broker.command(&format!("errors {api}"))?;
+                tokio::time::sleep(ERRORS_FOR).await;
+                self.broker.command(&format!("clear {api}"))?;
+                line["held_ms"] = json!(ERRORS_FOR.as_millis() as u64);
+            }
+        }
+        eprintln!("soak: fault {line}");
+        Ok(line)
+    }
+}
