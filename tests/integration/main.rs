@@ -7,3 +7,4 @@ mod pipeline;
 mod support;
 mod hostile;
 mod faults;
+mod redo;

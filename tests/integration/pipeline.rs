@@ -14,7 +14,7 @@ use crate::support::{wait_for, Pipeline};
 const LIMIT: Duration = Duration::from_secs(60);
 
 /// The standard profile with a scaled-down explicit schedule.
-fn quick_policy(waits_s: &[f64], edit: impl FnOnce(&mut Policy)) -> String {
+pub(crate) fn quick_policy(waits_s: &[f64], edit: impl FnOnce(&mut Policy)) -> String {
     let mut p = policy::builtin("standard").unwrap();
     p.name = "test-quick".into();
     p.schedule.waits_s = Some(waits_s.to_vec());

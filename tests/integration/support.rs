@@ -254,6 +254,15 @@ impl Pipeline {
     /// Like [`Pipeline::start`], with `edit` applied to the config before any service starts (e.g. a small
     /// `ingest.max_event_bytes`).
     pub async fn start_with(partitions: i32, edit: impl FnOnce(&mut hookline_service::Config)) -> Pipeline {
+        Self::start_services(partitions, edit, true).await
+    }
+
+    /// Like [`Pipeline::start_with`], without a dispatcher: the test runs its own (`hookline_dispatcher::run`).
+    pub async fn start_without_dispatcher(partitions: i32, edit: impl FnOnce(&mut hookline_service::Config)) -> Pipeline {
+        Self::start_services(partitions, edit, false).await
+    }
+
+    async fn start_services(partitions: i32, edit: impl FnOnce(&mut hookline_service::Config), dispatcher: bool) -> Pipeline {
         let topics = Topics::new("hookline.");
         let broker = DevBroker::start(&topics, partitions, partitions).expect("mock broker");
         let mut config = hookline_service::Config::dev(&broker.bootstrap_servers(), partitions, TOKEN);
@@ -265,20 +274,22 @@ impl Pipeline {
         }
         let shutdown = CancellationToken::new();
         let (tx, rx) = tokio::sync::oneshot::channel();
-        let services = vec![
+        let mut services = vec![
             tokio::spawn({
                 let f = hookline_ingest::run(config.clone(), shutdown.clone(), hookline_ingest::Options { bound: Some(tx), ..Default::default() });
                 async move { f.await.expect("ingest runs") }
-            }),
-            tokio::spawn({
-                let f = hookline_dispatcher::run(config.clone(), shutdown.clone(), Default::default());
-                async move { f.await.expect("dispatcher runs") }
             }),
             tokio::spawn({
                 let f = hookline_retry_scheduler::run(config.clone(), shutdown.clone(), Default::default());
                 async move { f.await.expect("retry-scheduler runs") }
             }),
         ];
+        if dispatcher {
+            services.push(tokio::spawn({
+                let f = hookline_dispatcher::run(config.clone(), shutdown.clone(), Default::default());
+                async move { f.await.expect("dispatcher runs") }
+            }));
+        }
         let api = rx.await.expect("ingest starts");
 
         let seen = Arc::new(ReceiverState::default());

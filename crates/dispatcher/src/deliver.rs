@@ -6,8 +6,9 @@ use std::time::Duration;
 
 use bytes::Bytes;
 use hookline_core::health::{self, HealthEvent, Transition};
+use futures::future::BoxFuture;
 use hookline_core::model::{
-    DeliveryTask, EndpointCondition, EndpointState, Event, OpsEvent, RetryEnvelope, TaskOrigin,
+    AttemptRecord, DeliveryTask, EndpointCondition, EndpointState, Event, OpsEvent, RetryEnvelope, TaskOrigin,
 };
 use hookline_core::policy::{DisableAction, InactiveAction, InFlightRule, Policy};
 use hookline_core::request::{self, HeaderContext};
@@ -17,6 +18,7 @@ use hookline_kafka::state::SubscriptionEntry;
 use hookline_kafka::topics::tier_for;
 use prost::Message;
 
+use crate::outcomes::Claim;
 use crate::records::{self, final_word, TryContext};
 use crate::{now_ms, Ctx};
 
@@ -31,6 +33,11 @@ pub async fn deliver(ctx: Arc<Ctx>, task: DeliveryTask, partition: i32) -> Resul
         // The partition was revoked before its state was synced: the next owner delivers it.
         return Err(Aborted);
     }
+    // A redo (after a rebalance, or a task produced twice) of an attempt whose outcome is already written: done.
+    let _run = match ctx.outcomes.claim(ctx.outcomes.key(&task.delivery_id, &task.run_id, next_attempt(&task))).await {
+        Claim::Concluded => return Box::pin(already_concluded(&ctx, &task, partition)).await,
+        Claim::Run(guard) => guard,
+    };
     let now = now_ms();
     if task.origin == TaskOrigin::Retry as i32 && task.due_at_ms > 0 {
         metrics::histogram!("hookline_retry_lateness_ms").record((now - task.due_at_ms) as f64);
@@ -41,7 +48,7 @@ pub async fn deliver(ctx: Arc<Ctx>, task: DeliveryTask, partition: i32) -> Resul
         // Deleted subscription: nothing to deliver to. Recorded so the delivery has a final state.
         return Box::pin(async {
             let rec = records::closing_record(&task, "subscription_deleted", "the subscription was deleted".into(), "cancelled", "cancelled", now, "");
-            ctx.produce(ctx.topics.attempts(), &task.subscription_id, &rec).await?;
+            conclude(&ctx, &task, rec).await?;
             metrics::counter!("hookline_deliveries_total", "outcome" => "cancelled").increment(1);
             Ok(())
         })
@@ -54,8 +61,8 @@ pub async fn deliver(ctx: Arc<Ctx>, task: DeliveryTask, partition: i32) -> Resul
                 let detail = format!("the subscription's policy is invalid: {e}");
                 let rec = records::closing_record(&task, "invalid_policy", detail.clone(), "dead", "dead", now, &entry.sub.policy);
                 let dl = records::dead_letter(&task, "invalid_policy", detail, "dead", "dead", task.attempts_made, String::new(), now);
-                ctx.produce(ctx.topics.attempts(), &task.subscription_id, &rec).await?;
                 ctx.produce(ctx.topics.dlq(), &task.subscription_id, &dl).await?;
+                conclude(&ctx, &task, rec).await?;
                 metrics::counter!("hookline_dead_lettered_total", "reason" => "invalid_policy").increment(1);
                 metrics::counter!("hookline_deliveries_total", "outcome" => "dead").increment(1);
                 Ok(())
@@ -116,7 +123,7 @@ async fn lost_attempt(ctx: &Ctx, mut task: DeliveryTask, entry: &SubscriptionEnt
     let decision = hookline_core::decide_lost_attempt(policy, attempt_no, lease.started_at_ms, now, &mut rand::rng());
     let reason = format!("attempt {attempt_no} was in flight when its dispatcher stopped (lease expired); counted as failed");
     metrics::counter!("hookline_attempts_total", "outcome" => "lease_expired").increment(1);
-    match decision.next {
+    let rec = match decision.next {
         // `decide_lost_attempt` never asks for a micro-retry; were it to, waiting is the safe reading.
         Next::NextAttempt(wait) | Next::MicroRetry(wait) => {
             let due = now + wait.ms as i64;
@@ -130,9 +137,9 @@ async fn lost_attempt(ctx: &Ctx, mut task: DeliveryTask, entry: &SubscriptionEnt
             next.due_at_ms = due;
             next.scheduled_wait_ms = wait.ms as i64;
             next.origin = TaskOrigin::Retry as i32;
-            ctx.produce(ctx.topics.attempts(), &task.subscription_id, &rec).await?;
             schedule(ctx, next, wait.ms, now).await?;
             metrics::counter!("hookline_deliveries_retried_total").increment(1);
+            rec
         }
         Next::Final(state) => {
             let word = policy.status_word(state).to_owned();
@@ -142,16 +149,17 @@ async fn lost_attempt(ctx: &Ctx, mut task: DeliveryTask, entry: &SubscriptionEnt
             let mut last = task.clone();
             last.attempts_made = attempt_no;
             let dl = records::dead_letter(&last, "lease_expired", reason.clone(), final_word(state), &word, task.prior_attempts + attempt_no, "lease_expired".into(), now);
-            ctx.produce(ctx.topics.attempts(), &task.subscription_id, &rec).await?;
             ctx.produce(ctx.topics.dlq(), &task.subscription_id, &dl).await?;
             metrics::counter!("hookline_deliveries_total", "outcome" => final_word(state)).increment(1);
             metrics::counter!("hookline_dead_lettered_total", "reason" => "lease_expired").increment(1);
             if state == FinalState::Dead {
                 follow_ups(ctx, &task, policy, &reason, now).await?;
             }
+            rec
         }
-    }
-    update_health(ctx, entry, policy, HealthEvent::CountedFailure, now).await
+    };
+    update_health(ctx, entry, policy, HealthEvent::CountedFailure, now).await?;
+    conclude(ctx, &task, rec).await
 }
 
 async fn inactive(
@@ -173,12 +181,12 @@ async fn inactive(
         InactiveAction::Cancel => {
             let word = policy.status_word(FinalState::Cancelled).to_owned();
             let rec = records::closing_record(task, "inactive", why, "cancelled", &word, now, &policy.name);
-            ctx.produce(ctx.topics.attempts(), &task.subscription_id, &rec).await?;
+            conclude(ctx, task, rec).await?;
             metrics::counter!("hookline_deliveries_total", "outcome" => "cancelled").increment(1);
         }
         InactiveAction::Skip => {
             let rec = records::closing_record(task, "inactive", why, "skipped", &policy.status_words.skipped, now, &policy.name);
-            ctx.produce(ctx.topics.attempts(), &task.subscription_id, &rec).await?;
+            conclude(ctx, task, rec).await?;
             metrics::counter!("hookline_deliveries_total", "outcome" => "skipped").increment(1);
         }
     }
@@ -241,8 +249,8 @@ async fn attempt(ctx: &Ctx, mut task: DeliveryTask, entry: &SubscriptionEntry, p
             let word = policy.status_word(FinalState::Dead).to_owned();
             let rec = records::closing_record(&task, "oversize", detail.clone(), "dead", &word, now, &policy.name);
             let dl = records::dead_letter(&task, "oversize", detail, "dead", &word, task.attempts_made, "oversize".into(), now);
-            ctx.produce(ctx.topics.attempts(), &task.subscription_id, &rec).await?;
             ctx.produce(ctx.topics.dlq(), &task.subscription_id, &dl).await?;
+            conclude(ctx, &task, rec).await?;
             metrics::counter!("hookline_dead_lettered_total", "reason" => "oversize").increment(1);
             metrics::counter!("hookline_deliveries_total", "outcome" => "dead").increment(1);
             return Ok(());
@@ -279,8 +287,9 @@ async fn attempt(ctx: &Ctx, mut task: DeliveryTask, entry: &SubscriptionEntry, p
     }
 }
 
-/// Decides what a try's outcome means and writes it: the attempt record; then a micro-retry, the next attempt on
-/// the ladder, or the final state (dead letter, follow-ups); then the endpoint's health.
+/// Decides what a try's outcome means and writes it: for a micro-retry, the try's record; otherwise the next
+/// attempt on the ladder or the final state (dead letter, follow-ups), then the endpoint's health, then the record
+/// that concludes the attempt (see `conclude`).
 #[allow(clippy::too_many_arguments)]
 async fn conclude_try(
     ctx: &Ctx,
@@ -306,7 +315,7 @@ async fn conclude_try(
     // Records count attempts across replays (as the attempt header does); the engine counts this run's.
     let cx = TryContext { task, attempt: task.prior_attempts + attempt_no, try_no, started_at_ms: started, policy_name: &policy.name };
 
-    match decision.next {
+    let rec = match decision.next {
         Next::MicroRetry(wait) => {
             let rec = records::attempt_record(&cx, &result, &decision, ended + wait.ms as i64, &policy.status_words.pending);
             ctx.produce(ctx.topics.attempts(), &task.subscription_id, &rec).await?;
@@ -320,19 +329,13 @@ async fn conclude_try(
             next.due_at_ms = due;
             next.scheduled_wait_ms = wait.ms as i64;
             next.origin = TaskOrigin::Retry as i32;
-            let attempts = ctx.topics.attempts();
-            let (a, b) = tokio::join!(
-                ctx.produce(attempts, &task.subscription_id, &rec),
-                Box::pin(schedule(ctx, next, wait.ms, ended)),
-            );
-            a?;
-            b?;
+            Box::pin(schedule(ctx, next, wait.ms, ended)).await?;
             metrics::counter!("hookline_deliveries_retried_total").increment(1);
+            rec
         }
         Next::Final(state) => {
             let word = policy.status_word(state).to_owned();
             let rec = records::attempt_record(&cx, &result, &decision, 0, &word);
-            ctx.produce(ctx.topics.attempts(), &task.subscription_id, &rec).await?;
             metrics::counter!("hookline_deliveries_total", "outcome" => final_word(state)).increment(1);
             if state == FinalState::Succeeded {
                 if let Some(ev) = &task.event {
@@ -351,15 +354,46 @@ async fn conclude_try(
                     Box::pin(follow_ups(ctx, task, policy, &result.reason, ended)).await?;
                 }
             }
+            rec
         }
-    }
+    };
     let event = match decision.verdict {
         Verdict::Success => HealthEvent::Success,
         _ if decision.counts_toward_disable => HealthEvent::CountedFailure,
         _ => HealthEvent::UncountedFailure,
     };
     Box::pin(update_health(ctx, entry, policy, event, ended)).await?;
+    conclude(ctx, task, rec).await?;
     Ok(AfterTry::Done)
+}
+
+/// The attempt a task is for, counted across runs (as the attempt header and records count).
+fn next_attempt(task: &DeliveryTask) -> u32 {
+    task.prior_attempts + task.attempts_made + 1
+}
+
+/// Writes the record that concludes the task's attempt, and remembers it. It is the last record the attempt writes
+/// (after its retry or dead letter, follow-ups and endpoint state), so its presence means the attempt is complete.
+fn conclude<'a>(ctx: &'a Ctx, task: &'a DeliveryTask, mut rec: AttemptRecord) -> BoxFuture<'a, Result<(), Aborted>> {
+    Box::pin(async move {
+        let attempt = next_attempt(task);
+        rec.concludes_attempt = attempt;
+        rec.run_id.clone_from(&task.run_id);
+        ctx.produce(ctx.topics.attempts(), &task.subscription_id, &rec).await?;
+        ctx.outcomes.concluded(ctx.outcomes.key(&task.delivery_id, &task.run_id, attempt), now_ms());
+        Ok(())
+    })
+}
+
+/// A task for an attempt whose outcome is already written: acknowledged without a request. A lease an earlier owner
+/// left for it (`in_flight = "count"`) is removed, as that owner would have done next.
+async fn already_concluded(ctx: &Ctx, task: &DeliveryTask, partition: i32) -> Result<(), Aborted> {
+    tracing::debug!(delivery = %task.delivery_id, attempt = next_attempt(task), "outcome already written; not sent again");
+    metrics::counter!("hookline_redeliveries_skipped_total").increment(1);
+    if ctx.leases.take(&task.delivery_id).is_some() {
+        ctx.produce_to_partition(ctx.topics.inflight(), partition, &task.delivery_id, None).await?;
+    }
+    Ok(())
 }
 
 async fn send_once(

@@ -8,6 +8,7 @@ pub mod connector;
 mod deliver;
 pub mod lanes;
 mod leases;
+pub mod outcomes;
 mod records;
 pub mod sender;
 
@@ -65,6 +66,7 @@ pub(crate) struct Ctx {
     pub states: EndpointStates,
     pub lanes: Arc<Lanes>,
     pub leases: leases::Leases,
+    pub outcomes: Arc<outcomes::OutcomeLedger>,
     pub kafka: hookline_kafka::KafkaSettings,
     pub sender: Sender,
     pub shutdown: CancellationToken,
@@ -179,6 +181,7 @@ pub async fn run(config: Config, shutdown: CancellationToken, options: Options) 
         states: states.clone(),
         lanes: Lanes::new(config.dispatcher.per_subscription_concurrency),
         leases: leases::Leases::default(),
+        outcomes: outcomes::OutcomeLedger::new(config.dispatcher.dedupe_window_ms, config.dispatcher.dedupe_max_entries),
         kafka: kafka.clone(),
         sender: Sender::new(config.egress.clone(), resolver),
         shutdown: shutdown.clone(),
@@ -355,8 +358,8 @@ fn on_rebalance(ev: RebalanceEvent, marks: &SharedWatermarks, ctx: &Arc<Ctx>, re
         RebalanceEvent::Assigned(parts) => {
             for (_, p) in parts.into_iter().filter(|(t, _)| t == topic) {
                 states.assign(p);
-                // Before delivering: apply everything earlier owners wrote to this partition's endpoint state, and
-                // read the leases they left in flight.
+                // Before delivering: apply everything earlier owners wrote to this partition's endpoint state, read
+                // the leases they left in flight, and learn which attempts they already concluded (not redone).
                 let (ctx, reader) = (ctx.clone(), reader.clone());
                 tracing::debug!(partition = p, "assigned");
                 tokio::spawn(async move {
@@ -364,11 +367,13 @@ fn on_rebalance(ev: RebalanceEvent, marks: &SharedWatermarks, ctx: &Arc<Ctx>, re
                         let synced = async {
                             let end = reader.end_offset(p).await.map_err(|e| e.to_string())?;
                             reader.wait_for(p, end).await;
-                            ctx.leases.load(&ctx.kafka, ctx.topics.inflight(), p).await.map_err(|e| e.to_string())
+                            let leases = ctx.leases.load(&ctx.kafka, ctx.topics.inflight(), p).await.map_err(|e| e.to_string())?;
+                            let concluded = ctx.outcomes.learn(&ctx.kafka, ctx.topics.attempts(), p, now_ms()).await.map_err(|e| e.to_string())?;
+                            Ok::<_, String>((leases, concluded))
                         };
                         match synced.await {
-                            Ok(leases) => {
-                                tracing::debug!(partition = p, leases, "partition synced");
+                            Ok((leases, concluded)) => {
+                                tracing::debug!(partition = p, leases, concluded, "partition synced");
                                 ctx.states.synced(p);
                                 return;
                             }

@@ -61,6 +61,9 @@ pub fn attempt_record(
         status_word: status_word.to_owned(),
         phase: AttemptPhase::Finished as i32,
         policy: cx.policy_name.to_owned(),
+        // Set by `deliver::conclude` on the record that ends the attempt.
+        concludes_attempt: 0,
+        run_id: String::new(),
     }
 }
 

@@ -27,8 +27,11 @@ pub enum ReplayError {
     Produce(rdkafka::error::KafkaError),
 }
 
+/// A new run of the delivery: its own `run_id`, so the dispatcher does not take its attempts for a redo of the
+/// earlier run's (which it would skip).
 pub fn task(event: Event, subscription_id: &str, prior_attempts: u32) -> DeliveryTask {
     DeliveryTask {
+        run_id: format!("run_{:016x}", rand::random::<u64>()),
         delivery_id: delivery_id(&event.id, subscription_id),
         subscription_id: subscription_id.to_owned(),
         event: Some(event),

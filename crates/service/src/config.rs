@@ -100,6 +100,13 @@ pub struct DispatcherSettings {
     /// being prepared, so waiting spares the next owner from redoing that work; the embedded mock broker refuses
     /// them, and there waiting only adds to what is redone.
     pub revoke_drain_ms: u64,
+    /// How long the dispatcher remembers that an attempt's outcome is written, so a task redone after a rebalance or
+    /// produced twice by a restarted ingest or retry-scheduler is acknowledged without sending it again. On an
+    /// assignment, the partition's `attempts` records of this window are read before its deliveries start. 0 turns
+    /// the check off (every redo is sent again, and a redone attempt schedules its retry again).
+    pub dedupe_window_ms: u64,
+    /// At most this many remembered outcomes (about 60 bytes each); the oldest are forgotten first.
+    pub dedupe_max_entries: usize,
     pub group_id: String,
 }
 
@@ -112,6 +119,8 @@ impl Default for DispatcherSettings {
             max_queued_per_subscription: 256,
             drain_timeout_ms: 30_000,
             revoke_drain_ms: 0,
+            dedupe_window_ms: 120_000,
+            dedupe_max_entries: 500_000,
             group_id: "hookline-dispatcher".into(),
         }
     }
@@ -261,6 +270,12 @@ impl Config {
         if self.dispatcher.max_in_flight == 0 {
             return Err(ConfigError::Invalid("dispatcher.max_in_flight: must be at least 1".into()));
         }
+        if self.dispatcher.dedupe_window_ms > 3_600_000 {
+            return Err(ConfigError::Invalid(format!(
+                "dispatcher.dedupe_window_ms: at most 3600000 (an assignment reads this much of `attempts` before delivering), got {}",
+                self.dispatcher.dedupe_window_ms
+            )));
+        }
         if self.dispatcher.max_queued_per_subscription < self.dispatcher.per_subscription_concurrency {
             return Err(ConfigError::Invalid(
                 "dispatcher.max_queued_per_subscription: must be at least dispatcher.per_subscription_concurrency".into(),
@@ -402,6 +417,8 @@ mod tests {
         assert!(e.to_string().contains("kafka.session_timeout_ms"), "points at the setting to use: {e}");
         let e = Config::from_toml_with_env("", "f", env(&[("HOOKLINE_KAFKA__SESSION_TIMEOUT_MS", "500")])).unwrap_err();
         assert!(e.to_string().contains("kafka.session_timeout_ms"), "{e}");
+        let e = Config::from_toml_with_env("[dispatcher]\ndedupe_window_ms = 3600001\n", "f", env(&[])).unwrap_err();
+        assert!(e.to_string().contains("dispatcher.dedupe_window_ms"), "{e}");
         let e = Config::from_toml_with_env("[dispatcher]\nrevoke_drain_ms = 60001\n", "f", env(&[])).unwrap_err();
         assert!(e.to_string().contains("dispatcher.revoke_drain_ms"), "{e}");
     }
