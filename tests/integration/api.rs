@@ -167,3 +167,15 @@ async fn bad_requests_get_json_errors_that_name_the_problem() {
     assert_eq!(v["error"]["field"], "url");
     p.stop().await;
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_portal_opens_with_or_without_a_trailing_slash() {
+    let p = Pipeline::start(1).await;
+    for path in ["/portal", "/portal/", "/portal/app.js"] {
+        let (status, _) = p.call("GET", path, None).await;
+        assert_eq!(status, 200, "{path}");
+    }
+    let (status, v) = p.call("GET", "/portal/nope.js", None).await;
+    assert_eq!((status, v["error"]["code"].as_str()), (404, Some("not_found")), "{v}");
+    p.stop().await;
+}

@@ -14,7 +14,7 @@
 
 use std::collections::hash_map::RandomState;
 use std::collections::{HashMap, HashSet, VecDeque};
-use std::hash::{BuildHasher, Hash, Hasher};
+use std::hash::{BuildHasher, BuildHasherDefault, Hash, Hasher};
 use std::sync::{Arc, Mutex};
 
 use hookline_core::model::AttemptRecord;
@@ -42,14 +42,35 @@ pub struct OutcomeLedger {
     max_entries: usize,
 }
 
+/// Keys are already uniform random hashes: the maps use their low bits as they are instead of hashing them again.
+#[derive(Default)]
+struct KeyHasher(u64);
+
+impl Hasher for KeyHasher {
+    fn finish(&self) -> u64 {
+        self.0
+    }
+    fn write(&mut self, bytes: &[u8]) {
+        // Not reached for `Key` (it hashes as one u128); kept correct for any other input.
+        for b in bytes {
+            self.0 = (self.0 ^ u64::from(*b)).wrapping_mul(0x0100_0000_01b3);
+        }
+    }
+    fn write_u128(&mut self, v: u128) {
+        self.0 = v as u64;
+    }
+}
+
+type KeyState = BuildHasherDefault<KeyHasher>;
+
 #[derive(Default)]
 struct Inner {
-    concluded: HashSet<Key>,
+    concluded: HashSet<Key, KeyState>,
     /// Insertion order, for expiry and the entry cap.
     order: VecDeque<(i64, Key)>,
     /// Attempts being run now, and how a copy of the same task waits for the run to end (made only when a copy
     /// waits: the common case allocates nothing).
-    running: HashMap<Key, Option<Arc<Notify>>>,
+    running: HashMap<Key, Option<Arc<Notify>>, KeyState>,
 }
 
 impl OutcomeLedger {

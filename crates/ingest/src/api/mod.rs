@@ -59,6 +59,8 @@ pub fn router(state: Arc<ApiState>, max_request_bytes: usize) -> Router {
         .route_layer(middleware::from_fn_with_state(state.clone(), auth))
         .route("/openapi.json", get(openapi::document))
         .route("/portal", get(portal::index))
+        // Both spellings open the portal (its assets use absolute paths).
+        .route("/portal/", get(portal::index))
         .route("/portal/{file}", get(portal::file))
         .layer(axum::extract::DefaultBodyLimit::max(max_request_bytes))
         .fallback(|| async { ApiError::new(StatusCode::NOT_FOUND, "not_found", "no such route") })
