@@ -209,10 +209,14 @@ fn spill_wait_ms(spills: u32, lane_drain: Duration) -> u64 {
 
 /// A lane is too deep (its endpoint is slow or hanging): park the task on the retry ladder for a while instead of
 /// holding a slot of `dispatcher.max_in_flight`, so the partition keeps moving for everyone else. Not an attempt.
-/// `lane_drain` is how long the lane would need to drain at its pace.
+/// A lane that still finishes work gets its parked tasks back at its pace; one that hangs, after the steps of
+/// `SPILL_WAITS_MS` (`lane_drain` is how long it would need to drain at its pace).
 pub async fn spill(ctx: Arc<Ctx>, mut task: DeliveryTask, lane_drain: Duration) -> Result<(), Aborted> {
     let now = now_ms();
-    let wait_ms = spill_wait_ms(task.spills, lane_drain);
+    let wait_ms = match ctx.lanes.paced_spill_wait(&task.subscription_id) {
+        Some(paced) => u64::try_from(paced.as_millis()).unwrap_or(u64::MAX),
+        None => spill_wait_ms(task.spills, lane_drain),
+    };
     task.spills = task.spills.saturating_add(1);
     task.due_at_ms = now + wait_ms as i64;
     metrics::counter!("hookline_deliveries_spilled_total").increment(1);

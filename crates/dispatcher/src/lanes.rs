@@ -35,11 +35,13 @@ struct Lane {
     window_done: u32,
     /// Jobs finished per second, over the closed windows (each window weighs half of what came before).
     rate: Option<f64>,
+    /// The last slot handed to a parked task (see [`Lanes::paced_spill_wait`]).
+    spill_cursor: Instant,
 }
 
 impl Lane {
     fn new(now: Instant) -> Self {
-        Self { running: 0, queue: VecDeque::new(), last_done: now, window_start: now, window_done: 0, rate: None }
+        Self { running: 0, queue: VecDeque::new(), last_done: now, window_start: now, window_done: 0, rate: None, spill_cursor: now }
     }
 
     fn finished(&mut self, now: Instant) {
@@ -58,21 +60,34 @@ impl Lane {
     /// is too young to tell (no window closed yet and less than `PACE_WINDOW` old).
     fn drain_time(&self, now: Instant) -> Option<Duration> {
         let depth = (self.running + self.queue.len()) as f64;
-        let open = now - self.window_start;
-        // The open window counts once it is long enough to mean something: jobs finished in it so far.
-        let partial = (open >= PACE_WINDOW).then(|| f64::from(self.window_done) / open.as_secs_f64());
-        let rate = match (self.rate, partial) {
-            (Some(r), Some(p)) => (r + p) / 2.0,
-            (Some(r), None) => r,
-            (None, Some(p)) => p,
-            (None, None) => return None,
-        };
+        let rate = self.pace(now)?;
         if rate <= 0.0 {
             return Some(Duration::MAX);
         }
         Some(Duration::from_secs_f64((depth / rate).min(1e9)))
     }
 }
+
+impl Lane {
+    /// Jobs finished per second lately; `None` while the lane is too young to tell.
+    fn pace(&self, now: Instant) -> Option<f64> {
+        let open = now - self.window_start;
+        // The open window counts once it is long enough to mean something: jobs finished in it so far.
+        let partial = (open >= PACE_WINDOW).then(|| f64::from(self.window_done) / open.as_secs_f64());
+        match (self.rate, partial) {
+            (Some(r), Some(p)) => Some((r + p) / 2.0),
+            (Some(r), None) => Some(r),
+            (None, Some(p)) => Some(p),
+            (None, None) => None,
+        }
+    }
+}
+
+/// Below this pace (jobs per second) a lane's endpoint is taken to hang: its parked tasks follow the step ladder
+/// instead of being paced.
+const MIN_PACED_RATE: f64 = 1.0;
+/// The longest a paced task is parked for.
+const MAX_PACED_WAIT: Duration = Duration::from_secs(600);
 
 /// The shortest time a lane's pace is measured over. Jobs finish in bursts (a lane's tries wait on the same
 /// produce acknowledgements, a loaded host stalls for tens of milliseconds): gaps between single completions say
@@ -165,6 +180,22 @@ impl Lanes {
         l.queue.split_off(at).into()
     }
 
+    /// For a lane that finishes work but holds more than it can finish soon: how long a task parked now should wait
+    /// so that the lane has room for it when it comes back. Parked tasks get consecutive slots at the lane's pace
+    /// after what it holds, so they return about as fast as it finishes work; all at once, they would make it too
+    /// deep again and be parked again. `None` when the lane finishes (almost) nothing: its endpoint hangs, and the
+    /// caller's step ladder applies.
+    pub fn paced_spill_wait(&self, key: &str) -> Option<Duration> {
+        let mut lanes = self.lanes.lock().expect("lanes lock");
+        let l = lanes.get_mut(key)?;
+        let now = Instant::now();
+        let rate = l.pace(now).filter(|r| *r >= MIN_PACED_RATE)?;
+        let drained = now + Duration::from_secs_f64((l.running + l.queue.len()) as f64 / rate);
+        let slot = l.spill_cursor.max(drained) + Duration::from_secs_f64(1.0 / rate);
+        l.spill_cursor = slot;
+        Some((slot - now).min(MAX_PACED_WAIT))
+    }
+
     /// Jobs running or waiting in a lane.
     pub fn depth(&self, key: &str) -> usize {
         self.lanes.lock().expect("lanes lock").get(key).map_or(0, |l| l.running + l.queue.len())
@@ -254,5 +285,24 @@ mod tests {
         assert_eq!(got, [(3, Run::Shed(Duration::from_secs(9))), (4, Run::Shed(Duration::from_secs(9))), (5, Run::Shed(Duration::from_secs(9)))]);
         assert_eq!(lanes.shed("a", 0).len(), 1, "the two running jobs stay");
         assert_eq!(lanes.depth("a"), 2);
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn parked_tasks_of_a_progressing_lane_come_back_at_its_pace_and_a_hanging_lane_gets_none() {
+        let lanes = Lanes::new(1);
+        for _ in 0..50 {
+            lanes.submit("slow", Box::new(|_| Box::pin(tokio::time::sleep(Duration::from_millis(100)))));
+        }
+        lanes.submit("hang", Box::new(|_| Box::pin(std::future::pending())));
+        lanes.submit("hang", Box::new(|_| Box::pin(std::future::pending())));
+        tokio::time::sleep(Duration::from_millis(2_050)).await;
+        // ~10 jobs/s, ~30 left: room from ~3 s on, then one slot every ~100 ms.
+        let waits: Vec<f64> = (0..3).map(|_| lanes.paced_spill_wait("slow").unwrap().as_secs_f64()).collect();
+        assert!((2.8..3.5).contains(&waits[0]), "{waits:?}");
+        for pair in waits.windows(2) {
+            assert!((0.08..0.12).contains(&(pair[1] - pair[0])), "consecutive slots at the lane's pace: {waits:?}");
+        }
+        assert_eq!(lanes.paced_spill_wait("hang"), None, "a lane that finishes nothing follows the step ladder");
+        assert_eq!(lanes.paced_spill_wait("unknown"), None);
     }
 }

@@ -11,6 +11,7 @@ mod leases;
 pub mod outcomes;
 mod records;
 pub mod sender;
+mod stalls;
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -67,6 +68,7 @@ pub(crate) struct Ctx {
     pub lanes: Arc<Lanes>,
     pub leases: leases::Leases,
     pub outcomes: Arc<outcomes::OutcomeLedger>,
+    pub stalls: Arc<stalls::Stalls>,
     pub kafka: hookline_kafka::KafkaSettings,
     pub sender: Sender,
     pub shutdown: CancellationToken,
@@ -85,9 +87,13 @@ impl Ctx {
     }
 
     async fn produce_bytes(&self, topic: &str, key: &str, payload: &[u8]) -> Result<(), Aborted> {
+        let _write = self.stalls.write();
         loop {
             match produce::send(&self.producer, topic, key, payload).await {
-                Ok(_) => return Ok(()),
+                Ok(_) => {
+                    self.stalls.acked();
+                    return Ok(());
+                }
                 Err(e) => {
                     tracing::warn!(error = %e, "produce failed; retrying");
                     tokio::select! {
@@ -102,13 +108,17 @@ impl Ctx {
     /// Writes (or with `None`, deletes) a record on an explicit partition, until acknowledged.
     pub fn produce_to_partition<'a>(&'a self, topic: &'a str, partition: i32, key: &'a str, payload: Option<&'a [u8]>) -> BoxFuture<'a, Result<(), Aborted>> {
         Box::pin(async move {
+            let _write = self.stalls.write();
             loop {
                 let mut record: FutureRecord<'_, str, [u8]> = FutureRecord::to(topic).partition(partition).key(key);
                 if let Some(p) = payload {
                     record = record.payload(p);
                 }
                 match self.producer.send(record, Duration::from_secs(10)).await {
-                    Ok(_) => return Ok(()),
+                    Ok(_) => {
+                        self.stalls.acked();
+                        return Ok(());
+                    }
                     Err((e, _)) => {
                         tracing::warn!(error = %e, topic, "produce failed; retrying");
                         tokio::select! {
@@ -130,7 +140,9 @@ impl Ctx {
     pub fn await_enqueued<'a>(&'a self, f: Option<DeliveryFuture>, topic: &'a str, key: &'a str, payload: &'a [u8]) -> BoxFuture<'a, Result<(), Aborted>> {
         Box::pin(async move {
             if let Some(f) = f {
+                let _write = self.stalls.write();
                 if let Ok(Ok(_)) = f.await {
+                    self.stalls.acked();
                     return Ok(());
                 }
             }
@@ -182,11 +194,13 @@ pub async fn run(config: Config, shutdown: CancellationToken, options: Options) 
         lanes: Lanes::new(config.dispatcher.per_subscription_concurrency),
         leases: leases::Leases::default(),
         outcomes: outcomes::OutcomeLedger::new(config.dispatcher.dedupe_window_ms, config.dispatcher.dedupe_max_entries),
+        stalls: stalls::Stalls::new(),
         kafka: kafka.clone(),
         sender: Sender::new(config.egress.clone(), resolver),
         shutdown: shutdown.clone(),
     });
 
+    tokio::spawn(ctx.stalls.clone().detect_freezes(reader_stop.clone()));
     let deliveries = topics.deliveries();
     let marks = Arc::new(SharedWatermarks::default());
     let drain = Duration::from_millis(config.dispatcher.drain_timeout_ms);
@@ -269,7 +283,9 @@ pub async fn run(config: Config, shutdown: CancellationToken, options: Options) 
                 // A deep lane that cannot drain within seconds (its endpoint hangs or is far too slow) would
                 // otherwise use up `max_in_flight` and stall every other subscription: park the task on the ladder,
                 // and with it what the lane queued beyond its depth before it was known to be stuck.
-                if let Some(drain) = ctx.lanes.stuck_for(&lane, max_queued, STUCK_AFTER) {
+                // Not while the broker or this process stalls (or just after): then every lane looks stuck.
+                let stuck = ctx.lanes.stuck_for(&lane, max_queued, STUCK_AFTER).filter(|_| !ctx.stalls.within(STUCK_AFTER));
+                if let Some(drain) = stuck {
                     for job in ctx.lanes.shed(&lane, max_queued) {
                         tokio::spawn(job(Run::Shed(drain)));
                     }
