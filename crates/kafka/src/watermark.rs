@@ -15,10 +15,11 @@ struct Partition {
     next: Option<i64>,
 }
 
-/// Watermarks for every (topic, partition) a consumer reads.
+/// Watermarks for every (topic, partition) a consumer reads. By topic, then partition: a lookup (one per record
+/// started and completed) allocates nothing.
 #[derive(Debug, Default)]
 pub struct Watermarks {
-    partitions: HashMap<(String, i32), Partition>,
+    topics: HashMap<String, HashMap<i32, Partition>>,
 }
 
 impl Watermarks {
@@ -28,7 +29,11 @@ impl Watermarks {
 
     /// A record was taken into work.
     pub fn start(&mut self, topic: &str, partition: i32, offset: i64) {
-        let p = self.partitions.entry((topic.to_owned(), partition)).or_default();
+        let parts = match self.topics.get_mut(topic) {
+            Some(parts) => parts,
+            None => self.topics.entry(topic.to_owned()).or_default(),
+        };
+        let p = parts.entry(partition).or_default();
         p.in_flight.insert(offset);
         p.next = Some(p.next.map_or(offset + 1, |n| n.max(offset + 1)));
     }
@@ -36,7 +41,7 @@ impl Watermarks {
     /// A record's outcome is durable. Returns the new committable offset (the next offset to consume) when the
     /// watermark moved.
     pub fn complete(&mut self, topic: &str, partition: i32, offset: i64) -> Option<i64> {
-        let p = self.partitions.get_mut(&(topic.to_owned(), partition))?;
+        let p = self.topics.get_mut(topic)?.get_mut(&partition)?;
         let before = Self::mark(p);
         if !p.in_flight.remove(&offset) {
             return None;
@@ -47,20 +52,26 @@ impl Watermarks {
 
     /// The committable offset for a partition.
     pub fn committable(&self, topic: &str, partition: i32) -> Option<i64> {
-        self.partitions.get(&(topic.to_owned(), partition)).and_then(Self::mark)
+        self.get(topic, partition).and_then(Self::mark)
     }
 
     pub fn in_flight(&self, topic: &str, partition: i32) -> usize {
-        self.partitions.get(&(topic.to_owned(), partition)).map_or(0, |p| p.in_flight.len())
+        self.get(topic, partition).map_or(0, |p| p.in_flight.len())
     }
 
     pub fn total_in_flight(&self) -> usize {
-        self.partitions.values().map(|p| p.in_flight.len()).sum()
+        self.topics.values().flat_map(HashMap::values).map(|p| p.in_flight.len()).sum()
     }
 
     /// Forget a partition (revoked): its uncommitted records will be read again by the next owner.
     pub fn forget(&mut self, topic: &str, partition: i32) {
-        self.partitions.remove(&(topic.to_owned(), partition));
+        if let Some(parts) = self.topics.get_mut(topic) {
+            parts.remove(&partition);
+        }
+    }
+
+    fn get(&self, topic: &str, partition: i32) -> Option<&Partition> {
+        self.topics.get(topic)?.get(&partition)
     }
 
     fn mark(p: &Partition) -> Option<i64> {
