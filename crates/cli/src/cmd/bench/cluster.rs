@@ -364,18 +364,25 @@ impl Cluster {
         let d = self
             .metrics(
                 "dispatcher",
-                &["hookline_deliveries_spilled_total", "hookline_deliveries_retried_total", "hookline_attempts_total", "hookline_dispatcher_in_flight"],
+                &[
+                    "hookline_deliveries_spilled_total",
+                    "hookline_deliveries_retried_total",
+                    "hookline_attempts_total",
+                    "hookline_dispatcher_in_flight",
+                    "hookline_dispatcher_stalls_total",
+                ],
             )
             .await;
         let s = self.metrics("retry-scheduler", &["hookline_retry_held", "hookline_retry_rerouted_total"]).await;
         let g = |m: &HashMap<String, f64>, k: &str| m.get(k).copied().unwrap_or(0.0);
         format!(
-            "dispatcher: attempts {:.0} ({:.0} timed out), retried {:.0}, spilled {:.0}, in flight {:.0} · retry-scheduler: holding {:.0}, re-routed {:.0}",
+            "dispatcher: attempts {:.0} ({:.0} timed out), retried {:.0}, spilled {:.0}, in flight {:.0}, stalls {:.0} · retry-scheduler: holding {:.0}, re-routed {:.0}",
             g(&d, "hookline_attempts_total"),
             g(&d, "hookline_attempts_total{outcome=\"timeout\"}"),
             g(&d, "hookline_deliveries_retried_total"),
             g(&d, "hookline_deliveries_spilled_total"),
             g(&d, "hookline_dispatcher_in_flight"),
+            g(&d, "hookline_dispatcher_stalls_total"),
             g(&s, "hookline_retry_held"),
             g(&s, "hookline_retry_rerouted_total"),
         )
