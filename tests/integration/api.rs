@@ -179,3 +179,54 @@ async fn the_portal_opens_with_or_without_a_trailing_slash() {
     assert_eq!((status, v["error"]["code"].as_str()), (404, Some("not_found")), "{v}");
     p.stop().await;
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_create_retried_with_its_idempotency_key_returns_the_same_subscription() {
+    let p = Pipeline::start(1).await;
+    let client = hyper_util::client::legacy::Client::builder(hyper_util::rt::TokioExecutor::new()).build_http();
+    let create = |key: Option<&str>, body: serde_json::Value| {
+        let mut req = http::Request::post(format!("http://{}/v1/subscriptions", p.api))
+            .header("content-type", "application/json")
+            .header("authorization", format!("Bearer {TOKEN}"));
+        if let Some(k) = key {
+            req = req.header("idempotency-key", k);
+        }
+        let req = req.body(http_body_util::Full::new(bytes::Bytes::from(body.to_string()))).unwrap();
+        let client = client.clone();
+        async move {
+            use http_body_util::BodyExt;
+            let resp = client.request(req).await.unwrap();
+            let status = resp.status().as_u16();
+            let replayed = resp.headers().get("idempotent-replayed").is_some();
+            let body = resp.into_body().collect().await.unwrap().to_bytes();
+            (status, replayed, serde_json::from_slice::<serde_json::Value>(&body).unwrap_or_default())
+        }
+    };
+    let body = json!({"url": p.url("idem"), "event_types": ["order.*"], "metadata": {"b": "2", "a": "1"}});
+    let (status, replayed, first) = create(Some("create-orders-hook-7"), body.clone()).await;
+    assert_eq!((status, replayed), (201, false), "{first}");
+    let (status, replayed, again) = create(Some("create-orders-hook-7"), body.clone()).await;
+    assert_eq!((status, replayed), (200, true), "{again}");
+    assert_eq!(again["id"], first["id"], "the retry names the same subscription");
+    assert_eq!(again["secret"], first["secret"], "and repeats its secret, which the first response may have lost");
+    let (_, list) = p.call("GET", "/v1/subscriptions", None).await;
+    let same_url = list["items"].as_array().unwrap().iter().filter(|s| s["url"] == p.url("idem")).count();
+    assert_eq!(same_url, 1, "one subscription, not two: {list}");
+
+    // The same key for a different request is refused; another key is another subscription.
+    let other = json!({"url": p.url("elsewhere"), "event_types": ["order.*"]});
+    let (status, _, v) = create(Some("create-orders-hook-7"), other.clone()).await;
+    assert_eq!((status, v["error"]["code"].as_str()), (409, Some("idempotency_conflict")), "{v}");
+    let (status, _, v) = create(Some("create-orders-hook-8"), other).await;
+    assert_eq!(status, 201, "{v}");
+    assert_ne!(v["id"], first["id"]);
+    // Without a key, each create is new.
+    let (_, _, a) = create(None, body.clone()).await;
+    let (_, _, b) = create(None, body.clone()).await;
+    assert_ne!(a["id"], b["id"]);
+    for bad in ["", "has space", "ü", &"k".repeat(256)] {
+        let (status, _, v) = create(Some(bad), body.clone()).await;
+        assert_eq!((status, v["error"]["field"].as_str()), (422, Some("Idempotency-Key")), "{bad:?}: {v}");
+    }
+    p.stop().await;
+}

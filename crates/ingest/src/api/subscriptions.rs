@@ -6,7 +6,8 @@ use std::collections::HashMap;
 use std::sync::Arc;
 
 use axum::extract::{Path, State};
-use axum::http::StatusCode;
+use axum::http::{HeaderMap, StatusCode};
+use axum::response::{IntoResponse, Response};
 use axum::Json;
 use hookline_core::egress::{EgressGuard, TargetHost};
 use hookline_core::model::{EndpointCondition, Secret, Subscription};
@@ -64,10 +65,51 @@ pub struct ListQuery {
     after: Option<String>,
 }
 
-pub async fn create(State(s): State<Arc<ApiState>>, ApiJson(req): ApiJson<CreateSubscription>) -> Result<(StatusCode, Json<Value>), ApiError> {
+/// The header that makes a create safe to retry.
+const IDEMPOTENCY_KEY: &str = "idempotency-key";
+
+/// The `Idempotency-Key` header, if present: 1-255 visible ASCII characters.
+fn idempotency_key(headers: &HeaderMap) -> Result<Option<String>, ApiError> {
+    let Some(v) = headers.get(IDEMPOTENCY_KEY) else { return Ok(None) };
+    let key = v.to_str().ok().filter(|k| (1..=255).contains(&k.len()) && k.bytes().all(|b| b.is_ascii_graphic()));
+    key.map(|k| Some(k.to_owned())).ok_or_else(|| ApiError::field("Idempotency-Key", "must be 1 to 255 visible ASCII characters"))
+}
+
+/// A digest of everything a create request asks for (the secret only as its own digest).
+fn fingerprint(req: &CreateSubscription) -> String {
+    let metadata: std::collections::BTreeMap<_, _> = req.metadata.iter().flatten().collect();
+    let canonical = json!({
+        "url": req.url, "event_types": req.event_types, "policy": req.policy, "policy_toml": req.policy_toml,
+        "secret": req.secret.as_deref().map(|x| hookline_core::model::sha256_hex(x.as_bytes())),
+        "description": req.description, "metadata": metadata, "enabled": req.enabled,
+        "owner_email": req.owner_email, "tenant": req.tenant,
+    });
+    hookline_core::model::sha256_hex(canonical.to_string().as_bytes())
+}
+
+/// With an `Idempotency-Key`, the subscription's id comes from the key: a retry finds what the first request made
+/// and gets it back (200, `Idempotent-Replayed: true`, with its current secret), and the same key with a
+/// different request is refused (409). Without one, every create makes a new subscription.
+pub async fn create(
+    State(s): State<Arc<ApiState>>,
+    headers: HeaderMap,
+    ApiJson(req): ApiJson<CreateSubscription>,
+) -> Result<Response, ApiError> {
+    let key = idempotency_key(&headers)?;
+    let fingerprint = key.as_ref().map(|_| fingerprint(&req)).unwrap_or_default();
+    let id = match &key {
+        Some(k) => hookline_core::model::keyed_subscription_id(k),
+        None => format!("sub_{}", hex_id()),
+    };
+    if key.is_some() {
+        if let Some(existing) = s.subs.get(&id) {
+            return replayed(&s, &existing, &fingerprint);
+        }
+    }
     let now = crate::now_ms();
     let mut sub = Subscription {
-        id: format!("sub_{}", hex_id()),
+        id,
+        create_fingerprint: fingerprint,
         url: req.url,
         event_types: req.event_types,
         policy: req.policy.unwrap_or_else(|| "standard".into()),
@@ -92,9 +134,27 @@ pub async fn create(State(s): State<Arc<ApiState>>, ApiJson(req): ApiJson<Create
     validate(&s, &sub).await?;
     write(&s, &sub).await?;
     let mut view = view(&s, &SubscriptionEntry::new(sub));
-    // The only time the secret is shown.
+    // The only time the secret is shown (and on a retry with the same Idempotency-Key).
     view["secret"] = json!(secret);
-    Ok((StatusCode::CREATED, Json(view)))
+    Ok((StatusCode::CREATED, Json(view)).into_response())
+}
+
+/// A create retried with the Idempotency-Key of an existing subscription.
+fn replayed(s: &ApiState, existing: &SubscriptionEntry, fingerprint: &str) -> Result<Response, ApiError> {
+    if existing.sub.create_fingerprint != fingerprint {
+        return Err(ApiError::new(
+            StatusCode::CONFLICT,
+            "idempotency_conflict",
+            format!("this Idempotency-Key already created {} from a different request", existing.sub.id),
+        ));
+    }
+    let mut view = view(s, existing);
+    // The secret that signs now (the newest without an expiry).
+    let current = existing.sub.secrets.iter().rev().find(|x| x.expires_at_ms == 0).or(existing.sub.secrets.last());
+    view["secret"] = json!(current.map(|x| x.value.as_str()).unwrap_or(""));
+    let mut resp = (StatusCode::OK, Json(view)).into_response();
+    resp.headers_mut().insert("idempotent-replayed", axum::http::HeaderValue::from_static("true"));
+    Ok(resp)
 }
 
 pub async fn get(State(s): State<Arc<ApiState>>, Path(id): Path<String>) -> Result<Json<Value>, ApiError> {
