@@ -147,7 +147,10 @@ test('the portal, end to end', async (t) => {
     await page.getByLabel('Policy', { exact: true }).selectOption('inline');
     await page.getByLabel(/^Inline policy/).fill(policyToml());
     await page.getByLabel('Description').fill('portal e2e: LuciBook, paused after 3 failures');
+    const created = page.waitForRequest((r) => r.method() === 'POST' && new URL(r.url()).pathname === '/v1/subscriptions');
     await page.getByLabel('Description').press('Enter');
+    // A create is safe to retry: the form sends an Idempotency-Key.
+    assert.match((await created).headers()['idempotency-key'] || '', /^portal-[0-9a-f]{32}$/);
     const secret = page.locator('#secret-value');
     await page.locator('#secret-dialog[open]').waitFor();
     assert.ok((await secret.inputValue()).length >= 16, 'the new secret is shown');

@@ -105,8 +105,8 @@ function banner(text) {
 
 // ---------- API ----------
 
-async function api(method, path, body) {
-  const headers = { authorization: `Bearer ${state.token}` };
+async function api(method, path, body, extraHeaders) {
+  const headers = { authorization: `Bearer ${state.token}`, ...(extraHeaders || {}) };
   if (body !== undefined) headers['content-type'] = 'application/json';
   let resp;
   try {
@@ -476,8 +476,20 @@ async function action(resultEl, run) {
 }
 
 let editing = null;
+/// The Idempotency-Key of the create being submitted: the same while the form is submitted again unchanged (after
+/// a lost answer, a second click), so the API returns the subscription it made instead of a second one.
+let createKey = null;
+function idempotencyKeyFor(body) {
+  const text = JSON.stringify(body);
+  if (!createKey || createKey.body !== text) {
+    const bytes = crypto.getRandomValues(new Uint8Array(16));
+    createKey = { body: text, key: `portal-${Array.from(bytes, (b) => b.toString(16).padStart(2, '0')).join('')}` };
+  }
+  return createKey.key;
+}
 function openSubDialog(sub) {
   editing = sub;
+  createKey = null;
   $('sub-dialog-h').textContent = sub ? 'Edit subscription' : 'New subscription';
   $('sf-url').value = sub ? sub.url : '';
   $('sf-types').value = sub ? sub.event_types.join(', ') : '';
@@ -511,7 +523,7 @@ async function saveSub(ev) {
   try {
     const saved = editing
       ? await api('PATCH', `/v1/subscriptions/${encodeURIComponent(editing.id)}`, body)
-      : await api('POST', '/v1/subscriptions', body);
+      : await api('POST', '/v1/subscriptions', body, { 'idempotency-key': idempotencyKeyFor(body) });
     $('sub-dialog').close('saved');
     state.lastRender.clear();
     if (editing) {
