@@ -95,7 +95,7 @@ async fn leased_attempt(ctx: &Ctx, task: DeliveryTask, entry: &SubscriptionEntry
     let absolute = task.prior_attempts + attempt_no;
     let topic = ctx.topics.inflight();
     let key = task.delivery_id.clone();
-    if let Some(lease) = ctx.leases.take(&key).filter(|l| l.attempt == absolute) {
+    if let Some(lease) = ctx.leases.take(&key, absolute) {
         lost_attempt(ctx, task, entry, policy, lease).await?;
     } else {
         let lease = hookline_core::model::AttemptRecord {
@@ -394,7 +394,7 @@ fn conclude<'a>(ctx: &'a Ctx, task: &'a DeliveryTask, mut rec: AttemptRecord) ->
 async fn already_concluded(ctx: &Ctx, task: &DeliveryTask, partition: i32) -> Result<(), Aborted> {
     tracing::debug!(delivery = %task.delivery_id, attempt = next_attempt(task), "outcome already written; not sent again");
     metrics::counter!("hookline_redeliveries_skipped_total").increment(1);
-    if ctx.leases.take(&task.delivery_id).is_some() {
+    if ctx.leases.take(&task.delivery_id, next_attempt(task)).is_some() {
         ctx.produce_to_partition(ctx.topics.inflight(), partition, &task.delivery_id, None).await?;
     }
     Ok(())

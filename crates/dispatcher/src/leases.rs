@@ -49,8 +49,27 @@ impl Leases {
         Ok(n)
     }
 
-    /// The lease an earlier owner left for this delivery, if any (taken: it is acted on once).
-    pub fn take(&self, delivery_id: &str) -> Option<Lease> {
-        self.found.lock().expect("leases lock").remove(delivery_id)
+    /// The lease an earlier owner left for this attempt of this delivery, if any (taken: it is acted on once). A
+    /// lease for another attempt stays for the task of that attempt.
+    pub fn take(&self, delivery_id: &str, attempt: u32) -> Option<Lease> {
+        let mut found = self.found.lock().expect("leases lock");
+        match found.get(delivery_id) {
+            Some(l) if l.attempt == attempt => found.remove(delivery_id),
+            _ => None,
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_lease_is_taken_only_by_the_task_of_its_attempt() {
+        let leases = Leases::default();
+        leases.found.lock().unwrap().insert("dlv_1".into(), Lease { attempt: 2, started_at_ms: 5 });
+        assert_eq!(leases.take("dlv_1", 1), None, "a redone attempt 1 leaves attempt 2's lease");
+        assert_eq!(leases.take("dlv_1", 2), Some(Lease { attempt: 2, started_at_ms: 5 }));
+        assert_eq!(leases.take("dlv_1", 2), None, "acted on once");
     }
 }
