@@ -96,3 +96,8 @@ fn sigterm_of_each_binary_drains_without_duplicates() {
 fn broker_outage_and_request_errors_lose_nothing() {
     soak(&["broker-down", "produce-errors", "fetch-errors", "commit-errors"]);
 }
+
+#[test]
+fn a_slow_broker_and_failing_group_requests_lose_nothing() {
+    soak(&["broker-slow", "group-errors"]);
+}

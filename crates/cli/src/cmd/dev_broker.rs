@@ -15,9 +15,10 @@ pub struct DevBrokerArgs {
     #[arg(long, default_value = "hookline.")]
     topic_prefix: String,
     /// Read fault commands from stdin, one per line, and stop when stdin closes (for test harnesses such as
-    /// `hookline soak`): `down` / `up` (broker 1 unreachable / back), `errors API` (every API request fails until
-    /// cleared; API is produce, fetch or commit), `clear API`. Each applied command is acknowledged on stdout as
-    /// `ok <command>`; a bad one as `error <message>`.
+    /// `hookline soak`): `down` / `up` (broker 1 unreachable / back), `rtt MS` (every answer MS ms late; 0 ends it),
+    /// `errors API` (every API request fails until cleared; API is produce, fetch, commit, or group for the
+    /// consumer-group requests JoinGroup, SyncGroup and Heartbeat), `clear API`. Each applied command is acknowledged
+    /// on stdout as `ok <command>`; a bad one as `error <message>`.
     #[arg(long)]
     control: bool,
 }
@@ -63,26 +64,38 @@ const MANY_ERRORS: usize = 100_000;
 
 fn apply(broker: &DevBroker, cmd: &str) -> Result<(), String> {
     let c = broker.cluster();
+    use RDKafkaRespErr::{RD_KAFKA_RESP_ERR_NOT_COORDINATOR as NOT_COORDINATOR, RD_KAFKA_RESP_ERR_NOT_LEADER_FOR_PARTITION as NOT_LEADER};
     let api = |name: &str| match name {
-        "produce" => Ok((RDKafkaApiKey::Produce, RDKafkaRespErr::RD_KAFKA_RESP_ERR_NOT_LEADER_FOR_PARTITION)),
-        "fetch" => Ok((RDKafkaApiKey::Fetch, RDKafkaRespErr::RD_KAFKA_RESP_ERR_NOT_LEADER_FOR_PARTITION)),
-        "commit" => Ok((RDKafkaApiKey::OffsetCommit, RDKafkaRespErr::RD_KAFKA_RESP_ERR_NOT_COORDINATOR)),
-        other => Err(format!("unknown API {other:?}: expected produce, fetch or commit")),
+        "produce" => Ok(vec![(RDKafkaApiKey::Produce, NOT_LEADER)]),
+        "fetch" => Ok(vec![(RDKafkaApiKey::Fetch, NOT_LEADER)]),
+        "commit" => Ok(vec![(RDKafkaApiKey::OffsetCommit, NOT_COORDINATOR)]),
+        "group" => Ok(vec![
+            (RDKafkaApiKey::JoinGroup, NOT_COORDINATOR),
+            (RDKafkaApiKey::SyncGroup, NOT_COORDINATOR),
+            (RDKafkaApiKey::Heartbeat, NOT_COORDINATOR),
+        ]),
+        other => Err(format!("unknown API {other:?}: expected produce, fetch, commit or group")),
     };
     let words: Vec<&str> = cmd.split_whitespace().collect();
     match words.as_slice() {
         ["down"] => c.broker_down(1).map_err(|e| e.to_string()),
         ["up"] => c.broker_up(1).map_err(|e| e.to_string()),
+        ["rtt", ms] => {
+            let ms: u64 = ms.parse().map_err(|_| format!("rtt {ms:?}: expected milliseconds"))?;
+            c.broker_round_trip_time(1, std::time::Duration::from_millis(ms)).map_err(|e| e.to_string())
+        }
         ["errors", name] => {
-            let (key, err) = api(name)?;
-            c.request_errors(key, &vec![err; MANY_ERRORS]);
+            for (key, err) in api(name)? {
+                c.request_errors(key, &vec![err; MANY_ERRORS]);
+            }
             Ok(())
         }
         ["clear", name] => {
-            let (key, _) = api(name)?;
-            c.clear_request_errors(key);
+            for (key, _) in api(name)? {
+                c.clear_request_errors(key);
+            }
             Ok(())
         }
-        _ => Err(format!("unknown command {cmd:?}: expected down, up, errors API or clear API")),
+        _ => Err(format!("unknown command {cmd:?}: expected down, up, rtt MS, errors API or clear API")),
     }
 }

@@ -31,6 +31,10 @@ pub enum FaultKind {
     FetchErrors,
     /// Every offset commit fails (NOT_COORDINATOR) for 2 s.
     CommitErrors,
+    /// Every broker answer comes 500 ms late for 3 s.
+    BrokerSlow,
+    /// Every consumer-group request (JoinGroup, SyncGroup, Heartbeat) fails (NOT_COORDINATOR) for 2 s.
+    GroupErrors,
 }
 
 impl FaultKind {
@@ -47,17 +51,19 @@ impl FaultKind {
             FaultKind::ProduceErrors => "produce-errors",
             FaultKind::FetchErrors => "fetch-errors",
             FaultKind::CommitErrors => "commit-errors",
+            FaultKind::BrokerSlow => "broker-slow",
+            FaultKind::GroupErrors => "group-errors",
         }
     }
 
     /// Consumer-group rebalances the fault causes, each of which may redo a window of uncommitted work (at least
     /// once): the victim's expiry and its successor's join for a kill or a freeze; a broker outage can outlast the
-    /// session timeout (librdkafka's reconnect backoff). A SIGTERM drains and commits, and request errors move no
-    /// partitions: those redo nothing.
+    /// session timeout (librdkafka's reconnect backoff); a slow broker or failing group requests can cost a member
+    /// its session. A SIGTERM drains and commits, and request errors move no partitions: those redo nothing.
     pub fn rebalances(self) -> u64 {
         match self {
             FaultKind::KillDispatcher | FaultKind::KillIngest | FaultKind::StopDispatcher | FaultKind::KillScheduler => 2,
-            FaultKind::BrokerDown => 1,
+            FaultKind::BrokerDown | FaultKind::BrokerSlow | FaultKind::GroupErrors => 1,
             FaultKind::TermDispatcher
             | FaultKind::TermScheduler
             | FaultKind::TermIngest
@@ -69,6 +75,8 @@ impl FaultKind {
 }
 
 const BROKER_DOWN_FOR: Duration = Duration::from_secs(3);
+const BROKER_SLOW_FOR: Duration = Duration::from_secs(3);
+const BROKER_SLOW_RTT_MS: u64 = 500;
 const ERRORS_FOR: Duration = Duration::from_secs(2);
 
 pub struct Fleet {
@@ -162,10 +170,18 @@ impl Fleet {
                 self.broker.command("up")?;
                 line["held_ms"] = json!(BROKER_DOWN_FOR.as_millis() as u64);
             }
-            FaultKind::ProduceErrors | FaultKind::FetchErrors | FaultKind::CommitErrors => {
+            FaultKind::BrokerSlow => {
+                self.broker.command(&format!("rtt {BROKER_SLOW_RTT_MS}"))?;
+                tokio::time::sleep(BROKER_SLOW_FOR).await;
+                self.broker.command("rtt 0")?;
+                line["held_ms"] = json!(BROKER_SLOW_FOR.as_millis() as u64);
+                line["rtt_ms"] = json!(BROKER_SLOW_RTT_MS);
+            }
+            FaultKind::ProduceErrors | FaultKind::FetchErrors | FaultKind::CommitErrors | FaultKind::GroupErrors => {
                 let api = match fault {
                     FaultKind::ProduceErrors => "produce",
                     FaultKind::FetchErrors => "fetch",
+                    FaultKind::GroupErrors => "group",
                     _ => "commit",
                 };
                 self.broker.command(&format!("errors {api}"))?;
