@@ -66,9 +66,7 @@ impl Lane {
         }
         Some(Duration::from_secs_f64((depth / rate).min(1e9)))
     }
-}
 
-impl Lane {
     /// Jobs finished per second lately; `None` while the lane is too young to tell.
     fn pace(&self, now: Instant) -> Option<f64> {
         let open = now - self.window_start;
