@@ -212,6 +212,12 @@ async fn a_create_retried_with_its_idempotency_key_returns_the_same_subscription
     let (_, list) = p.call("GET", "/v1/subscriptions", None).await;
     let same_url = list["items"].as_array().unwrap().iter().filter(|s| s["url"] == p.url("idem")).count();
     assert_eq!(same_url, 1, "one subscription, not two: {list}");
+    // After a rotation, a retry hands out the secret that signs now.
+    let (status, rotated) = p.call("POST", &format!("/v1/subscriptions/{}/rotate-secret", first["id"].as_str().unwrap()), None).await;
+    assert_eq!(status, 200, "{rotated}");
+    let (_, _, again) = create(Some("create-orders-hook-7"), body.clone()).await;
+    assert_eq!(again["secret"], rotated["secret"]);
+    assert_ne!(again["secret"], first["secret"]);
 
     // The same key for a different request is refused; another key is another subscription.
     let other = json!({"url": p.url("elsewhere"), "event_types": ["order.*"]});

@@ -9,8 +9,6 @@ pub use generated::*;
 
 use sha2::{Digest, Sha256};
 
-/// The delivery id for (event, subscription): deterministic, so a re-fan-out after a crash yields the same id and
-/// receivers can deduplicate. `dlv_` + 32 hex digits of SHA-256(event id, NUL, subscription id).
 /// The id of a subscription created with an `Idempotency-Key`: the same key always names the same subscription, on
 /// every ingest replica, so a retried create cannot make a second one.
 pub fn keyed_subscription_id(idempotency_key: &str) -> String {
@@ -25,6 +23,8 @@ pub fn sha256_hex(bytes: &[u8]) -> String {
     hex::encode(Sha256::digest(bytes))
 }
 
+/// The delivery id for (event, subscription): deterministic, so a re-fan-out after a crash yields the same id and
+/// receivers can deduplicate. `dlv_` + 32 hex digits of SHA-256(event id, NUL, subscription id).
 pub fn delivery_id(event_id: &str, subscription_id: &str) -> String {
     let mut h = Sha256::new();
     h.update(event_id.as_bytes());

@@ -149,8 +149,8 @@ fn replayed(s: &ApiState, existing: &SubscriptionEntry, fingerprint: &str) -> Re
         ));
     }
     let mut view = view(s, existing);
-    // The secret that signs now (the newest without an expiry).
-    let current = existing.sub.secrets.iter().rev().find(|x| x.expires_at_ms == 0).or(existing.sub.secrets.last());
+    // The secret that signs now: a rotation puts the new one first, without an expiry.
+    let current = existing.sub.secrets.iter().find(|x| x.expires_at_ms == 0).or(existing.sub.secrets.first());
     view["secret"] = json!(current.map(|x| x.value.as_str()).unwrap_or(""));
     let mut resp = (StatusCode::OK, Json(view)).into_response();
     resp.headers_mut().insert("idempotent-replayed", axum::http::HeaderValue::from_static("true"));
