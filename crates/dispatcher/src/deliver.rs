@@ -505,6 +505,25 @@ async fn update_health(
     Ok(())
 }
 
+fn outcome_class(o: &hookline_core::Outcome) -> &'static str {
+    use hookline_core::Outcome::*;
+    match o {
+        Http { status, .. } => match status {
+            200..=299 => "2xx",
+            300..=399 => "3xx",
+            429 => "429",
+            400..=499 => "4xx",
+            500..=599 => "5xx",
+            _ => "other_status",
+        },
+        Timeout => "timeout",
+        ConnectError => "connect_error",
+        TlsError => "tls_error",
+        EgressRefused => "egress_refused",
+        InvalidUrl => "invalid_url",
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -536,24 +555,5 @@ mod tests {
         assert_eq!(spill_wait_ms(7, s(5)), 60_000);
         assert_eq!(spill_wait_ms(0, s(170)), 60_000, "a hanging lane: the longest step at once");
         assert_eq!(spill_wait_ms(0, Duration::MAX), 60_000);
-    }
-}
-
-fn outcome_class(o: &hookline_core::Outcome) -> &'static str {
-    use hookline_core::Outcome::*;
-    match o {
-        Http { status, .. } => match status {
-            200..=299 => "2xx",
-            300..=399 => "3xx",
-            429 => "429",
-            400..=499 => "4xx",
-            500..=599 => "5xx",
-            _ => "other_status",
-        },
-        Timeout => "timeout",
-        ConnectError => "connect_error",
-        TlsError => "tls_error",
-        EgressRefused => "egress_refused",
-        InvalidUrl => "invalid_url",
     }
 }

@@ -8,7 +8,7 @@ pub mod connector;
 mod deliver;
 pub mod lanes;
 mod leases;
-pub mod outcomes;
+mod outcomes;
 mod records;
 pub mod sender;
 mod stalls;

@@ -14,7 +14,7 @@
 
 use std::collections::hash_map::RandomState;
 use std::collections::{HashMap, HashSet, VecDeque};
-use std::hash::{BuildHasher, BuildHasherDefault, Hash, Hasher};
+use std::hash::{BuildHasher, BuildHasherDefault, Hasher};
 use std::sync::{Arc, Mutex};
 
 use hookline_core::model::AttemptRecord;
@@ -88,17 +88,9 @@ impl OutcomeLedger {
         self.window_ms > 0 && self.max_entries > 0
     }
 
-    pub fn window_ms(&self) -> i64 {
-        self.window_ms
-    }
-
     pub fn key(&self, delivery_id: &str, run_id: &str, attempt: u32) -> Key {
-        let half = |s: &RandomState| {
-            let mut h = s.build_hasher();
-            (delivery_id, run_id, attempt).hash(&mut h);
-            h.finish()
-        };
-        Key((u128::from(half(&self.hashers.0)) << 64) | u128::from(half(&self.hashers.1)))
+        let parts = (delivery_id, run_id, attempt);
+        Key((u128::from(self.hashers.0.hash_one(parts)) << 64) | u128::from(self.hashers.1.hash_one(parts)))
     }
 
     /// Claims an attempt for this task. If a copy of the task is running the same attempt now, waits for it to
@@ -174,12 +166,9 @@ impl OutcomeLedger {
         Ok(found.len())
     }
 
-    pub fn len(&self) -> usize {
+    #[cfg(test)]
+    fn len(&self) -> usize {
         self.inner.lock().expect("outcome ledger lock").concluded.len()
-    }
-
-    pub fn is_empty(&self) -> bool {
-        self.len() == 0
     }
 
     fn release(&self, key: Key) {
@@ -193,12 +182,6 @@ impl OutcomeLedger {
 pub struct RunGuard {
     ledger: Option<Arc<OutcomeLedger>>,
     key: Key,
-}
-
-impl RunGuard {
-    pub fn key(&self) -> Key {
-        self.key
-    }
 }
 
 impl Drop for RunGuard {
@@ -225,7 +208,7 @@ mod tests {
         let l = OutcomeLedger::new(60_000, 100);
         let k = l.key("dlv_1", "", 1);
         let g = run(l.claim(k).await);
-        l.concluded(g.key(), 1_000);
+        l.concluded(g.key, 1_000);
         drop(g);
         assert!(matches!(l.claim(k).await, Claim::Concluded));
         // The next attempt, another delivery and a replay (another run) are not the same attempt.
