@@ -230,7 +230,7 @@ pub async fn run(config: Config, shutdown: CancellationToken, options: Options) 
         tokio::select! {
             biased;
             _ = shutdown.cancelled() => break,
-            Some(ev) = rebalances.recv() => on_rebalance(ev, &marks, &ctx, &states_reader, deliveries),
+            Some(ev) = rebalances.recv() => on_rebalance(ev, &ctx, &states_reader, deliveries),
             Some(p) = done_rx.recv() => {
                 if let Some(w) = marks.committable(deliveries, p) {
                     store(&consumer, deliveries, p, w);
@@ -251,7 +251,7 @@ pub async fn run(config: Config, shutdown: CancellationToken, options: Options) 
                 // An assignment is reported during the poll that returns its first records: apply it first, so
                 // every task finds its partition's ownership in place.
                 while let Ok(ev) = rebalances.try_recv() {
-                    on_rebalance(ev, &marks, &ctx, &states_reader, deliveries);
+                    on_rebalance(ev, &ctx, &states_reader, deliveries);
                 }
                 let (p, o) = (m.partition(), m.offset());
                 marks.start(deliveries, p, o);
@@ -368,7 +368,7 @@ impl Done {
     }
 }
 
-fn on_rebalance(ev: RebalanceEvent, marks: &SharedWatermarks, ctx: &Arc<Ctx>, reader: &TableHandle, topic: &str) {
+fn on_rebalance(ev: RebalanceEvent, ctx: &Arc<Ctx>, reader: &TableHandle, topic: &str) {
     let states = &ctx.states;
     match ev {
         RebalanceEvent::Assigned(parts) => {
@@ -402,13 +402,8 @@ fn on_rebalance(ev: RebalanceEvent, marks: &SharedWatermarks, ctx: &Arc<Ctx>, re
                 });
             }
         }
-        RebalanceEvent::Revoked(parts) => {
-            for (t, p) in parts {
-                if t == topic {
-                    marks.forget(&t, p);
-                    states.revoke(p);
-                }
-            }
-        }
+        // Nothing to do here: the revoke drain (`RevokeDrain`, inside the rebalance callback) already committed the
+        // revoked partitions' finished work, forgot their watermarks and released their endpoint state.
+        RebalanceEvent::Revoked(_) => {}
     }
 }
