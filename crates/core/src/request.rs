@@ -477,6 +477,15 @@ impl AttemptHeaders {
     pub fn into_vec(self) -> Vec<(Cow<'static, str>, String)> {
         self.0
     }
+
+    /// W3C trace context of the attempt (tracing on): `traceparent`, and `tracestate` when there is one. The values
+    /// are formatted by hookline from a parsed context, never copied from input.
+    pub fn push_trace_context(&mut self, traceparent: String, tracestate: String) {
+        self.0.push((Cow::Borrowed("traceparent"), traceparent));
+        if !tracestate.is_empty() {
+            self.0.push((Cow::Borrowed("tracestate"), tracestate));
+        }
+    }
 }
 
 impl HeaderLookup for AttemptHeaders {

@@ -15,6 +15,7 @@ use hookline_core::request::{self, HeaderContext};
 use hookline_core::subscription::{activity, Activity};
 use hookline_core::{decide, FinalState, Next, Progress, Verdict};
 use hookline_kafka::state::SubscriptionEntry;
+use hookline_service::traces::Span;
 use hookline_kafka::topics::tier_for;
 use prost::Message;
 
@@ -62,6 +63,7 @@ pub async fn deliver(ctx: Arc<Ctx>, task: DeliveryTask, partition: i32) -> Resul
                 let rec = records::closing_record(&task, "invalid_policy", detail.clone(), "dead", "dead", now, &entry.sub.policy);
                 let dl = records::dead_letter(&task, "invalid_policy", detail, "dead", "dead", task.attempts_made, String::new(), now);
                 ctx.produce(ctx.topics.dlq(), &task.subscription_id, &dl).await?;
+                ctx.tracer.dead_letter(&dl, None);
                 conclude(&ctx, &task, rec).await?;
                 metrics::counter!("hookline_dead_lettered_total", "reason" => "invalid_policy").increment(1);
                 metrics::counter!("hookline_deliveries_total", "outcome" => "dead").increment(1);
@@ -150,6 +152,7 @@ async fn lost_attempt(ctx: &Ctx, mut task: DeliveryTask, entry: &SubscriptionEnt
             last.attempts_made = attempt_no;
             let dl = records::dead_letter(&last, "lease_expired", reason.clone(), final_word(state), &word, task.prior_attempts + attempt_no, "lease_expired".into(), now);
             ctx.produce(ctx.topics.dlq(), &task.subscription_id, &dl).await?;
+            ctx.tracer.dead_letter(&dl, None);
             metrics::counter!("hookline_deliveries_total", "outcome" => final_word(state)).increment(1);
             metrics::counter!("hookline_dead_lettered_total", "reason" => "lease_expired").increment(1);
             if state == FinalState::Dead {
@@ -254,6 +257,7 @@ async fn attempt(ctx: &Ctx, mut task: DeliveryTask, entry: &SubscriptionEntry, p
             let rec = records::closing_record(&task, "oversize", detail.clone(), "dead", &word, now, &policy.name);
             let dl = records::dead_letter(&task, "oversize", detail, "dead", &word, task.attempts_made, "oversize".into(), now);
             ctx.produce(ctx.topics.dlq(), &task.subscription_id, &dl).await?;
+            ctx.tracer.dead_letter(&dl, None);
             conclude(ctx, &task, rec).await?;
             metrics::counter!("hookline_dead_lettered_total", "reason" => "oversize").increment(1);
             metrics::counter!("hookline_deliveries_total", "outcome" => "dead").increment(1);
@@ -274,11 +278,14 @@ async fn attempt(ctx: &Ctx, mut task: DeliveryTask, entry: &SubscriptionEntry, p
             None => request::body(policy, task.event.as_ref().unwrap_or(&Event::default())).unwrap_or_default(),
         };
         tracing::debug!(delivery = %task.delivery_id, attempt_no, try_no, "sending");
+        // `None` unless tracing is on; then its context is the request's `traceparent`.
+        let span = ctx.tracer.attempt(&task, task.prior_attempts + attempt_no, try_no);
+        let trace = span.as_ref().map(|s| s.headers());
         // Boxed, like every step after it: the future of a delivery is as large as its largest step, and it lives
         // as long as the delivery waits for the endpoint.
-        let result = Box::pin(send_once(ctx, &task, entry, policy, attempt_no, body, started)).await;
+        let result = Box::pin(send_once(ctx, &task, entry, policy, attempt_no, body, started, trace)).await;
         tracing::debug!(delivery = %task.delivery_id, outcome = %result.outcome, reason = %result.reason, "try finished");
-        match Box::pin(conclude_try(ctx, &task, entry, policy, attempt_no, try_no, started, result)).await? {
+        match Box::pin(conclude_try(ctx, &task, entry, policy, attempt_no, try_no, started, result, span)).await? {
             AfterTry::TryAgain(wait_ms) => {
                 tokio::select! {
                     _ = tokio::time::sleep(Duration::from_millis(wait_ms)) => {}
@@ -304,6 +311,7 @@ async fn conclude_try(
     try_no: u32,
     started: i64,
     result: crate::sender::TryResult,
+    span: Option<Span>,
 ) -> Result<AfterTry, Aborted> {
     let ended = now_ms();
     let progress = Progress {
@@ -321,7 +329,8 @@ async fn conclude_try(
 
     let rec = match decision.next {
         Next::MicroRetry(wait) => {
-            let rec = records::attempt_record(&cx, &result, &decision, ended + wait.ms as i64, &policy.status_words.pending);
+            let mut rec = records::attempt_record(&cx, &result, &decision, ended + wait.ms as i64, &policy.status_words.pending);
+            traced(&mut rec, span);
             ctx.produce(ctx.topics.attempts(), &task.subscription_id, &rec).await?;
             return Ok(AfterTry::TryAgain(wait.ms));
         }
@@ -353,6 +362,7 @@ async fn conclude_try(
                 last.attempts_made = attempt_no;
                 let dl = records::dead_letter(&last, reason, result.reason.clone(), final_word(state), &word, task.prior_attempts + attempt_no, result.outcome.token(), ended);
                 ctx.produce(ctx.topics.dlq(), &task.subscription_id, &dl).await?;
+                ctx.tracer.dead_letter(&dl, span.as_ref());
                 metrics::counter!("hookline_dead_lettered_total", "reason" => reason).increment(1);
                 if state == FinalState::Dead {
                     Box::pin(follow_ups(ctx, task, policy, &result.reason, ended)).await?;
@@ -361,6 +371,8 @@ async fn conclude_try(
             rec
         }
     };
+    let mut rec = rec;
+    traced(&mut rec, span);
     let event = match decision.verdict {
         Verdict::Success => HealthEvent::Success,
         _ if decision.counts_toward_disable => HealthEvent::CountedFailure,
@@ -369,6 +381,14 @@ async fn conclude_try(
     Box::pin(update_health(ctx, entry, policy, event, ended)).await?;
     conclude(ctx, task, rec).await?;
     Ok(AfterTry::Done)
+}
+
+/// Ends the try's span (tracing on) with what its record says, and names the span in the record.
+fn traced(rec: &mut AttemptRecord, span: Option<Span>) {
+    if let Some(span) = span {
+        rec.traceparent = span.headers().0;
+        span.finish_attempt(rec);
+    }
 }
 
 /// The attempt a task is for, counted across runs (as the attempt header and records count).
@@ -400,6 +420,7 @@ async fn already_concluded(ctx: &Ctx, task: &DeliveryTask, partition: i32) -> Re
     Ok(())
 }
 
+#[allow(clippy::too_many_arguments)]
 async fn send_once(
     ctx: &Ctx,
     task: &DeliveryTask,
@@ -408,6 +429,7 @@ async fn send_once(
     attempt_no: u32,
     body: Bytes,
     now: i64,
+    trace: Option<(String, String)>,
 ) -> crate::sender::TryResult {
     let event = task.event.as_ref();
     let secrets = entry.signing_secrets(now);
@@ -421,7 +443,12 @@ async fn send_once(
         secrets: &secrets,
     };
     let headers = match request::headers(policy, &hctx, &body) {
-        Ok(h) => h,
+        Ok(mut h) => {
+            if let Some((traceparent, tracestate)) = trace {
+                h.push_trace_context(traceparent, tracestate);
+            }
+            h
+        }
         Err(e) => {
             return crate::sender::TryResult {
                 outcome: hookline_core::Outcome::InvalidUrl,

@@ -72,6 +72,8 @@ pub(crate) struct Ctx {
     pub kafka: hookline_kafka::KafkaSettings,
     pub sender: Sender,
     pub shutdown: CancellationToken,
+    /// Off unless `telemetry.otlp_endpoint` is set (then: a span per try, `traceparent` on the request).
+    pub tracer: hookline_service::traces::Tracer,
 }
 
 impl Ctx {
@@ -198,6 +200,7 @@ pub async fn run(config: Config, shutdown: CancellationToken, options: Options) 
         kafka: kafka.clone(),
         sender: Sender::new(config.egress.clone(), resolver),
         shutdown: shutdown.clone(),
+        tracer: hookline_service::traces::Tracer::new(&config.telemetry, "dispatcher"),
     });
 
     tokio::spawn(ctx.stalls.clone().detect_freezes(reader_stop.clone()));
@@ -346,6 +349,7 @@ pub async fn run(config: Config, shutdown: CancellationToken, options: Options) 
     }
     let _ = ctx.producer.flush(Duration::from_secs(10));
     reader_stop.cancel();
+    ctx.tracer.flush().await;
     tracing::info!("dispatcher stopped");
     Ok(())
 }

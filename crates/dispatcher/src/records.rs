@@ -64,6 +64,8 @@ pub fn attempt_record(
         // Set by `deliver::conclude` on the record that ends the attempt.
         concludes_attempt: 0,
         run_id: String::new(),
+        // Set by `deliver` when tracing is on.
+        traceparent: String::new(),
     }
 }
 
@@ -134,6 +136,9 @@ pub fn follow_up_event(task: &DeliveryTask, emit_type: &str, reason: &str, now_m
         entity_id: original.entity_id,
         data_json: serde_json::to_vec(&data).unwrap_or_default().into(),
         accepted_at_ms: 0,
+        // The follow-up continues the original's trace.
+        traceparent: original.traceparent,
+        tracestate: original.tracestate,
     }
 }
 

@@ -82,6 +82,9 @@ fn decode_json(bytes: &[u8]) -> Result<Event, Invalid> {
         entity_id: env.entity_id.unwrap_or_default(),
         data_json: env.data.map(|d| Bytes::copy_from_slice(d.get().as_bytes())).unwrap_or_default(),
         accepted_at_ms: 0,
+        // Trace context comes from the record header or the HTTP header, not the JSON envelope.
+        traceparent: String::new(),
+        tracestate: String::new(),
     })
 }
 

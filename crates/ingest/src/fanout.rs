@@ -30,6 +30,7 @@ pub struct Fanout {
     pub subs: SubscriptionTable,
     pub max_event_bytes: usize,
     pub shutdown: CancellationToken,
+    pub tracer: hookline_service::traces::Tracer,
 }
 
 pub async fn run(f: Arc<Fanout>, config: &hookline_service::Config, client_id: &str) -> Result<(), KafkaError> {
@@ -67,10 +68,16 @@ pub async fn run(f: Arc<Fanout>, config: &hookline_service::Config, client_id: &
                 marks.start(events, p, o);
                 metrics::counter!("hookline_events_consumed_total").increment(1);
                 let accepted_at = m.timestamp().to_millis().unwrap_or_else(crate::now_ms);
+                let mut span = None;
                 let work = match decode::decode(m.payload().unwrap_or_default(), f.max_event_bytes, false) {
                     Ok(mut ev) => {
                         if ev.accepted_at_ms == 0 { ev.accepted_at_ms = accepted_at; }
-                        fan_out(&f, ev)
+                        // Headers are looked at only when tracing is on.
+                        let (tp, ts) = if f.tracer.is_on() { trace_headers(&m) } else { (None, None) };
+                        span = f.tracer.fanout(&mut ev, tp, ts);
+                        let work = fan_out(&f, ev);
+                        if let Some(s) = &mut span { s.set_i64("hookline.deliveries", work.len() as i64); }
+                        work
                     }
                     Err(invalid) => {
                         metrics::counter!("hookline_events_invalid_total", "reason" => invalid.reason).increment(1);
@@ -97,6 +104,8 @@ pub async fn run(f: Arc<Fanout>, config: &hookline_service::Config, client_id: &
                     if complete(work, &producer, &shutdown).await {
                         let _ = done.send((p, o));
                     }
+                    // The fan-out span ends once every task is acknowledged.
+                    if let Some(s) = span { s.end(); }
                     drop(permit);
                 });
             }
@@ -111,6 +120,22 @@ pub async fn run(f: Arc<Fanout>, config: &hookline_service::Config, client_id: &
     }
     let _ = consumer.commit_consumer_state(CommitMode::Sync);
     Ok(())
+}
+
+/// The W3C trace context record headers, when present.
+fn trace_headers<M: Message>(m: &M) -> (Option<&[u8]>, Option<&[u8]>) {
+    use rdkafka::message::Headers;
+    let (mut tp, mut ts) = (None, None);
+    if let Some(headers) = m.headers() {
+        for h in headers.iter() {
+            if h.key.eq_ignore_ascii_case("traceparent") {
+                tp = tp.or(h.value);
+            } else if h.key.eq_ignore_ascii_case("tracestate") {
+                ts = ts.or(h.value);
+            }
+        }
+    }
+    (tp, ts)
 }
 
 /// A record to produce: enqueued now (keeps order), awaited later.

@@ -96,6 +96,7 @@ pub async fn run(config: Config, shutdown: CancellationToken, options: Options) 
     if config.ingest.api_tokens.is_empty() {
         tracing::warn!("ingest.api_tokens is empty: every API request will be refused with 401");
     }
+    let tracer = hookline_service::traces::Tracer::new(&config.telemetry, "ingest");
     let state = Arc::new(api::ApiState {
         topics: topics.clone(),
         producer: producer.clone(),
@@ -107,6 +108,7 @@ pub async fn run(config: Config, shutdown: CancellationToken, options: Options) 
         egress: config.egress.clone(),
         log,
         kafka: config.kafka.clone(),
+        tracer: tracer.clone(),
     });
     let app = api::router(state, config.ingest.max_request_bytes).merge(health::routes(readiness.clone(), metrics));
     let addr = config.ingest.listen_addr;
@@ -134,6 +136,7 @@ pub async fn run(config: Config, shutdown: CancellationToken, options: Options) 
         subs: tables.subs.clone(),
         max_event_bytes: config.ingest.max_event_bytes,
         shutdown: shutdown.clone(),
+        tracer: tracer.clone(),
     });
     // Owner e-mail for the ops topic, when `notify.smtp_addr` is set.
     let notifier = config.notify.smtp_addr.is_some().then(|| {
@@ -152,6 +155,7 @@ pub async fn run(config: Config, shutdown: CancellationToken, options: Options) 
     let _ = server.await;
     let _ = producer.flush(std::time::Duration::from_secs(10));
     reader_stop.cancel();
+    tracer.flush().await;
     result?;
     tracing::info!("ingest stopped");
     Ok(())

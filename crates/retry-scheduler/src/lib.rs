@@ -18,6 +18,7 @@ use hookline_kafka::state::{EndpointStates, StateTables, SubscriptionTable};
 use hookline_kafka::table::TableError;
 use hookline_kafka::watermark::{store, Watermarks};
 use hookline_kafka::{Topics, TIERS};
+use hookline_service::traces::Tracer;
 use hookline_service::{health, telemetry, Config, Readiness};
 use prost::Message as _;
 use rdkafka::consumer::{CommitMode, Consumer, StreamConsumer};
@@ -68,6 +69,8 @@ struct Scheduler {
     waiting: HashMap<(String, i32, i64), Waiting>,
     held_count: HashMap<Tp, usize>,
     paused: HashMap<Tp, bool>,
+    /// Off unless `telemetry.otlp_endpoint` is set (then: a span per release).
+    tracer: Tracer,
 }
 
 pub async fn run(config: Config, shutdown: CancellationToken, options: Options) -> Result<(), SchedulerError> {
@@ -106,6 +109,7 @@ pub async fn run(config: Config, shutdown: CancellationToken, options: Options) 
         waiting: HashMap::new(),
         held_count: HashMap::new(),
         paused: HashMap::new(),
+        tracer: Tracer::new(&config.telemetry, "retry-scheduler"),
     };
     let (done_tx, mut done_rx) = mpsc::unbounded_channel::<(String, i32, i64)>();
     let mut marks = Watermarks::new();
@@ -206,6 +210,7 @@ pub async fn run(config: Config, shutdown: CancellationToken, options: Options) 
     let _ = consumer.commit_consumer_state(CommitMode::Sync);
     let _ = sched.producer.flush(Duration::from_secs(10));
     reader_stop.cancel();
+    sched.tracer.flush().await;
     tracing::info!("retry-scheduler stopped");
     Ok(())
 }
@@ -265,10 +270,12 @@ impl Scheduler {
         let sub = task.subscription_id.clone();
         let (topic, payload) = match route(task.due_at_ms, now) {
             Route::Deliver => {
+                self.tracer.retry_hold(&task, env.enqueued_at_ms, env.tier_delay_ms, "deliveries", now);
                 task.origin = TaskOrigin::Retry as i32;
                 (self.topics.deliveries(), task.encode_to_vec())
             }
             Route::Tier(tier) => {
+                self.tracer.retry_hold(&task, env.enqueued_at_ms, env.tier_delay_ms, tier.name, now);
                 metrics::counter!("hookline_retry_rerouted_total", "tier" => tier.name).increment(1);
                 let env = RetryEnvelope { task: Some(task), enqueued_at_ms: now, tier_delay_ms: tier.delay_ms as i64 };
                 (self.topics.retry(tier), env.encode_to_vec())
@@ -294,6 +301,7 @@ impl Scheduler {
         task.origin = TaskOrigin::Held as i32;
         let sub = task.subscription_id.clone();
         metrics::counter!("hookline_held_released_total").increment(1);
+        self.tracer.held_release(&task);
         self.forward(self.topics.deliveries(), sub, task.encode_to_vec(), key, done);
     }
 

@@ -30,11 +30,68 @@ pub struct TelemetrySettings {
     pub log_format: LogFormat,
     /// A tracing filter: `info`, `hookline_dispatcher=debug,info`. `RUST_LOG` wins when set.
     pub log_level: String,
+    /// Base URL of an OTLP/HTTP collector (protobuf), e.g. `http://otel-collector:4318`: spans are POSTed to
+    /// `<otlp_endpoint>/v1/traces`. Unset (the default): tracing is off — no spans, no trace headers.
+    pub otlp_endpoint: Option<String>,
+    /// The `service.name` resource attribute of exported spans.
+    pub service_name: String,
+    /// Share of traces started by hookline that are sampled, 0.0–1.0. A trace started upstream keeps its decision
+    /// (the `traceparent` sampled flag).
+    pub sample_ratio: f64,
+    /// How often finished spans are sent to the collector (they are batched in between).
+    pub export_interval_ms: u64,
+    /// Longest one export request may take.
+    pub export_timeout_ms: u64,
 }
 
 impl Default for TelemetrySettings {
     fn default() -> Self {
-        Self { log_format: LogFormat::Json, log_level: "info".into() }
+        Self {
+            log_format: LogFormat::Json,
+            log_level: "info".into(),
+            otlp_endpoint: None,
+            service_name: "hookline".into(),
+            sample_ratio: 1.0,
+            export_interval_ms: 5_000,
+            export_timeout_ms: 10_000,
+        }
+    }
+}
+
+impl TelemetrySettings {
+    pub fn validate(&self) -> Result<(), ConfigError> {
+        let invalid = |m: String| Err(ConfigError::Invalid(m));
+        if let Some(endpoint) = &self.otlp_endpoint {
+            // Only plain http: a collector is an in-cluster sidecar or agent; TLS to it is not supported.
+            let ok = endpoint
+                .strip_prefix("http://")
+                .is_some_and(|rest| !rest.is_empty() && !rest.starts_with('/'))
+                && endpoint.parse::<http::Uri>().is_ok_and(|u| u.query().is_none());
+            if !ok {
+                return invalid(format!(
+                    "telemetry.otlp_endpoint: must be an http:// URL of an OTLP/HTTP collector such as \
+                     http://otel-collector:4318, got {endpoint:?}"
+                ));
+            }
+        }
+        if !(0.0..=1.0).contains(&self.sample_ratio) {
+            return invalid(format!("telemetry.sample_ratio: must be between 0.0 and 1.0, got {}", self.sample_ratio));
+        }
+        if self.service_name.trim().is_empty() || self.service_name.len() > 255 {
+            return invalid("telemetry.service_name: must be 1 to 255 characters".into());
+        }
+        if !(10..=600_000).contains(&self.export_interval_ms) {
+            return invalid(format!("telemetry.export_interval_ms: must be 10 to 600000, got {}", self.export_interval_ms));
+        }
+        if !(1..=600_000).contains(&self.export_timeout_ms) {
+            return invalid(format!("telemetry.export_timeout_ms: must be 1 to 600000, got {}", self.export_timeout_ms));
+        }
+        Ok(())
+    }
+
+    /// Whether spans are made and trace context is carried (`otlp_endpoint` set).
+    pub fn tracing_enabled(&self) -> bool {
+        self.otlp_endpoint.is_some()
     }
 }
 
@@ -262,6 +319,7 @@ impl Config {
         self.kafka.validate().map_err(ConfigError::Invalid)?;
         self.egress.validate().map_err(|e| ConfigError::Invalid(e.to_string()))?;
         self.notify.validate()?;
+        self.telemetry.validate()?;
         if self.dispatcher.revoke_drain_ms > 60_000 {
             return Err(ConfigError::Invalid(format!(
                 "dispatcher.revoke_drain_ms: at most 60000 (a member waiting longer holds up the whole group's rebalance), got {}",
@@ -422,5 +480,37 @@ mod tests {
         assert!(e.to_string().contains("dispatcher.dedupe_window_ms"), "{e}");
         let e = Config::from_toml_with_env("[dispatcher]\nrevoke_drain_ms = 60001\n", "f", env(&[])).unwrap_err();
         assert!(e.to_string().contains("dispatcher.revoke_drain_ms"), "{e}");
+    }
+
+    #[test]
+    fn tracing_is_off_by_default_and_its_settings_are_validated_by_name() {
+        let c = Config::from_toml_with_env("", "f", env(&[])).unwrap();
+        assert!(!c.telemetry.tracing_enabled());
+        let c = Config::from_toml_with_env(
+            "[telemetry]\notlp_endpoint = \"http://otel:4318\"\nsample_ratio = 0.25\n",
+            "f",
+            env(&[("HOOKLINE_TELEMETRY__SERVICE_NAME", "webhooks")]),
+        )
+        .unwrap();
+        assert!(c.telemetry.tracing_enabled());
+        assert_eq!(c.telemetry.service_name, "webhooks");
+        assert_eq!(c.telemetry.sample_ratio, 0.25);
+        let c = Config::from_toml_with_env("", "f", env(&[("HOOKLINE_TELEMETRY__OTLP_ENDPOINT", "http://127.0.0.1:4318")])).unwrap();
+        assert_eq!(c.telemetry.otlp_endpoint.as_deref(), Some("http://127.0.0.1:4318"));
+        for (toml, key) in [
+            ("otlp_endpoint = \"https://otel:4318\"", "telemetry.otlp_endpoint"),
+            ("otlp_endpoint = \"otel:4318\"", "telemetry.otlp_endpoint"),
+            ("otlp_endpoint = \"http://\"", "telemetry.otlp_endpoint"),
+            ("sample_ratio = 1.5", "telemetry.sample_ratio"),
+            ("sample_ratio = -0.1", "telemetry.sample_ratio"),
+            ("sample_ratio = nan", "telemetry.sample_ratio"),
+            ("service_name = \" \"", "telemetry.service_name"),
+            ("export_interval_ms = 0", "telemetry.export_interval_ms"),
+            ("export_timeout_ms = 0", "telemetry.export_timeout_ms"),
+            ("otlp = \"http://x\"", "otlp"),
+        ] {
+            let e = Config::from_toml_with_env(&format!("[telemetry]\n{toml}\n"), "f", env(&[])).unwrap_err();
+            assert!(e.to_string().contains(key), "{toml}: {e}");
+        }
     }
 }

@@ -5,6 +5,7 @@ pub mod config;
 pub mod health;
 pub mod shutdown;
 pub mod telemetry;
+pub mod traces;
 
 pub use config::Config;
 

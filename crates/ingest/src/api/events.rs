@@ -36,6 +36,8 @@ pub async fn publish(
         ApiError::new(status, e.reason, e.detail)
     })?;
     event.accepted_at_ms = crate::now_ms();
+    let header = |name: &str| headers.get(name).map(|v| v.as_bytes());
+    s.tracer.accept_http(&mut event, header("traceparent"), header("tracestate"));
     // Re-encoded as protobuf: validated once here, decoded cheaply by the fan-out.
     hookline_kafka::produce::send(&s.producer, s.topics.events(), &event.id, &event.encode_to_vec())
         .await

@@ -37,6 +37,8 @@ pub struct ApiState {
     pub egress: EgressSettings,
     pub log: Arc<crate::delivery_log::DeliveryLog>,
     pub kafka: hookline_kafka::KafkaSettings,
+    /// Off unless `telemetry.otlp_endpoint` is set: then a `traceparent` header on `POST /v1/events` is carried.
+    pub tracer: hookline_service::traces::Tracer,
 }
 
 pub fn router(state: Arc<ApiState>, max_request_bytes: usize) -> Router {
