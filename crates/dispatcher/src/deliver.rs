@@ -280,10 +280,9 @@ async fn attempt(ctx: &Ctx, mut task: DeliveryTask, entry: &SubscriptionEntry, p
         tracing::debug!(delivery = %task.delivery_id, attempt_no, try_no, "sending");
         // `None` unless tracing is on; then its context is the request's `traceparent`.
         let span = ctx.tracer.attempt(&task, task.prior_attempts + attempt_no, try_no);
-        let trace = span.as_ref().map(|s| s.headers());
         // Boxed, like every step after it: the future of a delivery is as large as its largest step, and it lives
         // as long as the delivery waits for the endpoint.
-        let result = Box::pin(send_once(ctx, &task, entry, policy, attempt_no, body, started, trace)).await;
+        let result = Box::pin(send_once(ctx, &task, entry, policy, attempt_no, body, started, span.as_ref())).await;
         tracing::debug!(delivery = %task.delivery_id, outcome = %result.outcome, reason = %result.reason, "try finished");
         match Box::pin(conclude_try(ctx, &task, entry, policy, attempt_no, try_no, started, result, span)).await? {
             AfterTry::TryAgain(wait_ms) => {
@@ -429,7 +428,7 @@ async fn send_once(
     attempt_no: u32,
     body: Bytes,
     now: i64,
-    trace: Option<(String, String)>,
+    span: Option<&Span>,
 ) -> crate::sender::TryResult {
     let event = task.event.as_ref();
     let secrets = entry.signing_secrets(now);
@@ -444,7 +443,7 @@ async fn send_once(
     };
     let headers = match request::headers(policy, &hctx, &body) {
         Ok(mut h) => {
-            if let Some((traceparent, tracestate)) = trace {
+            if let Some((traceparent, tracestate)) = span.map(Span::headers) {
                 h.push_trace_context(traceparent, tracestate);
             }
             h

@@ -34,8 +34,9 @@ struct On {
     provider: SdkTracerProvider,
 }
 
-/// One span in progress; ended (and exported) when dropped if not ended before.
-pub struct Span(opentelemetry_sdk::trace::Span);
+/// One span in progress; ended (and exported) when dropped if not ended before. Boxed, so that an `Option<Span>`
+/// kept in a delivery's future is one word when tracing is off.
+pub struct Span(Box<opentelemetry_sdk::trace::Span>);
 
 impl Tracer {
     /// The tracer of `component` (`ingest`, `dispatcher`, `retry-scheduler`): off unless `otlp_endpoint` is set.
@@ -87,7 +88,7 @@ impl Tracer {
                 KeyValue::new("hookline.tenant", event.tenant.clone()),
             ])
             .start_with_context(&on.tracer, &parent);
-        let span = Span(span);
+        let span = Span(Box::new(span));
         let (tp, ts) = span.headers();
         event.traceparent = tp;
         event.tracestate = ts;
@@ -124,7 +125,7 @@ impl Tracer {
                 KeyValue::new("hookline.try", i64::from(try_no)),
             ])
             .start_with_context(&on.tracer, &parent);
-        Some(Span(span))
+        Some(Span(Box::new(span)))
     }
 
     /// Retry-scheduler: a task's wait on a tier, from when it was enqueued until now (its release), as one span.
@@ -204,7 +205,7 @@ impl Span {
 
     /// Ends an attempt span with what the attempt record says about it.
     pub fn finish_attempt(mut self, rec: &hookline_core::model::AttemptRecord) {
-        let s = &mut self.0;
+        let s = &mut *self.0;
         s.set_attribute(KeyValue::new("hookline.outcome", rec.outcome.clone()));
         if rec.http_status > 0 {
             s.set_attribute(KeyValue::new("http.response.status_code", i64::from(rec.http_status)));
