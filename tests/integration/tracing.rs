@@ -19,7 +19,10 @@ use hyper_util::client::legacy::Client;
 use hyper_util::rt::TokioExecutor;
 use opentelemetry_proto::tonic::collector::trace::v1::{ExportTraceServiceRequest, ExportTraceServiceResponse};
 use opentelemetry_proto::tonic::common::v1::any_value::Value as AnyValue;
+use hookline_kafka::Topics;
 use prost::Message;
+use rdkafka::message::{Header, OwnedHeaders};
+use rdkafka::producer::{FutureProducer, FutureRecord};
 use serde_json::json;
 
 use crate::pipeline::quick_policy;
@@ -236,8 +239,9 @@ async fn one_event_is_followed_from_publish_to_its_last_attempt() {
     let hold = trace.iter().find(|s| s.name == "hookline.retry.hold").unwrap();
     assert_eq!((hold.attr("hookline.subscription.id"), hold.attr("hookline.retry.route")), (flaky.as_str(), "deliveries"));
     assert_eq!(hold.scope, "hookline-retry-scheduler");
-    // The hold starts when attempt 1 schedules the retry (while it writes its outcome) and ends at the release.
-    assert!(first.start_ns <= hold.start_ns && hold.end_ns <= second.start_ns, "attempt 1 → hold → attempt 2 in time order");
+    // The hold starts when attempt 1 schedules the retry (while it writes its outcome) and ends at the release;
+    // its times are whole milliseconds (the records' clock), hence the 1 ms allowance.
+    assert!(first.start_ns <= hold.start_ns + 1_000_000 && hold.end_ns <= second.start_ns, "attempt 1 → hold → attempt 2 in time order: {first:?} {hold:?} {second:?}");
     assert!(hold.end_ns - hold.start_ns >= 400_000_000, "held for the 0.5 s wait: {hold:?}");
 
     let gone_attempt = attempts_of(&gone);
@@ -257,17 +261,36 @@ async fn one_event_is_followed_from_publish_to_its_last_attempt() {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn an_invalid_or_missing_traceparent_starts_a_new_trace_at_ingest() {
+async fn a_kafka_header_is_continued_and_an_invalid_or_missing_traceparent_starts_a_new_trace() {
     let (addr, spans) = collector().await;
     let p = traced_pipeline(addr).await;
     p.subscribe(json!({"url": p.url("hook"), "event_types": ["*"]})).await;
+
+    // Published to the events topic with W3C record headers, as an instrumented Kafka producer does.
+    let kafka_trace = "0af7651916cd43dd8448eb211c80319c";
+    let producer: FutureProducer = hookline_kafka::client::producer(&p.config.kafka, "test-upstream").unwrap();
+    let headers = OwnedHeaders::new()
+        .insert(Header { key: "traceparent", value: Some(&format!("00-{kafka_trace}-b7ad6b7169203331-01")) })
+        .insert(Header { key: "tracestate", value: Some("congo=t61rcWkgMzE") });
+    let record = br#"{"id":"evt_kafka_tp","type":"x.y","data":{}}"#;
+    let events = Topics::new("hookline.").events().to_owned();
+    producer
+        .send(FutureRecord::<str, [u8]>::to(&events).key("k").payload(&record[..]).headers(headers), Duration::from_secs(5))
+        .await
+        .unwrap();
+    p.wait_finals(1, LIMIT).await;
+    let r = &p.requests_to("hook")[0];
+    let tp = TraceParent::parse(r.headers["traceparent"].to_str().unwrap()).unwrap();
+    assert_eq!(hex::encode(tp.trace_id), kafka_trace, "the record header's trace is continued");
+    assert_eq!(r.headers["tracestate"], "congo=t61rcWkgMzE");
+
     let upper = format!("00-{}-{PARENT_ID}-01", TRACE_ID.to_uppercase());
     publish_with(&p, "evt_bad_tp", &[("traceparent", &upper), ("tracestate", "vendor=abc")]).await;
     publish_with(&p, "evt_no_tp", &[]).await;
-    p.wait_finals(2, LIMIT).await;
+    p.wait_finals(3, LIMIT).await;
     let got = p.requests_to("hook");
     let mut trace_ids = Vec::new();
-    for r in &got {
+    for r in &got[1..] {
         let raw = r.headers["traceparent"].to_str().unwrap();
         assert_ne!(raw, upper, "an invalid traceparent is never copied");
         let tp = TraceParent::parse(raw).expect("a new, valid trace");

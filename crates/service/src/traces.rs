@@ -85,9 +85,12 @@ impl Tracer {
             .with_attributes([
                 KeyValue::new("hookline.event.id", event.id.clone()),
                 KeyValue::new("hookline.event.type", event.r#type.clone()),
-                KeyValue::new("hookline.tenant", event.tenant.clone()),
             ])
             .start_with_context(&on.tracer, &parent);
+        let mut span = span;
+        if !event.tenant.is_empty() {
+            span.set_attribute(KeyValue::new("hookline.tenant", event.tenant.clone()));
+        }
         let span = Span(Box::new(span));
         let (tp, ts) = span.headers();
         event.traceparent = tp;
