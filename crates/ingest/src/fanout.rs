@@ -94,6 +94,10 @@ pub async fn run(f: Arc<Fanout>, config: &hookline_service::Config, client_id: &
                             reason: invalid.reason.into(), detail, raw: payload[..keep].to_vec().into(),
                             source_topic: events.to_owned(), source_partition: p, source_offset: o, at_ms: crate::now_ms(), ..Default::default()
                         };
+                        if f.tracer.is_on() {
+                            let (tp, ts) = trace_headers(&m);
+                            f.tracer.dead_letter_of_record(&dl, tp, ts);
+                        }
                         vec![enqueue(&f.producer, f.topics.dlq(), String::new(), dl.encode_to_vec())]
                     }
                 };

@@ -13,8 +13,8 @@ use hookline_core::model::{DeadLetter, DeliveryTask, Event};
 use hookline_core::trace::{TraceParent, MAX_TRACESTATE_LEN};
 use http_body_util::{BodyExt, Full, Limited};
 use opentelemetry::trace::{
-    Span as _, SpanContext, SpanId, SpanKind, Status, TraceContextExt, TraceFlags, TraceId, TraceState,
-    Tracer as _, TracerProvider as _,
+    Span as _, SpanContext, SpanId, SpanKind, Status, TraceContextExt, TraceFlags, TraceId, TraceState, Tracer as _,
+    TracerProvider as _,
 };
 use opentelemetry::{Context, InstrumentationScope, KeyValue};
 use opentelemetry_http::{HttpClient, HttpError, Request, Response};
@@ -66,7 +66,12 @@ impl Tracer {
     /// header or the HTTP header) and the event's own field; with none, a new trace starts here. The event's trace
     /// fields are replaced by the span's context, so every delivery of it continues the trace; when tracing is off
     /// they are cleared (what reaches internal topics is only ever hookline's own formatting).
-    pub fn fanout(&self, event: &mut Event, record_traceparent: Option<&[u8]>, record_tracestate: Option<&[u8]>) -> Option<Span> {
+    pub fn fanout(
+        &self,
+        event: &mut Event,
+        record_traceparent: Option<&[u8]>,
+        record_tracestate: Option<&[u8]>,
+    ) -> Option<Span> {
         let Some(on) = &self.0 else {
             if !event.traceparent.is_empty() || !event.tracestate.is_empty() {
                 event.traceparent.clear();
@@ -74,9 +79,9 @@ impl Tracer {
             }
             return None;
         };
-        let from_record = record_traceparent
-            .and_then(|tp| std::str::from_utf8(tp).ok())
-            .and_then(|tp| remote_context(tp, record_tracestate.and_then(|ts| std::str::from_utf8(ts).ok()).unwrap_or("")));
+        let from_record = record_traceparent.and_then(|tp| std::str::from_utf8(tp).ok()).and_then(|tp| {
+            remote_context(tp, record_tracestate.and_then(|ts| std::str::from_utf8(ts).ok()).unwrap_or(""))
+        });
         let parent = from_record.or_else(|| remote_context(&event.traceparent, &event.tracestate)).unwrap_or_default();
         let span = on
             .tracer
@@ -105,7 +110,9 @@ impl Tracer {
         if self.0.is_none() {
             return;
         }
-        let Some(tp) = traceparent.and_then(|v| std::str::from_utf8(v).ok()).and_then(TraceParent::parse) else { return };
+        let Some(tp) = traceparent.and_then(|v| std::str::from_utf8(v).ok()).and_then(TraceParent::parse) else {
+            return;
+        };
         event.traceparent = tp.to_string();
         if let Some(ts) = tracestate.and_then(|v| std::str::from_utf8(v).ok()).and_then(valid_tracestate) {
             event.tracestate = ts.header();
@@ -176,29 +183,53 @@ impl Tracer {
             Some(p) => Context::new().with_remote_span_context(p.0.span_context().clone()),
             None => parent_of(dl.event.as_ref()),
         };
-        let mut span = on
-            .tracer
-            .span_builder("hookline.dead_letter")
-            .with_kind(SpanKind::Producer)
-            .with_attributes([
-                KeyValue::new("hookline.dead_letter.reason", dl.reason.clone()),
-                KeyValue::new("hookline.delivery.id", dl.delivery_id.clone()),
-                KeyValue::new("hookline.subscription.id", dl.subscription_id.clone()),
-                KeyValue::new("hookline.final_state", dl.final_state.clone()),
-                KeyValue::new("hookline.attempts", i64::from(dl.attempts)),
-                KeyValue::new("hookline.last_outcome", dl.last_outcome.clone()),
-            ])
-            .start_with_context(&on.tracer, &cx);
-        span.set_status(Status::error(dl.reason.clone()));
-        span.end();
+        dead_letter_span(on, dl, &cx);
     }
+
+    /// Ingest: a malformed event dead-lettered, in the publisher's trace when its record had a valid
+    /// `traceparent` header (none: no span, there is nothing to follow).
+    pub fn dead_letter_of_record(
+        &self,
+        dl: &DeadLetter,
+        record_traceparent: Option<&[u8]>,
+        record_tracestate: Option<&[u8]>,
+    ) {
+        let Some(on) = &self.0 else { return };
+        let tp = record_traceparent.and_then(|v| std::str::from_utf8(v).ok()).unwrap_or("");
+        let ts = record_tracestate.and_then(|v| std::str::from_utf8(v).ok()).unwrap_or("");
+        if let Some(cx) = remote_context(tp, ts) {
+            dead_letter_span(on, dl, &cx);
+        }
+    }
+}
+
+fn dead_letter_span(on: &On, dl: &DeadLetter, cx: &Context) {
+    let mut span = on
+        .tracer
+        .span_builder("hookline.dead_letter")
+        .with_kind(SpanKind::Producer)
+        .with_attributes([
+            KeyValue::new("hookline.dead_letter.reason", dl.reason.clone()),
+            KeyValue::new("hookline.delivery.id", dl.delivery_id.clone()),
+            KeyValue::new("hookline.subscription.id", dl.subscription_id.clone()),
+            KeyValue::new("hookline.final_state", dl.final_state.clone()),
+            KeyValue::new("hookline.attempts", i64::from(dl.attempts)),
+            KeyValue::new("hookline.last_outcome", dl.last_outcome.clone()),
+        ])
+        .start_with_context(&on.tracer, cx);
+    span.set_status(Status::error(dl.reason.clone()));
+    span.end();
 }
 
 impl Span {
     /// `traceparent` and `tracestate` (possibly empty) naming this span as the parent.
     pub fn headers(&self) -> (String, String) {
         let sc = self.0.span_context();
-        let tp = TraceParent { trace_id: sc.trace_id().to_bytes(), span_id: sc.span_id().to_bytes(), flags: sc.trace_flags().to_u8() };
+        let tp = TraceParent {
+            trace_id: sc.trace_id().to_bytes(),
+            span_id: sc.span_id().to_bytes(),
+            flags: sc.trace_flags().to_u8(),
+        };
         (tp.to_string(), sc.trace_state().header())
     }
 
@@ -292,9 +323,8 @@ fn provider(settings: &TelemetrySettings, endpoint: &str) -> Option<SdkTracerPro
             return None;
         }
     };
-    let batch = BatchConfigBuilder::default()
-        .with_scheduled_delay(Duration::from_millis(settings.export_interval_ms))
-        .build();
+    let batch =
+        BatchConfigBuilder::default().with_scheduled_delay(Duration::from_millis(settings.export_interval_ms)).build();
     let provider = SdkTracerProvider::builder()
         .with_span_processor(BatchSpanProcessor::builder(exporter).with_batch_config(batch).build())
         .with_sampler(Sampler::ParentBased(Box::new(Sampler::TraceIdRatioBased(settings.sample_ratio))))
@@ -349,7 +379,9 @@ impl HttpClient for ExportClient {
             Ok::<_, HttpError>(Response::from_parts(parts, body))
         };
         self.runtime
-            .spawn(async move { tokio::time::timeout(timeout, exchange).await.map_err(|_| HttpError::from("OTLP export timed out"))? })
+            .spawn(async move {
+                tokio::time::timeout(timeout, exchange).await.map_err(|_| HttpError::from("OTLP export timed out"))?
+            })
             .await
             .map_err(|e| HttpError::from(e.to_string()))?
     }
@@ -373,7 +405,10 @@ mod tests {
 
     #[test]
     fn a_tracestate_is_kept_only_when_valid() {
-        assert_eq!(valid_tracestate("congo=t61rcWkgMzE,rojo=00f067aa0ba902b7").map(|s| s.header()).as_deref(), Some("congo=t61rcWkgMzE,rojo=00f067aa0ba902b7"));
+        assert_eq!(
+            valid_tracestate("congo=t61rcWkgMzE,rojo=00f067aa0ba902b7").map(|s| s.header()).as_deref(),
+            Some("congo=t61rcWkgMzE,rojo=00f067aa0ba902b7")
+        );
         assert!(valid_tracestate("").is_none());
         assert!(valid_tracestate("no equals sign").is_none());
         assert!(valid_tracestate(&format!("a={}", "x".repeat(600))).is_none());
