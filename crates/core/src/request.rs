@@ -627,6 +627,8 @@ oversize = {{ action = "truncate", pointer = "/data/message/text", fetch_url_tem
             entity_id: "chat_9".into(),
             data_json: Bytes::from(data.to_owned()),
             accepted_at_ms: 1_614_265_331_000,
+            traceparent: String::new(),
+            tracestate: String::new(),
         }
     }
 

@@ -15,8 +15,8 @@ use hookline_core::request::{self, HeaderContext};
 use hookline_core::subscription::{activity, Activity};
 use hookline_core::{decide, FinalState, Next, Progress, Verdict};
 use hookline_kafka::state::SubscriptionEntry;
-use hookline_service::traces::Span;
 use hookline_kafka::topics::tier_for;
+use hookline_service::traces::Span;
 use prost::Message;
 
 use crate::outcomes::Claim;
