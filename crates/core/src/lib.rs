@@ -14,6 +14,6 @@ pub mod sign;
 pub mod simulate;
 pub mod subscription;
 
-pub use engine::{decide, decide_lost_attempt, Decision, FinalState, Next, Progress, Verdict, Wait};
+pub use engine::{decide, decide_lost_attempt, due_at_ms, Decision, FinalState, Next, Progress, Verdict, Wait};
 pub use outcome::Outcome;
 pub use policy::Policy;

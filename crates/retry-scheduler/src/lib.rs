@@ -118,7 +118,11 @@ pub async fn run(config: Config, shutdown: CancellationToken, options: Options) 
         let next_timer = sched.timers.peek().map(|Reverse((at, ..))| *at);
         let sleep_until = next_timer.map_or_else(
             || Instant::now() + Duration::from_secs(3600),
-            |at| Instant::now() + Duration::from_millis(at.saturating_sub(now_ms()).max(0) as u64),
+            |at| {
+                let left = Duration::from_millis(u64::try_from(at.saturating_sub(now_ms())).unwrap_or(0));
+                // A due time centuries away (an old record's) must not overflow the clock: an hour is re-checked.
+                Instant::now() + left.min(Duration::from_secs(3600))
+            },
         );
         tokio::select! {
             biased;
@@ -270,7 +274,7 @@ impl Scheduler {
             }
             Route::Tier(tier) => {
                 metrics::counter!("hookline_retry_rerouted_total", "tier" => tier.name).increment(1);
-                let env = RetryEnvelope { task: Some(task), enqueued_at_ms: now, tier_delay_ms: tier.delay_ms as i64 };
+                let env = RetryEnvelope { task: Some(task), enqueued_at_ms: now, tier_delay_ms: i64::try_from(tier.delay_ms).unwrap_or(i64::MAX) };
                 (self.topics.retry(tier), env.encode_to_vec())
             }
         };
