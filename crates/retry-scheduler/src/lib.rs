@@ -75,7 +75,7 @@ pub async fn run(config: Config, shutdown: CancellationToken, options: Options) 
     let metrics = telemetry::metrics_handle();
     let readiness = Readiness::default();
     if options.serve_health {
-        let addr = health::serve(config.retry_scheduler.health_addr, readiness.clone(), metrics, shutdown.clone()).await?;
+        let addr = health::serve(config.retry_scheduler.health_addr, readiness.clone(), metrics, config.retry_scheduler.health_http, shutdown.clone()).await?;
         tracing::info!(%addr, "retry-scheduler health endpoints listening");
     }
     let topics = Topics::new(config.kafka.topic_prefix.clone());
