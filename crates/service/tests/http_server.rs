@@ -1,6 +1,7 @@
 //! The bounded HTTP server with real sockets on 127.0.0.1:0: slow-loris clients (idle sockets, headers dribbled a
-//! byte at a time, a stalled body) are closed on time, a normal request still answers, connections past the cap
-//! wait for a free slot, and shutdown closes idle keep-alive connections.
+//! byte at a time, on a new or a kept-alive connection, a stalled body) are closed on time, a normal request still
+//! answers, a kept-alive connection idles until the idle timeout, connections past the cap wait for a free slot,
+//! and shutdown closes idle keep-alive connections.
 
 use std::net::SocketAddr;
 use std::time::{Duration, Instant};
@@ -97,8 +98,43 @@ async fn slow_loris_clients_are_closed_and_a_normal_request_still_answers() {
     for s in &mut idle {
         assert!(closed_within(s, LIMIT).await, "an idle socket that sent nothing was never closed");
     }
-    // The normal client's keep-alive connection is closed too, once it idles past the header timeout.
-    assert!(closed_within(&mut normal, LIMIT).await, "an idle keep-alive connection was never closed");
+    // The normal client's keep-alive connection stays open past the header timeout (it idles up to the idle
+    // timeout), and a second request dribbled on it is closed on the header timeout from its first byte.
+    let (mut rd, mut wr) = normal.into_split();
+    assert!(!closed_within(&mut rd, Duration::from_millis(800)).await, "a kept-alive connection was closed on the header timeout");
+    let t = Instant::now();
+    let drip = async {
+        for b in b"GET /healthz HTTP/1.1\r\nHost: t\r\nX-Slow: ".iter().chain(std::iter::repeat(&b'a')) {
+            if wr.write_all(&[*b]).await.is_err() {
+                break;
+            }
+            tokio::time::sleep(Duration::from_millis(40)).await;
+        }
+        std::future::pending::<()>().await;
+    };
+    tokio::select! {
+        closed = closed_within(&mut rd, LIMIT) => assert!(closed, "a request dribbled on a kept-alive connection was never closed"),
+        _ = drip => unreachable!(),
+    }
+    assert!(t.elapsed() >= Duration::from_millis(350) && t.elapsed() < Duration::from_secs(4), "closed after {:?}", t.elapsed());
+    stop.cancel();
+    tokio::time::timeout(LIMIT, task).await.expect("the server stops").unwrap();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_kept_alive_connection_idles_until_the_idle_timeout() {
+    let settings = HttpServerSettings { header_read_timeout_ms: 200, idle_timeout_ms: 1_200, max_connections: 8 };
+    let (addr, stop, task) = start(settings).await;
+    let mut s = TcpStream::connect(addr).await.unwrap();
+    assert_eq!(get_healthz(&mut s, LIMIT).await.as_deref(), Some("HTTP/1.1 200 OK"));
+    let t = Instant::now();
+    // Still usable well past the header timeout...
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    assert_eq!(get_healthz(&mut s, LIMIT).await.as_deref(), Some("HTTP/1.1 200 OK"));
+    // ...and closed once idle for the idle timeout.
+    let t2 = Instant::now();
+    assert!(closed_within(&mut s, LIMIT).await, "an idle keep-alive connection was never closed");
+    assert!(t2.elapsed() >= Duration::from_millis(1_100) && t2.elapsed() < Duration::from_secs(5), "closed after {:?} (since start {:?})", t2.elapsed(), t.elapsed());
     stop.cancel();
     tokio::time::timeout(LIMIT, task).await.expect("the server stops").unwrap();
 }
