@@ -8,4 +8,5 @@ mod support;
 mod hostile;
 mod faults;
 mod redo;
+mod hardening;
 mod tracing;

@@ -149,7 +149,7 @@ pub fn decide_lost_attempt(policy: &Policy, attempt: u32, started_at_ms: i64, no
         None => Next::Final(FinalState::Dead),
         Some(w) => {
             let drawn = draw(w.min_ms, w.max_ms, rng);
-            let due = started_at_ms.saturating_add(to_i64(drawn.ms));
+            let due = due_at_ms(started_at_ms, drawn.ms);
             let left = u64::try_from(due.saturating_sub(now_ms)).unwrap_or(0);
             Next::NextAttempt(Wait { ms: left, min_ms: left.min(drawn.min_ms), max_ms: left.min(drawn.max_ms) })
         }
@@ -209,8 +209,8 @@ fn retry_next(policy: &Policy, rule: &Rule, progress: &Progress, outcome: &Outco
     };
 
     if let Some(window_s) = policy.schedule.max_window_s {
-        let deadline = progress.first_attempt_at_ms.saturating_add(to_i64(secs_to_ms(window_s)));
-        if progress.now_ms.saturating_add(to_i64(wait.ms)) > deadline {
+        let deadline = due_at_ms(progress.first_attempt_at_ms, secs_to_ms(window_s));
+        if due_at_ms(progress.now_ms, wait.ms) > deadline {
             return exhausted;
         }
     }
@@ -226,6 +226,12 @@ fn draw(a: u64, b: u64, rng: &mut dyn RngCore) -> Wait {
 
 fn to_i64(ms: u64) -> i64 {
     i64::try_from(ms).unwrap_or(i64::MAX)
+}
+
+/// When something `wait_ms` after `from_ms` is due: saturating, so a huge wait is far in the future, never in the
+/// past (`from + wait as i64` would wrap a wait above `i64::MAX` ms to a negative, i.e. "now").
+pub fn due_at_ms(from_ms: i64, wait_ms: u64) -> i64 {
+    from_ms.saturating_add(to_i64(wait_ms))
 }
 
 #[cfg(test)]

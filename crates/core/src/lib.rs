@@ -15,6 +15,6 @@ pub mod simulate;
 pub mod subscription;
 pub mod trace;
 
-pub use engine::{decide, decide_lost_attempt, Decision, FinalState, Next, Progress, Verdict, Wait};
+pub use engine::{decide, decide_lost_attempt, due_at_ms, Decision, FinalState, Next, Progress, Verdict, Wait};
 pub use outcome::Outcome;
 pub use policy::Policy;

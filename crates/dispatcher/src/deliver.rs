@@ -13,7 +13,7 @@ use hookline_core::model::{
 use hookline_core::policy::{DisableAction, InactiveAction, InFlightRule, Policy};
 use hookline_core::request::{self, HeaderContext};
 use hookline_core::subscription::{activity, Activity};
-use hookline_core::{decide, FinalState, Next, Progress, Verdict};
+use hookline_core::{decide, due_at_ms, FinalState, Next, Progress, Verdict};
 use hookline_kafka::state::SubscriptionEntry;
 use hookline_kafka::topics::tier_for;
 use hookline_service::traces::Span;
@@ -79,8 +79,8 @@ pub async fn deliver(ctx: Arc<Ctx>, task: DeliveryTask, partition: i32) -> Resul
         return Box::pin(inactive(&ctx, &task, &entry, &policy, &act, now)).await;
     }
     // Early (a replay scheduled for later, or clocks apart): wait on the tier ladder, never deliver early.
-    if task.due_at_ms > now + 5 {
-        let wait = (task.due_at_ms - now) as u64;
+    if task.due_at_ms > now.saturating_add(5) {
+        let wait = u64::try_from(task.due_at_ms.saturating_sub(now)).unwrap_or(0);
         return Box::pin(schedule(&ctx, task, wait, now)).await;
     }
 
@@ -128,7 +128,7 @@ async fn lost_attempt(ctx: &Ctx, mut task: DeliveryTask, entry: &SubscriptionEnt
     let rec = match decision.next {
         // `decide_lost_attempt` never asks for a micro-retry; were it to, waiting is the safe reading.
         Next::NextAttempt(wait) | Next::MicroRetry(wait) => {
-            let due = now + wait.ms as i64;
+            let due = due_at_ms(now, wait.ms);
             let mut rec = records::closing_record(&task, "lease_expired", reason, "", &policy.status_words.pending, lease.started_at_ms, &policy.name);
             rec.attempt = task.prior_attempts + attempt_no;
             rec.verdict = "retry".into();
@@ -137,7 +137,7 @@ async fn lost_attempt(ctx: &Ctx, mut task: DeliveryTask, entry: &SubscriptionEnt
             let mut next = task.clone();
             next.attempts_made = attempt_no;
             next.due_at_ms = due;
-            next.scheduled_wait_ms = wait.ms as i64;
+            next.scheduled_wait_ms = i64::try_from(wait.ms).unwrap_or(i64::MAX);
             next.origin = TaskOrigin::Retry as i32;
             schedule(ctx, next, wait.ms, now).await?;
             metrics::counter!("hookline_deliveries_retried_total").increment(1);
@@ -221,7 +221,7 @@ pub async fn spill(ctx: Arc<Ctx>, mut task: DeliveryTask, lane_drain: Duration) 
         None => spill_wait_ms(task.spills, lane_drain),
     };
     task.spills = task.spills.saturating_add(1);
-    task.due_at_ms = now + wait_ms as i64;
+    task.due_at_ms = due_at_ms(now, wait_ms);
     metrics::counter!("hookline_deliveries_spilled_total").increment(1);
     schedule(&ctx, task, wait_ms, now).await
 }
@@ -230,10 +230,10 @@ pub async fn spill(ctx: Arc<Ctx>, mut task: DeliveryTask, lane_drain: Duration) 
 async fn schedule(ctx: &Ctx, mut task: DeliveryTask, wait_ms: u64, now: i64) -> Result<(), Aborted> {
     let tier = tier_for(wait_ms);
     if task.due_at_ms == 0 {
-        task.due_at_ms = now + wait_ms as i64;
+        task.due_at_ms = due_at_ms(now, wait_ms);
     }
     let key = task.subscription_id.clone();
-    let env = RetryEnvelope { task: Some(task), enqueued_at_ms: now, tier_delay_ms: tier.delay_ms as i64 };
+    let env = RetryEnvelope { task: Some(task), enqueued_at_ms: now, tier_delay_ms: i64::try_from(tier.delay_ms).unwrap_or(i64::MAX) };
     metrics::counter!("hookline_retries_scheduled_total", "tier" => tier.name).increment(1);
     ctx.produce(ctx.topics.retry(tier), &key, &env).await
 }
@@ -328,18 +328,18 @@ async fn conclude_try(
 
     let rec = match decision.next {
         Next::MicroRetry(wait) => {
-            let mut rec = records::attempt_record(&cx, &result, &decision, ended + wait.ms as i64, &policy.status_words.pending);
+            let mut rec = records::attempt_record(&cx, &result, &decision, due_at_ms(ended, wait.ms), &policy.status_words.pending);
             traced(&mut rec, span);
             ctx.produce(ctx.topics.attempts(), &task.subscription_id, &rec).await?;
             return Ok(AfterTry::TryAgain(wait.ms));
         }
         Next::NextAttempt(wait) => {
-            let due = ended + wait.ms as i64;
+            let due = due_at_ms(ended, wait.ms);
             let rec = records::attempt_record(&cx, &result, &decision, due, &policy.status_words.pending);
             let mut next = task.clone();
             next.attempts_made = attempt_no;
             next.due_at_ms = due;
-            next.scheduled_wait_ms = wait.ms as i64;
+            next.scheduled_wait_ms = i64::try_from(wait.ms).unwrap_or(i64::MAX);
             next.origin = TaskOrigin::Retry as i32;
             Box::pin(schedule(ctx, next, wait.ms, ended)).await?;
             metrics::counter!("hookline_deliveries_retried_total").increment(1);

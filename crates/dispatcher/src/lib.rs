@@ -166,7 +166,7 @@ pub async fn run(config: Config, shutdown: CancellationToken, options: Options) 
     let readiness = Readiness::default();
     let instance = options.instance.clone().unwrap_or_else(|| "hookline-dispatcher".into());
     if options.serve_health {
-        let addr = health::serve(config.dispatcher.health_addr, readiness.clone(), metrics, shutdown.clone()).await?;
+        let addr = health::serve(config.dispatcher.health_addr, readiness.clone(), metrics, config.dispatcher.health_http, shutdown.clone()).await?;
         tracing::info!(%addr, "dispatcher health endpoints listening");
     }
     let topics = Topics::new(config.kafka.topic_prefix.clone());

@@ -118,10 +118,7 @@ pub async fn run(config: Config, shutdown: CancellationToken, options: Options) 
     if let Some(tx) = options.bound {
         let _ = tx.send(bound);
     }
-    let server_stop = shutdown.clone();
-    let server = tokio::spawn(async move {
-        let _ = axum::serve(listener, app).with_graceful_shutdown(server_stop.cancelled_owned()).await;
-    });
+    let server = tokio::spawn(hookline_service::http_server::serve(listener, app, config.ingest.http, shutdown.clone()));
 
     // Fan-out needs the whole subscription table, or early events would reach nobody.
     tokio::select! {

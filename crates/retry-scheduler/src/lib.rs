@@ -78,7 +78,7 @@ pub async fn run(config: Config, shutdown: CancellationToken, options: Options) 
     let metrics = telemetry::metrics_handle();
     let readiness = Readiness::default();
     if options.serve_health {
-        let addr = health::serve(config.retry_scheduler.health_addr, readiness.clone(), metrics, shutdown.clone()).await?;
+        let addr = health::serve(config.retry_scheduler.health_addr, readiness.clone(), metrics, config.retry_scheduler.health_http, shutdown.clone()).await?;
         tracing::info!(%addr, "retry-scheduler health endpoints listening");
     }
     let topics = Topics::new(config.kafka.topic_prefix.clone());
@@ -122,7 +122,11 @@ pub async fn run(config: Config, shutdown: CancellationToken, options: Options) 
         let next_timer = sched.timers.peek().map(|Reverse((at, ..))| *at);
         let sleep_until = next_timer.map_or_else(
             || Instant::now() + Duration::from_secs(3600),
-            |at| Instant::now() + Duration::from_millis(at.saturating_sub(now_ms()).max(0) as u64),
+            |at| {
+                let left = Duration::from_millis(u64::try_from(at.saturating_sub(now_ms())).unwrap_or(0));
+                // A due time centuries away (an old record's) must not overflow the clock: an hour is re-checked.
+                Instant::now() + left.min(Duration::from_secs(3600))
+            },
         );
         tokio::select! {
             biased;
@@ -277,7 +281,7 @@ impl Scheduler {
             Route::Tier(tier) => {
                 self.tracer.retry_hold(&task, env.enqueued_at_ms, env.tier_delay_ms, tier.name, now);
                 metrics::counter!("hookline_retry_rerouted_total", "tier" => tier.name).increment(1);
-                let env = RetryEnvelope { task: Some(task), enqueued_at_ms: now, tier_delay_ms: tier.delay_ms as i64 };
+                let env = RetryEnvelope { task: Some(task), enqueued_at_ms: now, tier_delay_ms: i64::try_from(tier.delay_ms).unwrap_or(i64::MAX) };
                 (self.topics.retry(tier), env.encode_to_vec())
             }
         };

@@ -25,7 +25,7 @@ pub fn route(due_at_ms: i64, now_ms: i64) -> Route {
     if due_at_ms <= now_ms {
         Route::Deliver
     } else {
-        Route::Tier(tier_for((due_at_ms - now_ms) as u64))
+        Route::Tier(tier_for(u64::try_from(due_at_ms.saturating_sub(now_ms)).unwrap_or(u64::MAX)))
     }
 }
 

@@ -11,6 +11,8 @@ use hookline_core::egress::EgressSettings;
 use hookline_kafka::KafkaSettings;
 use serde::{Deserialize, Serialize};
 
+pub use crate::http_server::HttpServerSettings;
+
 #[derive(Debug, Clone, Serialize, Deserialize, Default)]
 #[serde(deny_unknown_fields, default)]
 pub struct Config {
@@ -119,6 +121,8 @@ pub struct IngestSettings {
     pub delivery_log_retention_ms: i64,
     /// Most deliveries the log keeps in memory; the oldest go first.
     pub delivery_log_max_deliveries: usize,
+    /// Timeouts and connection cap of the API's listener (`[ingest.http]`).
+    pub http: HttpServerSettings,
 }
 
 impl Default for IngestSettings {
@@ -131,6 +135,7 @@ impl Default for IngestSettings {
             group_id: "hookline-ingest".into(),
             delivery_log_retention_ms: 30 * 24 * 3_600_000,
             delivery_log_max_deliveries: 1_000_000,
+            http: HttpServerSettings::default(),
         }
     }
 }
@@ -166,6 +171,8 @@ pub struct DispatcherSettings {
     /// At most this many remembered outcomes (about 60 bytes each); the oldest are forgotten first.
     pub dedupe_max_entries: usize,
     pub group_id: String,
+    /// Timeouts and connection cap of the health listener (`[dispatcher.health_http]`).
+    pub health_http: HttpServerSettings,
 }
 
 impl Default for DispatcherSettings {
@@ -180,6 +187,7 @@ impl Default for DispatcherSettings {
             dedupe_window_ms: 120_000,
             dedupe_max_entries: 500_000,
             group_id: "hookline-dispatcher".into(),
+            health_http: HttpServerSettings::default(),
         }
     }
 }
@@ -192,6 +200,8 @@ pub struct RetrySchedulerSettings {
     pub max_held_per_partition: usize,
     pub drain_timeout_ms: u64,
     pub group_id: String,
+    /// Timeouts and connection cap of the health listener (`[retry_scheduler.health_http]`).
+    pub health_http: HttpServerSettings,
 }
 
 impl Default for RetrySchedulerSettings {
@@ -201,6 +211,7 @@ impl Default for RetrySchedulerSettings {
             max_held_per_partition: 2_000,
             drain_timeout_ms: 10_000,
             group_id: "hookline-retry-scheduler".into(),
+            health_http: HttpServerSettings::default(),
         }
     }
 }
@@ -320,6 +331,9 @@ impl Config {
         self.egress.validate().map_err(|e| ConfigError::Invalid(e.to_string()))?;
         self.notify.validate()?;
         self.telemetry.validate()?;
+        self.ingest.http.validate("ingest.http").map_err(ConfigError::Invalid)?;
+        self.dispatcher.health_http.validate("dispatcher.health_http").map_err(ConfigError::Invalid)?;
+        self.retry_scheduler.health_http.validate("retry_scheduler.health_http").map_err(ConfigError::Invalid)?;
         if self.dispatcher.revoke_drain_ms > 60_000 {
             return Err(ConfigError::Invalid(format!(
                 "dispatcher.revoke_drain_ms: at most 60000 (a member waiting longer holds up the whole group's rebalance), got {}",
@@ -511,6 +525,29 @@ mod tests {
         ] {
             let e = Config::from_toml_with_env(&format!("[telemetry]\n{toml}\n"), "f", env(&[])).unwrap_err();
             assert!(e.to_string().contains(key), "{toml}: {e}");
+        }
+    }
+
+    #[test]
+    fn http_limits_are_read_checked_and_named() {
+        let c = Config::from_toml_with_env(
+            "[ingest.http]\nmax_connections = 100\n[dispatcher.health_http]\nheader_read_timeout_ms = 2000\n",
+            "f",
+            env(&[("HOOKLINE_RETRY_SCHEDULER__HEALTH_HTTP__IDLE_TIMEOUT_MS", "5000")]),
+        )
+        .unwrap();
+        assert_eq!((c.ingest.http.max_connections, c.ingest.http.header_read_timeout_ms), (100, 10_000));
+        assert_eq!(c.dispatcher.health_http.header_read_timeout_ms, 2000);
+        assert_eq!(c.retry_scheduler.health_http.idle_timeout_ms, 5000);
+        for (text, key) in [
+            ("[ingest.http]\nmax_connections = 0\n", "ingest.http.max_connections"),
+            ("[ingest.http]\nheader_read_timeout_ms = 0\n", "ingest.http.header_read_timeout_ms"),
+            ("[dispatcher.health_http]\nidle_timeout_ms = 3600001\n", "dispatcher.health_http.idle_timeout_ms"),
+            ("[retry_scheduler.health_http]\nmax_connections = 100001\n", "retry_scheduler.health_http.max_connections"),
+            ("[ingest.http]\nmax_conns = 1\n", "max_conns"),
+        ] {
+            let e = Config::from_toml_with_env(text, "f", env(&[])).unwrap_err();
+            assert!(e.to_string().contains(key), "{key}: {e}");
         }
     }
 }

@@ -12,6 +12,8 @@ use axum::{Json, Router};
 use metrics_exporter_prometheus::PrometheusHandle;
 use tokio_util::sync::CancellationToken;
 
+use crate::http_server::HttpServerSettings;
+
 /// Whether the service may receive traffic. Cloning shares it.
 #[derive(Clone, Default)]
 pub struct Readiness(Arc<AtomicBool>);
@@ -52,18 +54,15 @@ async fn ready(State(s): State<HealthState>) -> impl IntoResponse {
     }
 }
 
-/// Serves the health routes on `addr` until `shutdown`. Returns the bound address (port 0 picks one).
+/// Serves the health routes on `addr` until `shutdown`, within `limits`. Returns the bound address (port 0 picks
+/// one).
 pub async fn serve(
     addr: SocketAddr,
     readiness: Readiness,
     metrics: PrometheusHandle,
+    limits: HttpServerSettings,
     shutdown: CancellationToken,
 ) -> std::io::Result<SocketAddr> {
-    let listener = tokio::net::TcpListener::bind(addr).await?;
-    let local = listener.local_addr()?;
-    let app = routes(readiness, metrics);
-    tokio::spawn(async move {
-        let _ = axum::serve(listener, app).with_graceful_shutdown(shutdown.cancelled_owned()).await;
-    });
+    let (local, _task) = crate::http_server::spawn(addr, routes(readiness, metrics), limits, shutdown).await?;
     Ok(local)
 }

@@ -28,19 +28,19 @@ const DEV_TOKEN: &str = "dev-token-not-for-production";
 #[derive(clap::Args)]
 pub struct DevArgs {
     /// Create demo subscriptions, publish this many events, report totals and exit.
-    #[arg(long)]
+    #[arg(long, value_parser = clap::value_parser!(u32).range(1..=1_000_000))]
     demo: Option<u32>,
     /// Port of the HTTP API (0 picks a free one).
     #[arg(long, default_value_t = 8080)]
     port: u16,
     /// Partitions of every topic on the embedded broker.
-    #[arg(long, default_value_t = 4)]
+    #[arg(long, default_value_t = 4, value_parser = clap::value_parser!(i32).range(1..=256))]
     partitions: i32,
     /// Log level (`warn`, `info`, `debug`).
     #[arg(long, default_value = "warn")]
     log: String,
     /// Seconds the demo waits for every delivery to reach a final state.
-    #[arg(long, default_value_t = 90)]
+    #[arg(long, default_value_t = 90, value_parser = clap::value_parser!(u64).range(1..=86_400))]
     demo_timeout_s: u64,
 }
 

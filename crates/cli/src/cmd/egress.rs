@@ -62,8 +62,8 @@ pub struct CheckArgs {
     allow_http: bool,
 
     /// How long to wait for each name to resolve.
-    #[arg(long, value_name = "SECONDS", default_value_t = 5.0)]
-    resolve_timeout: f64,
+    #[arg(long, value_name = "SECONDS", default_value = "5", value_parser = super::numbers::seconds_up_to(3600.0))]
+    resolve_timeout: Duration,
 }
 
 pub fn run(cmd: EgressCmd) -> anyhow::Result<ExitCode> {
@@ -93,9 +93,6 @@ fn settings(args: &CheckArgs) -> anyhow::Result<EgressSettings> {
 }
 
 fn check(args: CheckArgs) -> anyhow::Result<ExitCode> {
-    if !(args.resolve_timeout.is_finite() && args.resolve_timeout > 0.0) {
-        anyhow::bail!("--resolve-timeout must be a positive number of seconds");
-    }
     let policy = load_policy(&args.policy)?;
     let settings = settings(&args)?;
     // Flags are reported with the config key they extend; name them so the user sees which value is wrong.
@@ -104,7 +101,7 @@ fn check(args: CheckArgs) -> anyhow::Result<ExitCode> {
     for w in guard.startup_warnings() {
         eprintln!("WARNING: {w}");
     }
-    let timeout = Duration::from_secs_f64(args.resolve_timeout);
+    let timeout = args.resolve_timeout;
     let rt = tokio::runtime::Builder::new_current_thread().enable_all().build()?;
     let stdout = std::io::stdout();
     let mut out = stdout.lock();

@@ -4,6 +4,7 @@ pub mod bench;
 pub mod dev;
 pub mod dev_broker;
 pub mod egress;
+pub mod numbers;
 pub mod policy;
 pub mod soak;
 pub mod topics;

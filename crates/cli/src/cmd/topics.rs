@@ -23,7 +23,7 @@ pub enum TopicsCmd {
         #[arg(long, env = "HOOKLINE_CONFIG")]
         config: Option<PathBuf>,
         /// Seconds to wait for the cluster.
-        #[arg(long, default_value_t = 30)]
+        #[arg(long, default_value_t = 30, value_parser = clap::value_parser!(u64).range(1..=3600))]
         timeout_s: u64,
     },
 }

@@ -61,7 +61,7 @@ pub struct VerifyArgs {
     body_file: PathBuf,
 
     /// Accept timestamps this many seconds away from now, in either direction.
-    #[arg(long, value_name = "SECONDS", default_value_t = 300)]
+    #[arg(long, value_name = "SECONDS", default_value_t = 300, value_parser = clap::value_parser!(u64).range(0..=31_536_000))]
     tolerance_s: u64,
 
     /// Check as if it were this moment (Unix seconds) instead of now: for requests captured earlier.

@@ -24,6 +24,13 @@ pub const DEFAULT_PROFILE: &str = "standard";
 /// The most attempts a policy may allow (and so the longest `policy simulate` output, micro-retries aside).
 pub const MAX_ATTEMPTS_LIMIT: u32 = 1000;
 
+/// The longest wait a policy may state (`waits_s`, `exponential.initial_s`/`max_s`, `retry_after.max_s`): 30 days.
+pub const MAX_WAIT_S: f64 = 30.0 * 86_400.0;
+/// The longest window (`max_window_s`, `disable.after_failing_for_s`): 400 days.
+pub const MAX_WINDOW_S: f64 = 400.0 * 86_400.0;
+/// The longest `attempt.timeout_ms`: 10 minutes.
+pub const MAX_TIMEOUT_MS: u64 = 600_000;
+
 /// The embedded TOML text of each built-in profile, in `BUILTIN_NAMES` order.
 const BUILTIN_SOURCES: [(&str, &str); 5] = [
     ("standard", include_str!("profiles/standard.toml")),

@@ -640,6 +640,34 @@ fn validation_errors_name_the_key() {
     }
 }
 
+/// A wait of 1e16 s or 1e308 s used to pass and wrap the due time into the past (the retry went at once).
+#[test]
+fn waits_timeouts_and_windows_are_capped() {
+    let with = |edit: &str| MINIMAL.replace("waits_s = [1, 2]", edit);
+    for (doc, want) in [
+        (with("waits_s = [1e16]"), "schedule.waits_s[0]: must be at most 2592000 seconds"),
+        (with("waits_s = [1e308, 1]"), "schedule.waits_s[0]: must be at most 2592000"),
+        (with("waits_s = [1, 2592000.5]"), "schedule.waits_s[1]: must be at most"),
+        (with("exponential = { initial_s = 3e6, multiplier = 2, max_s = 3e6 }\nmax_attempts = 3"), "schedule.exponential.initial_s: must be at most"),
+        (with("exponential = { initial_s = 1, multiplier = 2, max_s = 1e300 }\nmax_attempts = 3"), "schedule.exponential.max_s: must be at most 2592000"),
+        (with("waits_s = [1, 2]\nmax_window_s = 34560001"), "schedule.max_window_s: must be at most 34560000"),
+        (MINIMAL.replace("timeout_ms = 1000", "timeout_ms = 600001"), "attempt.timeout_ms: must be at most 600000"),
+        (MINIMAL.replace("counts_toward_disable = true", "counts_toward_disable = true\nretry_after = { mode = \"clamp\", max_s = 1e16 }"), "classify[1].retry_after.max_s: must be at most"),
+        (MINIMAL.replace("oversize = { action = \"dead\" }", "oversize = { action = \"dead\" }\nsignature_tolerance_s = 9223372036854775807"), "request.signature_tolerance_s: must be at most"),
+        (format!("{MINIMAL}\n[disable]\nafter_failing_for_s = 1e20\naction = \"pause\"\nreason = \"r\"\n"), "disable.after_failing_for_s: must be at most 34560000"),
+    ] {
+        let err = parse(&doc).expect_err(&doc).to_string();
+        assert!(err.contains(want), "want {want:?} in {err:?}");
+    }
+    // The caps themselves are accepted.
+    for doc in [
+        with("waits_s = [2592000]\nmax_window_s = 34560000"),
+        MINIMAL.replace("timeout_ms = 1000", "timeout_ms = 600000"),
+    ] {
+        parse(&doc).unwrap_or_else(|e| panic!("{e}\n{doc}"));
+    }
+}
+
 #[test]
 fn cidr_ranges_of_both_families_are_accepted() {
     let mut p = minimal();

@@ -5,6 +5,7 @@ use std::net::IpAddr;
 use super::matcher::{Matcher, OutcomeKey};
 use super::{
     Issue, JitterMode, OversizeAction, Policy, PolicyError, RetryAfterUse, Rule, VerdictKind, MAX_ATTEMPTS_LIMIT,
+    MAX_TIMEOUT_MS, MAX_WAIT_S, MAX_WINDOW_S,
 };
 
 /// Micro-retries happen inside one execution; anything longer belongs on the schedule.
@@ -21,9 +22,21 @@ impl Issues {
         self.0.push(Issue { path: path.into(), message: message.into() });
     }
 
-    fn positive(&mut self, path: &str, v: f64, unit: &str) {
+    /// A positive number of seconds, at most `max` (so due times stay far from the arithmetic's limits).
+    fn seconds_at_most(&mut self, path: &str, v: f64, max: f64, what: &str) {
         if !(v.is_finite() && v > 0.0) {
-            self.push(path, format!("must be a positive number of {unit}, got {v}"));
+            self.push(path, format!("must be a positive number of seconds, got {v}"));
+        } else if v > max {
+            self.push(path, format!("must be at most {max} seconds ({what}), got {v}"));
+        }
+    }
+
+    /// A wait of seconds: at least `MIN_WAIT_S`, at most `MAX_WAIT_S`.
+    fn wait(&mut self, path: &str, w: f64) {
+        if !(w.is_finite() && w >= MIN_WAIT_S) {
+            self.push(path, format!("must be a number of seconds, at least {MIN_WAIT_S}; got {w}"));
+        } else if w > MAX_WAIT_S {
+            self.push(path, format!("must be at most {MAX_WAIT_S} seconds (30 days); got {w}"));
         }
     }
 }
@@ -37,6 +50,11 @@ pub fn validate(p: &Policy) -> Result<(), PolicyError> {
     schedule(p, &mut v);
     if p.attempt.timeout_ms == 0 {
         v.push("attempt.timeout_ms", "must be greater than 0");
+    } else if p.attempt.timeout_ms > MAX_TIMEOUT_MS {
+        v.push(
+            "attempt.timeout_ms",
+            format!("must be at most {MAX_TIMEOUT_MS} (10 minutes), got {}", p.attempt.timeout_ms),
+        );
     }
     if p.attempt.response_cap_bytes == 0 {
         v.push("attempt.response_cap_bytes", "must be greater than 0");
@@ -112,28 +130,18 @@ fn schedule(p: &Policy, v: &mut Issues) {
             v.push("schedule.waits_s", format!("lists {} waits; at most {} are allowed", waits.len(), limit - 1));
         }
         for (i, w) in waits.iter().enumerate() {
-            if !(w.is_finite() && *w >= MIN_WAIT_S) {
-                v.push(
-                    format!("schedule.waits_s[{i}]"),
-                    format!("must be a number of seconds, at least {MIN_WAIT_S}; got {w}"),
-                );
-            }
+            v.wait(&format!("schedule.waits_s[{i}]"), *w);
         }
     }
     if let Some(e) = &s.exponential {
-        if !(e.initial_s.is_finite() && e.initial_s >= MIN_WAIT_S) {
-            v.push(
-                "schedule.exponential.initial_s",
-                format!("must be a number of seconds, at least {MIN_WAIT_S}; got {}", e.initial_s),
-            );
-        }
+        v.wait("schedule.exponential.initial_s", e.initial_s);
         if !(e.multiplier.is_finite() && e.multiplier >= 1.0) {
             v.push(
                 "schedule.exponential.multiplier",
                 format!("must be a finite number, at least 1 (waits never shrink); got {}", e.multiplier),
             );
         }
-        v.positive("schedule.exponential.max_s", e.max_s, "seconds");
+        v.seconds_at_most("schedule.exponential.max_s", e.max_s, MAX_WAIT_S, "30 days, the longest wait");
         if e.max_s.is_finite() && e.initial_s.is_finite() && e.max_s < e.initial_s {
             v.push("schedule.exponential.max_s", format!("must be at least initial_s ({} < {})", e.max_s, e.initial_s));
         }
@@ -159,7 +167,7 @@ fn schedule(p: &Policy, v: &mut Issues) {
         }
     }
     if let Some(w) = s.max_window_s {
-        v.positive("schedule.max_window_s", w, "seconds");
+        v.seconds_at_most("schedule.max_window_s", w, MAX_WINDOW_S, "400 days, the longest window");
     }
     let jitter_down = match &s.jitter {
         Some(j) => {
@@ -299,9 +307,11 @@ fn rule_fields(p: &Policy, rule: &Rule, at: &str, v: &mut Issues) {
     }
     match &rule.retry_after {
         RetryAfterUse::Ignore => {}
-        RetryAfterUse::Clamp { max_s } => v.positive(&format!("{at}.retry_after.max_s"), *max_s, "seconds"),
+        RetryAfterUse::Clamp { max_s } => {
+            v.seconds_at_most(&format!("{at}.retry_after.max_s"), *max_s, MAX_WAIT_S, "30 days, the longest wait")
+        }
         RetryAfterUse::BasePlusJitter { jitter_ratio, max_s } => {
-            v.positive(&format!("{at}.retry_after.max_s"), *max_s, "seconds");
+            v.seconds_at_most(&format!("{at}.retry_after.max_s"), *max_s, MAX_WAIT_S, "30 days, the longest wait");
             if !(jitter_ratio.is_finite() && (0.0..=1.0).contains(jitter_ratio)) {
                 v.push(
                     format!("{at}.retry_after.jitter_ratio"),
@@ -354,7 +364,7 @@ fn disable(p: &Policy, v: &mut Issues) {
         v.push("disable.after_consecutive_failures", "must be at least 1");
     }
     if let Some(s) = d.after_failing_for_s {
-        v.positive("disable.after_failing_for_s", s, "seconds");
+        v.seconds_at_most("disable.after_failing_for_s", s, MAX_WINDOW_S, "400 days, the longest window");
     }
     if d.reason.trim().is_empty() {
         v.push("disable.reason", "must not be empty (it is shown to the endpoint's owner)");
@@ -368,6 +378,11 @@ fn request(p: &Policy, v: &mut Issues) {
     let r = &p.request;
     if r.signature_tolerance_s == 0 {
         v.push("request.signature_tolerance_s", "must be greater than 0");
+    } else if r.signature_tolerance_s as f64 > MAX_WAIT_S {
+        v.push(
+            "request.signature_tolerance_s",
+            format!("must be at most {MAX_WAIT_S} (30 days), got {}", r.signature_tolerance_s),
+        );
     }
     for (key, value) in [
         ("idempotency_key_header", &r.idempotency_key_header),

@@ -64,6 +64,14 @@ pub fn router(state: Arc<ApiState>, max_request_bytes: usize) -> Router {
         // Both spellings open the portal (its assets use absolute paths).
         .route("/portal/", get(portal::index))
         .route("/portal/{file}", get(portal::file))
+        // After every route: a known path with another method gets the JSON error; axum adds the `Allow` header.
+        .method_not_allowed_fallback(|method: axum::http::Method, uri: axum::http::Uri| async move {
+            ApiError::new(
+                StatusCode::METHOD_NOT_ALLOWED,
+                "method_not_allowed",
+                format!("{method} is not allowed on {}; the Allow header lists the methods that are", uri.path()),
+            )
+        })
         .layer(axum::extract::DefaultBodyLimit::max(max_request_bytes))
         .fallback(|| async { ApiError::new(StatusCode::NOT_FOUND, "not_found", "no such route") })
         .with_state(state)

@@ -125,6 +125,7 @@ pub async fn create(
     };
     let secret = match req.secret {
         Some(secret) => {
+            at_most("secret", &secret, MAX_SECRET_BYTES)?;
             hookline_core::sign::standard_signature(&secret, "probe", 0, b"").map_err(|e| ApiError::field("secret", e.to_string()))?;
             secret
         }
@@ -282,6 +283,7 @@ pub async fn rotate_secret(
     let now = crate::now_ms();
     let secret = match req.secret {
         Some(secret) => {
+            at_most("secret", &secret, MAX_SECRET_BYTES)?;
             hookline_core::sign::standard_signature(&secret, "probe", 0, b"").map_err(|e| ApiError::field("secret", e.to_string()))?;
             secret
         }
@@ -309,7 +311,63 @@ fn find(s: &ApiState, id: &str) -> Result<Arc<SubscriptionEntry>, ApiError> {
         .ok_or_else(|| ApiError::new(StatusCode::NOT_FOUND, "not_found", format!("no subscription {id}")))
 }
 
+/// Size limits of a subscription's fields (bytes of UTF-8), checked before anything else so an oversized
+/// subscription is refused as such rather than failing later as a Kafka record too large (docs/api.md).
+pub const MAX_URL_BYTES: usize = 2048;
+pub const MAX_DESCRIPTION_BYTES: usize = 4096;
+/// RFC 5321's limit on a forward path.
+pub const MAX_OWNER_EMAIL_BYTES: usize = 254;
+pub const MAX_EVENT_TYPES: usize = 100;
+pub const MAX_EVENT_TYPE_BYTES: usize = 255;
+pub const MAX_METADATA_ENTRIES: usize = 50;
+pub const MAX_METADATA_KEY_BYTES: usize = 100;
+pub const MAX_METADATA_VALUE_BYTES: usize = 1000;
+pub const MAX_POLICY_NAME_BYTES: usize = 100;
+pub const MAX_POLICY_TOML_BYTES: usize = 64 << 10;
+pub const MAX_TENANT_BYTES: usize = 255;
+pub const MAX_SECRET_BYTES: usize = 512;
+
+fn at_most(field: &str, value: &str, max: usize) -> Result<(), ApiError> {
+    if value.len() > max {
+        return Err(ApiError::field(field, format!("at most {max} bytes, got {}", value.len())));
+    }
+    Ok(())
+}
+
+/// Every field within its size limit.
+fn bounds(sub: &Subscription) -> Result<(), ApiError> {
+    at_most("url", &sub.url, MAX_URL_BYTES)?;
+    at_most("description", &sub.description, MAX_DESCRIPTION_BYTES)?;
+    at_most("owner_email", &sub.owner_email, MAX_OWNER_EMAIL_BYTES)?;
+    at_most("policy", &sub.policy, MAX_POLICY_NAME_BYTES)?;
+    at_most("policy_toml", &sub.policy_toml, MAX_POLICY_TOML_BYTES)?;
+    at_most("tenant", &sub.tenant, MAX_TENANT_BYTES)?;
+    if sub.event_types.len() > MAX_EVENT_TYPES {
+        return Err(ApiError::field(
+            "event_types",
+            format!("at most {MAX_EVENT_TYPES} event types (use a pattern such as \"order.*\"), got {}", sub.event_types.len()),
+        ));
+    }
+    for (i, t) in sub.event_types.iter().enumerate() {
+        at_most(&format!("event_types[{i}]"), t, MAX_EVENT_TYPE_BYTES)?;
+    }
+    if sub.metadata.len() > MAX_METADATA_ENTRIES {
+        return Err(ApiError::field("metadata", format!("at most {MAX_METADATA_ENTRIES} entries, got {}", sub.metadata.len())));
+    }
+    // Sorted, so the same request always names the same key.
+    let mut keys: Vec<&String> = sub.metadata.keys().collect();
+    keys.sort();
+    for k in keys {
+        if k.len() > MAX_METADATA_KEY_BYTES {
+            return Err(ApiError::field("metadata", format!("keys are at most {MAX_METADATA_KEY_BYTES} bytes, got one of {}", k.len())));
+        }
+        at_most(&format!("metadata.{k}"), &sub.metadata[k], MAX_METADATA_VALUE_BYTES)?;
+    }
+    Ok(())
+}
+
 async fn validate(s: &ApiState, sub: &Subscription) -> Result<(), ApiError> {
+    bounds(sub)?;
     if sub.event_types.is_empty() {
         return Err(ApiError::field("event_types", "at least one event type (or \"*\") is required"));
     }
@@ -332,9 +390,6 @@ async fn validate(s: &ApiState, sub: &Subscription) -> Result<(), ApiError> {
             .collect(),
     };
     guard.check_resolved(&target, &addrs).map_err(|r| ApiError::field("url", r.reason))?;
-    if sub.metadata.len() > 50 || sub.metadata.iter().any(|(k, v)| k.len() > 100 || v.len() > 1000) {
-        return Err(ApiError::field("metadata", "at most 50 entries, keys up to 100 and values up to 1000 bytes"));
-    }
     Ok(())
 }
 

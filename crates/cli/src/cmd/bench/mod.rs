@@ -54,45 +54,45 @@ pub struct BenchArgs {
     #[arg(long)]
     brokers: Option<String>,
     /// Replication factor of the topics created on `--brokers`.
-    #[arg(long, default_value_t = 1)]
+    #[arg(long, default_value_t = 1, value_parser = clap::value_parser!(i32).range(1..=16))]
     replication_factor: i32,
     /// Partitions of every topic.
-    #[arg(long, default_value_t = 8)]
+    #[arg(long, default_value_t = 8, value_parser = clap::value_parser!(i32).range(1..=256))]
     partitions: i32,
     /// throughput: events to publish (default: as many as the pipeline takes in --duration-s).
-    #[arg(long)]
+    #[arg(long, value_parser = clap::value_parser!(u64).range(1..=1_000_000_000))]
     events: Option<u64>,
     /// throughput and latency: seconds of publishing.
-    #[arg(long, default_value_t = 30)]
+    #[arg(long, default_value_t = 30, value_parser = clap::value_parser!(u64).range(1..=86_400))]
     duration_s: u64,
     /// throughput: subscriptions each event fans out to.
-    #[arg(long, default_value_t = 4)]
+    #[arg(long, default_value_t = 4, value_parser = clap::builder::RangedU64ValueParser::<usize>::new().range(1..=1000))]
     fanout: usize,
     /// throughput, isolation: concurrent requests in total (split across the subscriptions' lanes); the raw
     /// baseline uses the same number.
-    #[arg(long, default_value_t = 64)]
+    #[arg(long, default_value_t = 64, value_parser = clap::builder::RangedU64ValueParser::<usize>::new().range(1..=10_000))]
     concurrency: usize,
     /// throughput: seconds the raw HTTP baseline runs.
-    #[arg(long, default_value_t = 10)]
+    #[arg(long, default_value_t = 10, value_parser = clap::value_parser!(u64).range(1..=3600))]
     raw_s: u64,
     /// throughput, isolation: deliveries published but not yet received, at most (keeps the mock broker's
     /// ~5 MiB partitions from evicting unread records).
-    #[arg(long)]
+    #[arg(long, value_parser = clap::value_parser!(u64).range(1..=10_000_000))]
     window: Option<u64>,
     /// latency: events per second.
-    #[arg(long, default_value_t = 1000)]
+    #[arg(long, default_value_t = 1000, value_parser = clap::value_parser!(u64).range(1..=1_000_000))]
     rate: u64,
     /// retry-precision: the longest wait exercised (the ladder goes 1 s … 5 min; `all` keeps it short).
-    #[arg(long, default_value_t = 60)]
+    #[arg(long, default_value_t = 60, value_parser = clap::value_parser!(u64).range(1..=3600))]
     max_wait_s: u64,
     /// retry-precision: events per wait value.
-    #[arg(long, default_value_t = 60)]
+    #[arg(long, default_value_t = 60, value_parser = clap::builder::RangedU64ValueParser::<usize>::new().range(1..=100_000))]
     per_wait: usize,
     /// isolation: seconds of publishing in the all-healthy run (the hanging run publishes the same events).
-    #[arg(long, default_value_t = 15)]
+    #[arg(long, default_value_t = 15, value_parser = clap::value_parser!(u64).range(1..=86_400))]
     isolation_s: u64,
     /// memory: deliveries held in flight.
-    #[arg(long, default_value_t = 10_000)]
+    #[arg(long, default_value_t = 10_000, value_parser = clap::builder::RangedU64ValueParser::<usize>::new().range(1..=1_000_000))]
     in_flight: usize,
     /// Internal: run one service as a child process (`broker`, `ingest`, `dispatcher`, `retry-scheduler`).
     #[arg(long, hide = true)]

@@ -39,10 +39,10 @@ const MAX_ATTEMPTS: u32 = 3;
 #[derive(clap::Args, Clone)]
 pub struct SoakArgs {
     /// Events to publish through the API. Each goes to 1-3 endpoints (1.62 deliveries per event on average).
-    #[arg(long, default_value_t = 20_000)]
+    #[arg(long, default_value_t = 20_000, value_parser = clap::value_parser!(u64).range(1..=100_000_000))]
     pub events: u64,
     /// Publishing rate, events per second.
-    #[arg(long, default_value_t = 400)]
+    #[arg(long, default_value_t = 400, value_parser = clap::value_parser!(u64).range(1..=100_000))]
     pub rate: u64,
     /// A fault to inject; repeat the flag for several. They are applied in turn, one every --fault-every-s, for as
     /// long as events are being published, and each at least once.
@@ -52,22 +52,22 @@ pub struct SoakArgs {
     #[arg(long, conflicts_with = "faults")]
     pub all_faults: bool,
     /// Seconds from the end of one fault to the start of the next (and before the first).
-    #[arg(long, default_value_t = 3.0)]
-    pub fault_every_s: f64,
+    #[arg(long, default_value = "3", value_parser = crate::cmd::numbers::seconds_up_to(3600.0))]
+    pub fault_every_s: Duration,
     /// Dispatcher processes sharing the work.
-    #[arg(long, default_value_t = 2)]
+    #[arg(long, default_value_t = 2, value_parser = clap::builder::RangedU64ValueParser::<usize>::new().range(1..=16))]
     pub dispatchers: usize,
     /// `dispatcher.max_in_flight` of each dispatcher: the window a crash may redo.
-    #[arg(long, default_value_t = 1_000)]
+    #[arg(long, default_value_t = 1_000, value_parser = clap::builder::RangedU64ValueParser::<usize>::new().range(1..=1_000_000))]
     pub max_in_flight: usize,
     /// Partitions of every topic.
-    #[arg(long, default_value_t = 4)]
+    #[arg(long, default_value_t = 4, value_parser = clap::value_parser!(i32).range(1..=256))]
     pub partitions: i32,
     /// The services' consumer-group session timeout (`kafka.session_timeout_ms`).
-    #[arg(long, default_value_t = 6_000)]
+    #[arg(long, default_value_t = 6_000, value_parser = clap::value_parser!(u64).range(1..=3_600_000))]
     pub session_timeout_ms: u64,
     /// Give up waiting for final states this long after the last event is published.
-    #[arg(long, default_value_t = 300)]
+    #[arg(long, default_value_t = 300, value_parser = clap::value_parser!(u64).range(1..=86_400))]
     pub settle_timeout_s: u64,
     /// Where hookline-ingest, hookline-dispatcher and hookline-retry-scheduler are (default: next to `hookline`).
     #[arg(long)]
@@ -191,7 +191,7 @@ async fn soak(args: SoakArgs) -> anyhow::Result<Value> {
     );
     // Faults, in turn, while events are being published; each kind at least once.
     let mut schedule = Vec::new();
-    let every = Duration::from_secs_f64(args.fault_every_s);
+    let every = args.fault_every_s;
     let mut turn = 0usize;
     while !faults.is_empty() && (turn < faults.len() || !publishing.is_finished()) {
         tokio::time::sleep(every).await;
