@@ -696,5 +696,11 @@ function wire() {
 }
 
 wire();
-if (state.token) signIn(state.token);
+// `hookline dev` prints a link ending in `#token=...` that signs in at once. The token is taken out of the
+// address straight away, so it is neither kept in the history nor sent on in a Referer.
+const linked = location.hash.match(/^#token=([^&]+)$/);
+if (linked) {
+  history.replaceState(null, '', location.pathname + location.search);
+  signIn(decodeURIComponent(linked[1]));
+} else if (state.token) signIn(state.token);
 else signOut('');

@@ -44,6 +44,8 @@ pub enum SchedulerError {
 pub struct Options {
     pub serve_health: bool,
     pub instance: Option<String>,
+    /// Shared with the caller (dev mode waits on it): set at the group's first assignment.
+    pub readiness: Readiness,
 }
 
 use hookline_service::now_ms;
@@ -73,7 +75,7 @@ struct Scheduler {
 pub async fn run(config: Config, shutdown: CancellationToken, options: Options) -> Result<(), SchedulerError> {
     let instance = options.instance.clone().unwrap_or_else(|| "hookline-retry-scheduler".into());
     let metrics = telemetry::metrics_handle();
-    let readiness = Readiness::default();
+    let readiness = options.readiness.clone();
     if options.serve_health {
         let addr = health::serve(config.retry_scheduler.health_addr, readiness.clone(), metrics, shutdown.clone()).await?;
         tracing::info!(%addr, "retry-scheduler health endpoints listening");
@@ -93,7 +95,6 @@ pub async fn run(config: Config, shutdown: CancellationToken, options: Options) 
     let mut inputs: Vec<&str> = TIERS.iter().map(|t| topics.retry(t)).collect();
     inputs.push(topics.held());
     consumer.subscribe(&inputs)?;
-    readiness.set(true);
 
     let mut sched = Scheduler {
         topics: topics.clone(),
@@ -124,11 +125,16 @@ pub async fn run(config: Config, shutdown: CancellationToken, options: Options) 
             biased;
             _ = shutdown.cancelled() => break,
             Some(ev) = rebalances.recv() => {
-                if let RebalanceEvent::Revoked(parts) = ev {
-                    for (t, p) in parts {
+                match ev {
+                    RebalanceEvent::Revoked(parts) => for (t, p) in parts {
                         marks.forget(&t, p);
                         sched.forget(&t, p);
+                    },
+                    RebalanceEvent::Assigned(_) if !readiness.is_ready() => {
+                        readiness.set(true);
+                        tracing::info!("retry-scheduler ready");
                     }
+                    RebalanceEvent::Assigned(_) => {}
                 }
             }
             Some((t, p, o)) = done_rx.recv() => {

@@ -58,6 +58,8 @@ pub fn router(state: Arc<ApiState>, max_request_bytes: usize) -> Router {
         .route("/v1/dlq/redrive", post(deliveries::redrive))
         .route_layer(middleware::from_fn_with_state(state.clone(), auth))
         .route("/openapi.json", get(openapi::document))
+        // A browser pointed at the server's address lands on the portal.
+        .route("/", get(|| async { axum::response::Redirect::to("/portal/") }))
         .route("/portal", get(portal::index))
         // Both spellings open the portal (its assets use absolute paths).
         .route("/portal/", get(portal::index))
