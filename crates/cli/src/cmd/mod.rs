@@ -4,6 +4,8 @@ pub mod bench;
 pub mod dev;
 pub mod dev_broker;
 pub mod egress;
+/// Not a subcommand: the human-or-JSON output the listing commands share.
+pub mod output;
 pub mod policy;
 pub mod soak;
 pub mod topics;
