@@ -240,3 +240,29 @@ fn dev_mode_refuses_what_the_services_refuse() {
         assert!(!stderr.contains("backtrace") && stderr.lines().count() == 1, "{var}={value}: {stderr}");
     }
 }
+
+#[test]
+fn the_demo_reports_in_the_readmes_words_and_its_stderr_is_plain() {
+    let out = Command::new(env!("CARGO_BIN_EXE_hookline"))
+        .args(["dev", "--demo", "2"])
+        .env_remove("HOOKLINE_CONFIG")
+        .env_remove("RUST_LOG")
+        .stdin(Stdio::null())
+        .output()
+        .expect("run the demo");
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(out.status.success(), "{stdout}\n{stderr}");
+    let last = stdout.lines().last().unwrap_or("");
+    let keys: Vec<&str> = last.split('"').skip(1).step_by(2).collect();
+    assert_eq!(keys, ["events", "deliveries", "succeeded", "retried", "failed", "dead", "cancelled", "lost", "seconds"], "{last}");
+    let v: serde_json::Value = serde_json::from_str(last).unwrap();
+    assert_eq!((v["deliveries"].as_u64(), v["lost"].as_u64()), (Some(12), Some(0)), "{last}");
+    assert_eq!((v["succeeded"].as_u64(), v["failed"].as_u64(), v["dead"].as_u64()), (Some(8), Some(2), Some(2)), "{last}");
+    // Not a terminal: no colour; the allow-list warnings are in the banner once, not logged by each service.
+    assert!(!stderr.contains('\u{1b}'), "ANSI escapes off a terminal:\n{stderr}");
+    assert!(!stderr.contains("WARN"), "{stderr}");
+    assert_eq!(stderr.matches("egress.allow_http is on").count(), 1, "{stderr}");
+    let boxed: Vec<usize> = stderr.lines().filter(|l| l.trim_start().starts_with(['┌', '│', '└'])).map(|l| l.chars().count()).collect();
+    assert!(boxed.len() >= 5 && boxed.iter().all(|w| *w == boxed[0]), "the box's lines differ in width: {boxed:?}\n{stderr}");
+}

@@ -13,6 +13,7 @@ pub mod retry_after;
 pub mod sign;
 pub mod simulate;
 pub mod subscription;
+pub mod vocabulary;
 
 pub use engine::{decide, decide_lost_attempt, Decision, FinalState, Next, Progress, Verdict, Wait};
 pub use outcome::Outcome;

@@ -268,11 +268,11 @@ pub async fn run(config: Config, shutdown: CancellationToken, options: Options) 
                         let topic = deliveries.to_owned();
                         tokio::spawn(async move {
                             let dl = hookline_core::model::DeadLetter {
-                                reason: "invalid_task".into(), detail, raw: raw.into(), source_topic: topic,
+                                reason: hookline_core::vocabulary::DeadLetterReason::InvalidTask.as_str().into(), detail, raw: raw.into(), source_topic: topic,
                                 source_partition: p, source_offset: o, at_ms: now_ms(), ..Default::default()
                             };
                             if ctx.produce(ctx.topics.dlq(), "", &dl).await.is_ok() {
-                                metrics::counter!("hookline_dead_lettered_total", "reason" => "invalid_task").increment(1);
+                                metrics::counter!("hookline_dead_lettered_total", "reason" => hookline_core::vocabulary::DeadLetterReason::InvalidTask.as_str()).increment(1);
                                 let _ = done.send((p, o));
                             }
                             drop(permit);

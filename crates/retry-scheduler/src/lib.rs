@@ -305,7 +305,7 @@ impl Scheduler {
 
     fn dead_letter(&self, payload: &[u8], detail: &str, key: (String, i32, i64), done: &mpsc::UnboundedSender<(String, i32, i64)>) {
         let dl = hookline_core::model::DeadLetter {
-            reason: "invalid_task".into(),
+            reason: hookline_core::vocabulary::DeadLetterReason::InvalidTask.as_str().into(),
             detail: detail.to_owned(),
             raw: payload.to_vec().into(),
             source_topic: key.0.clone(),
@@ -314,7 +314,7 @@ impl Scheduler {
             at_ms: now_ms(),
             ..Default::default()
         };
-        metrics::counter!("hookline_dead_lettered_total", "reason" => "invalid_task").increment(1);
+        metrics::counter!("hookline_dead_lettered_total", "reason" => hookline_core::vocabulary::DeadLetterReason::InvalidTask.as_str()).increment(1);
         self.forward(self.topics.dlq(), String::new(), dl.encode_to_vec(), key, done);
     }
 

@@ -379,7 +379,7 @@ async fn demo(n: u32, api: SocketAddr, token: &str, receiver: &Receiver, config:
         json!({"url": format!("http://{r}/slow"), "event_types": ["order.*"], "policy": "gauge", "description": "answers after 200 ms"}),
         json!({"url": format!("http://{r}/flaky"), "event_types": ["order.*"], "policy": "relay", "description": "503 first, retried after 2 s"}),
         json!({"url": format!("http://{r}/ratelimited"), "event_types": ["order.*"], "policy": "standard", "description": "429 Retry-After: 1 first"}),
-        json!({"url": format!("http://{r}/gone"), "event_types": ["order.*"], "policy": "fynapse", "description": "410: DEAD_LETTER at once"}),
+        json!({"url": format!("http://{r}/gone"), "event_types": ["order.*"], "policy": "fynapse", "description": "410: dead at once (Fynapse calls it DEAD_LETTER)"}),
         json!({"url": format!("http://{r}/failing"), "event_types": ["order.*"], "policy_toml": quick_toml, "description": "500 always: failed after 3 attempts"}),
     ];
     for s in &subs {
@@ -448,13 +448,13 @@ async fn demo(n: u32, api: SocketAddr, token: &str, receiver: &Receiver, config:
     let t = totals.lock().expect("totals lock");
     let count = |s: &str| t.finals.values().filter(|v| v.as_str() == s).count();
     let lost = expected.saturating_sub(t.finals.len());
-    // Keys in the README's order (serde_json would sort them).
+    // Keys in the README's order (serde_json would sort them); the final states in the API's words.
     println!(
-        "{{\"events\":{n},\"deliveries\":{expected},\"delivered\":{},\"retried\":{},\"dead_lettered\":{},\"failed\":{},\"cancelled\":{},\"lost\":{lost},\"seconds\":{:.1}}}",
+        "{{\"events\":{n},\"deliveries\":{expected},\"succeeded\":{},\"retried\":{},\"failed\":{},\"dead\":{},\"cancelled\":{},\"lost\":{lost},\"seconds\":{:.1}}}",
         count("succeeded"),
         t.retried.len(),
-        count("dead"),
         count("failed"),
+        count("dead"),
         count("cancelled"),
         started.elapsed().as_secs_f64(),
     );
