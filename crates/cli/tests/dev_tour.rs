@@ -137,10 +137,11 @@ fn every_command_hookline_dev_prints_works() {
         .expect("start hookline dev");
     let stdout = child.stdout.take().unwrap();
     let _running = Running(child);
-    let (tx, rx) = mpsc::channel::<String>();
+    // Each line with when it was printed: the receiver's lines tell how soon a delivery arrived.
+    let (tx, rx) = mpsc::channel::<(Instant, String)>();
     std::thread::spawn(move || {
         for line in BufReader::new(stdout).lines().map_while(Result::ok) {
-            if tx.send(line).is_err() {
+            if tx.send((Instant::now(), line)).is_err() {
                 break;
             }
         }
@@ -150,7 +151,7 @@ fn every_command_hookline_dev_prints_works() {
     // The welcome, up to its last line (a broken start would hang here: bounded).
     let deadline = Instant::now() + Duration::from_secs(180);
     let mut welcome = Vec::new();
-    while let Some(line) = next_line(deadline) {
+    while let Some((_, line)) = next_line(deadline) {
         let last = line.starts_with("Watch this terminal");
         welcome.push(line);
         if last {
@@ -179,6 +180,7 @@ fn every_command_hookline_dev_prints_works() {
         assert!(paths.iter().any(|p| p.contains(wanted)), "no command for {wanted}: {commands:#?}");
     }
 
+    let mut first_publish = None;
     for command in &commands {
         let req = parse_curl(&shell_words(command, &vars));
         // A replay of one delivery waits until it is finished (409 while it is in progress); as a newcomer would,
@@ -187,6 +189,9 @@ fn every_command_hookline_dev_prints_works() {
         loop {
             let (status, answer) = send(&req);
             if (200..300).contains(&status) {
+                if req.url.ends_with("/v1/events") {
+                    first_publish.get_or_insert_with(Instant::now);
+                }
                 break;
             }
             // Likewise a delivery just published is in the log a moment later (404 until then).
@@ -203,7 +208,13 @@ fn every_command_hookline_dev_prints_works() {
     let deadline = Instant::now() + Duration::from_secs(60);
     let mut seen = (false, false);
     while seen != (true, true) {
-        let Some(line) = next_line(deadline) else { panic!("the receiver did not report both deliveries: {seen:?}") };
+        let Some((at, line)) = next_line(deadline) else { panic!("the receiver did not report both deliveries: {seen:?}") };
+        if !seen.0 && line.starts_with("webhook on /ok → answered 204, ✓ signature") {
+            // "Running" means ready: the first event is delivered at once, not after the consumer groups form
+            // (that took ~3 s when readiness was declared at subscribe time; ~30 ms now, bounded generously).
+            let waited = at.saturating_duration_since(first_publish.expect("an event was published"));
+            assert!(waited < Duration::from_secs(2), "the first delivery took {waited:?} after the publish");
+        }
         seen.0 |= line.starts_with("webhook on /ok → answered 204, ✓ signature");
         seen.1 |= line.starts_with("webhook on /gone → answered 410, ✓ signature");
     }
