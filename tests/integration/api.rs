@@ -41,11 +41,22 @@ async fn the_delivery_log_shows_every_attempt_and_a_replay_counts_on() {
     assert_eq!(d["attempts"][0]["response_excerpt"], "scripted");
     assert_eq!(d["attempts"][1]["http_status"], 503);
 
-    let (status, list) = p.call("GET", &format!("/v1/subscriptions/{sub}/deliveries?status=dead"), None).await;
+    let (status, list) = p.call("GET", &format!("/v1/subscriptions/{sub}/deliveries?state=dead"), None).await;
     assert_eq!(status, 200);
     assert_eq!(list["items"].as_array().unwrap().len(), 1);
-    let (_, none) = p.call("GET", &format!("/v1/subscriptions/{sub}/deliveries?status=succeeded"), None).await;
+    let (_, none) = p.call("GET", &format!("/v1/subscriptions/{sub}/deliveries?state=succeeded"), None).await;
     assert!(none["items"].as_array().unwrap().is_empty());
+    // hookline's words only, in `state`; the platform's word is a field of the delivery, not a filter.
+    assert!(d["platform_status"].is_string() && d.get("status").is_none(), "one field for the policy's word: {d}");
+    for bad in ["DEAD_LETTER", "dead_lettered", "nope"] {
+        let (status, v) = p.call("GET", &format!("/v1/subscriptions/{sub}/deliveries?state={bad}"), None).await;
+        assert_eq!((status, v["error"]["code"].as_str(), v["error"]["field"].as_str()), (400, Some("invalid_query"), Some("state")), "{bad}: {v}");
+    }
+    // A redrive filter with a reason no delivery's dead letter carries is refused, not an empty redrive.
+    for bad in ["terminal_response", "egress_refused", "invalid_json"] {
+        let (status, v) = p.call("POST", "/v1/dlq/redrive", Some(json!({"reason": bad}))).await;
+        assert_eq!((status, v["error"]["field"].as_str()), (422, Some("reason")), "{bad}: {v}");
+    }
 
     let (status, v) = p.call("POST", &format!("/v1/deliveries/{delivery}/replay"), None).await;
     assert_eq!(status, 202, "{v}");
@@ -158,11 +169,21 @@ async fn bad_requests_get_json_errors_that_name_the_problem() {
         (Some(&bearer), "application/json", "/v1/events", br#"{"type":"x"}"#.to_vec(), 422, "missing_field"),
         (Some(&bearer), "application/json", "/v1/events", vec![b' '; 64 << 10], 413, "body_too_large"),
     ];
-    for (auth, ctype, path, body, want_status, want_code) in cases {
+    let fields = ["Authorization", "Authorization", "Content-Type", "body", "colour", "url", "event_types[0]", "policy", "id", "body"];
+    for ((auth, ctype, path, body, want_status, want_code), field) in cases.into_iter().zip(fields) {
         let (status, v) = send(auth, ctype, path, body).await;
         assert_eq!((status, v["error"]["code"].as_str().unwrap_or("")), (want_status, want_code), "{path}: {v}");
-        assert!(!v["error"]["message"].as_str().unwrap_or("").is_empty());
+        let message = v["error"]["message"].as_str().unwrap_or("");
+        assert!(!message.is_empty());
+        // Every 4xx names what is at fault, in hookline's words rather than the parser's.
+        assert_eq!(v["error"]["field"], field, "{path}: {v}");
+        assert!(!message.contains("Failed to deserialize") && !message.contains("at line"), "{path}: {message}");
     }
+    // A value of the wrong type, and a missing field, deep in the body.
+    let (_, v) = send(Some(&bearer), "application/json", "/v1/subscriptions", br#"{"url":"https://x.example","event_types":[7]}"#.to_vec()).await;
+    assert_eq!((v["error"]["code"].as_str(), v["error"]["field"].as_str()), (Some("invalid_body"), Some("event_types[0]")), "{v}");
+    let (_, v) = send(Some(&bearer), "application/json", "/v1/subscriptions", br#"{"event_types":["*"]}"#.to_vec()).await;
+    assert_eq!((v["error"]["code"].as_str(), v["error"]["field"].as_str()), (Some("invalid_body"), Some("url")), "{v}");
     let (_, v) = send(Some(&bearer), "application/json", "/v1/subscriptions", br#"{"url":"http://10.0.0.7/x","event_types":["*"]}"#.to_vec()).await;
     assert_eq!(v["error"]["field"], "url");
     p.stop().await;

@@ -151,7 +151,7 @@ async fn gauge_disables_an_endpoint_failing_for_its_duration_and_enabled_true_cl
     let ev = p.wait_ops("endpoint_disabled").await;
     assert!(ev.at_ms - first >= 1_000, "not before the duration: {}", ev.at_ms - first);
     let view = p.subscription_when(&id, |v| v["enabled"] == false).await;
-    assert_eq!(view["disabledReason"], "consecutive_failures");
+    assert_eq!(view["disabled_reason"], "consecutive_failures");
     // While off, nothing is delivered (skip).
     let before = p.requests_to("down").len();
     p.publish("evt_while_off", "thing.happened").await;
@@ -160,6 +160,6 @@ async fn gauge_disables_an_endpoint_failing_for_its_duration_and_enabled_true_cl
     assert_eq!(p.finals().last().unwrap().final_state, "skipped");
     let (status, v) = p.call("PATCH", &format!("/v1/subscriptions/{id}"), Some(json!({"enabled": true}))).await;
     assert_eq!(status, 200);
-    assert_eq!((v["enabled"].as_bool(), v["disabledReason"].is_null()), (Some(true), true), "{v}");
+    assert_eq!((v["enabled"].as_bool(), v["disabled_reason"].is_null()), (Some(true), true), "{v}");
     p.stop().await;
 }

@@ -224,6 +224,8 @@ test('the portal, end to end', async (t) => {
     const stats = await api('GET', `/v1/subscriptions/${subId}/stats`);
     assert.equal(stats.status, 200);
     assert.deepEqual([stats.body.totals.counts.succeeded, stats.body.totals.counts.failed], [3, 3]);
+    // The chart's classes are the delivery states' words (docs/api.md, "Vocabulary"): dead is not folded into failed.
+    assert.deepEqual(stats.body.classes, ['succeeded', 'retried', 'failed', 'dead', 'cancelled', 'other']);
     await page.screenshot({ path: SCREENSHOT, fullPage: true });
   });
 
@@ -275,6 +277,13 @@ test('the portal, end to end', async (t) => {
     await page.reload();
     await page.locator('#signin-error', { hasText: 'token expired or invalid' }).waitFor();
     assert.equal(await page.evaluate(() => sessionStorage.getItem('hookline.portal.token')), null);
+  });
+
+  await t.test('the link hookline dev prints signs in and takes the token out of the address', async () => {
+    await page.goto('about:blank');
+    await page.goto(`${API}/portal/#token=${encodeURIComponent(TOKEN)}`);
+    await page.getByRole('heading', { name: 'Subscriptions' }).waitFor();
+    assert.equal(new URL(page.url()).hash, '', 'the token is not left in the address bar or history');
   });
 
   await t.test('no script error and no content-security-policy violation', () => {

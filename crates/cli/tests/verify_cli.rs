@@ -178,7 +178,7 @@ fn rotation_and_gauge() {
         None,
     );
     assert_eq!(code, 0, "stdout: {out}\nstderr: {err}");
-    assert_eq!(out.trim(), "OK: signature v1 #1 matches secret #2 (scheme gauge, timestamp 9 s old)");
+    assert_eq!(out.trim(), "OK: signature v1 #1 matches secret #2 (scheme gauge, timestamp 9.8 s old)");
 }
 
 #[test]

@@ -131,12 +131,14 @@ fn plural(n: usize) -> &'static str {
     }
 }
 
-/// `12 s`, `5m 1s`, `1h 3m`, `2d 4h`; under a second, `450 ms`; zero, `0 s`.
+/// `12 s`, `1.5 s`, `5m 1s`, `1h 3m`, `2d 4h`; under a second, `450 ms`; zero, `0 s`. Under a minute a fraction
+/// is kept to a tenth (truncated, so a 1,999 ms timeout never reads as 2 s).
 pub fn human_duration_ms(ms: u64) -> String {
     let s = ms / 1000;
     match s {
         0 if ms == 0 => "0 s".to_owned(),
         0 => format!("{ms} ms"),
+        1..=59 if ms % 1000 >= 100 => format!("{s}.{} s", (ms % 1000) / 100),
         1..=59 => format!("{s} s"),
         60..=3599 => format!("{}m {}s", s / 60, s % 60),
         3600..=86_399 => format!("{}h {}m", s / 3600, (s % 3600) / 60),
@@ -857,6 +859,9 @@ mod tests {
             (0, "0 s"),
             (450, "450 ms"),
             (12_000, "12 s"),
+            (1_500, "1.5 s"),
+            (1_050, "1 s"),
+            (59_999, "59.9 s"),
             (301_000, "5m 1s"),
             (3_780_000, "1h 3m"),
             (187_200_000, "2d 4h"),

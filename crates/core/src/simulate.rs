@@ -57,8 +57,14 @@ pub fn parse_response(arg: &str) -> Result<Outcome, String> {
             if value.is_empty() {
                 return bad("the Retry-After value after \"ra=\" is empty".into());
             }
-            // Kept raw, as a receiver would send it: an unusable value is ignored by the engine, which is exactly
-            // what a simulation should show.
+            // A receiver may send garbage, and the engine ignores it; but on the command line it is a typo, and
+            // simulating it as "no Retry-After" would answer a question nobody asked.
+            if crate::retry_after::parse(value, WALL_CLOCK_START_MS).is_none() {
+                return bad(format!(
+                    "the Retry-After value {value:?} is neither delta-seconds (\"120\") nor an HTTP-date \
+                     (\"Wed, 21 Oct 2026 07:28:00 GMT\")"
+                ));
+            }
             Some(value.to_owned())
         }
     };
@@ -216,7 +222,6 @@ mod tests {
             ("200", ok(200, None)),
             (" 429:ra=120 ", ok(429, Some("120"))),
             ("503:ra=Wed, 21 Oct 2026 07:28:00 GMT", ok(503, Some("Wed, 21 Oct 2026 07:28:00 GMT"))),
-            ("503:ra=soon", ok(503, Some("soon"))),
             ("timeout", Ok(Outcome::Timeout)),
             ("connect_error", Ok(Outcome::ConnectError)),
             ("tls_error", Ok(Outcome::TlsError)),
@@ -228,7 +233,7 @@ mod tests {
             assert_eq!(parse_response(arg), want, "{arg}");
         }
         for bad in
-            ["", "5033", "99", "600", "abc", "503:", "503:ra=", "503:retry=5", "50x", "+503", "timeout:ra=5", "-1"]
+            ["", "5033", "99", "600", "abc", "503:", "503:ra=", "503:retry=5", "50x", "+503", "timeout:ra=5", "-1", "429:ra=abc", "429:ra=1.5", "503:ra=soon"]
         {
             let err = parse_response(bad).unwrap_err();
             assert!(err.starts_with(&format!("invalid response {bad:?}")), "{err}");

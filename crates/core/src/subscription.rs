@@ -13,7 +13,7 @@ pub enum Activity {
     Paused,
     /// Paused by the policy's disable rule, with its reason.
     AutoPaused(String),
-    /// Disabled by the policy's disable rule, with its reason (`disabledReason`).
+    /// Disabled by the policy's disable rule, with its reason (`disabled_reason`).
     AutoDisabled(String),
 }
 

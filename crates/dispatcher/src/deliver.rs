@@ -5,6 +5,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use bytes::Bytes;
+use hookline_core::vocabulary::DeadLetterReason;
 use hookline_core::health::{self, HealthEvent, Transition};
 use futures::future::BoxFuture;
 use hookline_core::model::{
@@ -61,11 +62,11 @@ pub async fn deliver(ctx: Arc<Ctx>, task: DeliveryTask, partition: i32) -> Resul
             return Box::pin(async {
                 let detail = format!("the subscription's policy is invalid: {e}");
                 let rec = records::closing_record(&task, "invalid_policy", detail.clone(), "dead", "dead", now, &entry.sub.policy);
-                let dl = records::dead_letter(&task, "invalid_policy", detail, "dead", "dead", task.attempts_made, String::new(), now);
+                let dl = records::dead_letter(&task, DeadLetterReason::InvalidPolicy.as_str(), detail, "dead", "dead", task.attempts_made, String::new(), now);
                 ctx.produce(ctx.topics.dlq(), &task.subscription_id, &dl).await?;
                 ctx.tracer.dead_letter(&dl, None);
                 conclude(&ctx, &task, rec).await?;
-                metrics::counter!("hookline_dead_lettered_total", "reason" => "invalid_policy").increment(1);
+                metrics::counter!("hookline_dead_lettered_total", "reason" => DeadLetterReason::InvalidPolicy.as_str()).increment(1);
                 metrics::counter!("hookline_deliveries_total", "outcome" => "dead").increment(1);
                 Ok(())
             })
@@ -150,11 +151,11 @@ async fn lost_attempt(ctx: &Ctx, mut task: DeliveryTask, entry: &SubscriptionEnt
             rec.counts_toward_disable = true;
             let mut last = task.clone();
             last.attempts_made = attempt_no;
-            let dl = records::dead_letter(&last, "lease_expired", reason.clone(), final_word(state), &word, task.prior_attempts + attempt_no, "lease_expired".into(), now);
+            let dl = records::dead_letter(&last, DeadLetterReason::LeaseExpired.as_str(), reason.clone(), final_word(state), &word, task.prior_attempts + attempt_no, "lease_expired".into(), now);
             ctx.produce(ctx.topics.dlq(), &task.subscription_id, &dl).await?;
             ctx.tracer.dead_letter(&dl, None);
             metrics::counter!("hookline_deliveries_total", "outcome" => final_word(state)).increment(1);
-            metrics::counter!("hookline_dead_lettered_total", "reason" => "lease_expired").increment(1);
+            metrics::counter!("hookline_dead_lettered_total", "reason" => DeadLetterReason::LeaseExpired.as_str()).increment(1);
             if state == FinalState::Dead {
                 follow_ups(ctx, &task, policy, &reason, now).await?;
             }
@@ -255,11 +256,11 @@ async fn attempt(ctx: &Ctx, mut task: DeliveryTask, entry: &SubscriptionEntry, p
             let detail = e.to_string();
             let word = policy.status_word(FinalState::Dead).to_owned();
             let rec = records::closing_record(&task, "oversize", detail.clone(), "dead", &word, now, &policy.name);
-            let dl = records::dead_letter(&task, "oversize", detail, "dead", &word, task.attempts_made, "oversize".into(), now);
+            let dl = records::dead_letter(&task, DeadLetterReason::Oversize.as_str(), detail, "dead", &word, task.attempts_made, "oversize".into(), now);
             ctx.produce(ctx.topics.dlq(), &task.subscription_id, &dl).await?;
             ctx.tracer.dead_letter(&dl, None);
             conclude(ctx, &task, rec).await?;
-            metrics::counter!("hookline_dead_lettered_total", "reason" => "oversize").increment(1);
+            metrics::counter!("hookline_dead_lettered_total", "reason" => DeadLetterReason::Oversize.as_str()).increment(1);
             metrics::counter!("hookline_deliveries_total", "outcome" => "dead").increment(1);
             return Ok(());
         }
@@ -356,7 +357,7 @@ async fn conclude_try(
                     }
                 }
             } else {
-                let reason = if decision.verdict == Verdict::Terminal { "terminal_outcome" } else { "retries_exhausted" };
+                let reason = if decision.verdict == Verdict::Terminal { DeadLetterReason::TerminalOutcome } else { DeadLetterReason::RetriesExhausted }.as_str();
                 let mut last = task.clone();
                 last.attempts_made = attempt_no;
                 let dl = records::dead_letter(&last, reason, result.reason.clone(), final_word(state), &word, task.prior_attempts + attempt_no, result.outcome.token(), ended);

@@ -58,6 +58,9 @@ pub struct Options {
     pub serve_health: bool,
     /// A name for logs and client ids (several dispatchers may run in one process in tests).
     pub instance: Option<String>,
+    /// Shared with the caller (dev mode waits on it): set once the group has assigned partitions and their state
+    /// is synced, when a delivery taken now is sent at once.
+    pub readiness: Readiness,
 }
 
 pub(crate) struct Ctx {
@@ -163,7 +166,7 @@ const STUCK_AFTER: Duration = Duration::from_secs(5);
 /// finish; what does not finish stays uncommitted and is redelivered by the partition's next owner.
 pub async fn run(config: Config, shutdown: CancellationToken, options: Options) -> Result<(), DispatcherError> {
     let metrics = telemetry::metrics_handle();
-    let readiness = Readiness::default();
+    let readiness = options.readiness.clone();
     let instance = options.instance.clone().unwrap_or_else(|| "hookline-dispatcher".into());
     if options.serve_health {
         let addr = health::serve(config.dispatcher.health_addr, readiness.clone(), metrics, config.dispatcher.health_http, shutdown.clone()).await?;
@@ -184,7 +187,7 @@ pub async fn run(config: Config, shutdown: CancellationToken, options: Options) 
     // Loudly, at start: an allow-list makes non-public addresses reachable.
     if let Ok(guard) = hookline_core::egress::EgressGuard::new(&config.egress, &Default::default()) {
         for w in guard.startup_warnings() {
-            tracing::warn!("{w}");
+            tracing::warn!(target: "hookline::egress_allow", "{w}");
         }
     }
     let resolver = options.resolver.clone().unwrap_or_else(|| Arc::new(SystemResolver));
@@ -221,7 +224,6 @@ pub async fn run(config: Config, shutdown: CancellationToken, options: Options) 
     let consumer: StreamConsumer<RebalanceContext> =
         group_consumer_config(kafka, &config.dispatcher.group_id, &instance).create_with_context(context)?;
     consumer.subscribe(&[deliveries])?;
-    readiness.set(true);
 
     let max_in_flight = config.dispatcher.max_in_flight;
     let max_queued = config.dispatcher.max_queued_per_subscription;
@@ -233,7 +235,7 @@ pub async fn run(config: Config, shutdown: CancellationToken, options: Options) 
         tokio::select! {
             biased;
             _ = shutdown.cancelled() => break,
-            Some(ev) = rebalances.recv() => on_rebalance(ev, &ctx, &states_reader, deliveries),
+            Some(ev) = rebalances.recv() => on_rebalance(ev, &ctx, &states_reader, deliveries, &readiness),
             Some(p) = done_rx.recv() => {
                 if let Some(w) = marks.committable(deliveries, p) {
                     store(&consumer, deliveries, p, w);
@@ -254,7 +256,7 @@ pub async fn run(config: Config, shutdown: CancellationToken, options: Options) 
                 // An assignment is reported during the poll that returns its first records: apply it first, so
                 // every task finds its partition's ownership in place.
                 while let Ok(ev) = rebalances.try_recv() {
-                    on_rebalance(ev, &ctx, &states_reader, deliveries);
+                    on_rebalance(ev, &ctx, &states_reader, deliveries, &readiness);
                 }
                 let (p, o) = (m.partition(), m.offset());
                 marks.start(deliveries, p, o);
@@ -269,11 +271,11 @@ pub async fn run(config: Config, shutdown: CancellationToken, options: Options) 
                         let topic = deliveries.to_owned();
                         tokio::spawn(async move {
                             let dl = hookline_core::model::DeadLetter {
-                                reason: "invalid_task".into(), detail, raw: raw.into(), source_topic: topic,
+                                reason: hookline_core::vocabulary::DeadLetterReason::InvalidTask.as_str().into(), detail, raw: raw.into(), source_topic: topic,
                                 source_partition: p, source_offset: o, at_ms: now_ms(), ..Default::default()
                             };
                             if ctx.produce(ctx.topics.dlq(), "", &dl).await.is_ok() {
-                                metrics::counter!("hookline_dead_lettered_total", "reason" => "invalid_task").increment(1);
+                                metrics::counter!("hookline_dead_lettered_total", "reason" => hookline_core::vocabulary::DeadLetterReason::InvalidTask.as_str()).increment(1);
                                 let _ = done.send((p, o));
                             }
                             drop(permit);
@@ -372,11 +374,21 @@ impl Done {
     }
 }
 
-fn on_rebalance(ev: RebalanceEvent, ctx: &Arc<Ctx>, reader: &TableHandle, topic: &str) {
+fn on_rebalance(ev: RebalanceEvent, ctx: &Arc<Ctx>, reader: &TableHandle, topic: &str, readiness: &Readiness) {
     let states = &ctx.states;
     match ev {
         RebalanceEvent::Assigned(parts) => {
-            for (_, p) in parts.into_iter().filter(|(t, _)| t == topic) {
+            let parts: Vec<i32> = parts.into_iter().filter(|(t, _)| t == topic).map(|(_, p)| p).collect();
+            if !readiness.is_ready() {
+                // Ready once the first assignment's partitions are synced (an empty assignment is ready at once).
+                let (states, readiness, parts) = (states.clone(), readiness.clone(), parts.clone());
+                tokio::spawn(async move {
+                    futures::future::join_all(parts.iter().map(|p| states.ready(*p))).await;
+                    readiness.set(true);
+                    tracing::info!("dispatcher ready");
+                });
+            }
+            for p in parts {
                 states.assign(p);
                 // Before delivering: apply everything earlier owners wrote to this partition's endpoint state, read
                 // the leases they left in flight, and learn which attempts they already concluded (not redone).

@@ -335,7 +335,7 @@ async function loadLog() {
   const params = {
     limit: PAGE,
     after,
-    status: $('f-status').value,
+    state: $('f-status').value,
     since_ms: localToMs($('f-since').value),
     until_ms: localToMs($('f-until').value),
   };
@@ -356,7 +356,7 @@ async function loadLog() {
       state.attempts.set(d.delivery_id, { key, error: describe(e) });
     }
   }));
-  const filtered = Boolean(params.status || params.since_ms || params.until_ms);
+  const filtered = Boolean(params.state || params.since_ms || params.until_ms);
   const shown = page.items.map((d) => [d, state.expanded.has(d.delivery_id) ? state.attempts.get(d.delivery_id) : null]);
   renderPart('log', shown, $('log'), () => {
     if (page.items.length === 0) {
@@ -364,7 +364,7 @@ async function loadLog() {
     }
     return h('table', { class: 'table log' },
       h('caption', { class: 'sr-only' }, 'Deliveries, newest first'),
-      h('thead', {}, h('tr', {}, ...['Delivery', 'Event type', 'Status', 'Attempts', 'Last attempt', 'Actions'].map((t) => h('th', { scope: 'col' }, t)))),
+      h('thead', {}, h('tr', {}, ...['Delivery', 'Event type', 'State', 'Attempts', 'Last attempt', 'Actions'].map((t) => h('th', { scope: 'col' }, t)))),
       h('tbody', {}, shown.map(([d, att]) => logRows(d, att))));
   });
 }
@@ -382,7 +382,8 @@ function logRows(d, att) {
   const row = h('tr', { 'data-delivery': d.delivery_id, class: `st-${d.state}` },
     h('td', {}, h('code', { title: d.delivery_id }, d.event_id || d.delivery_id)),
     h('td', {}, d.event_type),
-    h('td', {}, h('span', { class: `badge d-${d.state}`, 'data-testid': 'delivery-status', title: `state: ${d.state}` }, d.status || d.state)),
+    // hookline's word for the state; the policy's own word (Fynapse's DEAD_LETTER) only as a hint.
+    h('td', {}, h('span', { class: `badge d-${d.state}`, 'data-testid': 'delivery-status', title: d.platform_status && d.platform_status !== d.state ? `the policy says ${d.platform_status}` : d.state }, d.state)),
     h('td', { class: 'num' }, String(d.attempts_made)),
     h('td', {}, last ? `${fmtTime(last.started_at_ms)} · ${attemptResult(last)} · ${fmtDur(last.duration_ms)}` : '–'),
     h('td', { class: 'actions' },
@@ -696,5 +697,11 @@ function wire() {
 }
 
 wire();
-if (state.token) signIn(state.token);
+// `hookline dev` prints a link ending in `#token=...` that signs in at once. The token is taken out of the
+// address straight away, so it is neither kept in the history nor sent on in a Referer.
+const linked = location.hash.match(/^#token=([^&]+)$/);
+if (linked) {
+  history.replaceState(null, '', location.pathname + location.search);
+  signIn(decodeURIComponent(linked[1]));
+} else if (state.token) signIn(state.token);
 else signOut('');

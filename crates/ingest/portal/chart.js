@@ -2,7 +2,8 @@
 // from `GET /v1/subscriptions/{id}/stats`. No library.
 
 const SVG = 'http://www.w3.org/2000/svg';
-const LABELS = { succeeded: 'succeeded', retried: 'retried', failed: 'failed (final)', cancelled: 'cancelled', other: 'other' };
+// The delivery states' words (docs/api.md, "Vocabulary"); `retried` counts attempts another one followed.
+const LABELS = { succeeded: 'succeeded', retried: 'retried', failed: 'failed', dead: 'dead', cancelled: 'cancelled', other: 'other' };
 
 function el(name, attrs = {}, ...children) {
   const n = document.createElementNS(SVG, name);

@@ -3,6 +3,7 @@
 
 use bytes::Bytes;
 use hookline_core::model::Event;
+use hookline_core::vocabulary::DeadLetterReason as Reason;
 use prost::Message;
 use serde::Deserialize;
 use serde_json::value::RawValue;
@@ -13,10 +14,19 @@ pub struct Invalid {
     /// `oversize`, `invalid_utf8`, `invalid_json`, `missing_field`, `invalid_field`, `invalid_protobuf`, `empty`.
     pub reason: &'static str,
     pub detail: String,
+    /// The envelope field at fault, when one is (`id`, `type`, `occurred_at`).
+    pub field: Option<&'static str>,
 }
 
-fn invalid(reason: &'static str, detail: impl Into<String>) -> Invalid {
-    Invalid { reason, detail: detail.into() }
+fn invalid(reason: Reason, detail: impl Into<String>) -> Invalid {
+    Invalid { reason: reason.as_str(), detail: detail.into(), field: None }
+}
+
+impl Invalid {
+    fn at(mut self, field: &'static str) -> Self {
+        self.field = Some(field);
+        self
+    }
 }
 
 /// Longest accepted id and type.
@@ -39,17 +49,17 @@ struct Envelope<'a> {
 /// Decodes one record of the events topic (or an API body when `json_only`).
 pub fn decode(bytes: &[u8], max_bytes: usize, json_only: bool) -> Result<Event, Invalid> {
     if bytes.is_empty() {
-        return Err(invalid("empty", "the record has no value"));
+        return Err(invalid(Reason::EventEmpty, "the record has no value"));
     }
     if bytes.len() > max_bytes {
-        return Err(invalid("oversize", format!("{} bytes is over the limit of {max_bytes}", bytes.len())));
+        return Err(invalid(Reason::EventOversize, format!("{} bytes is over the limit of {max_bytes}", bytes.len())));
     }
     // A UTF-8 byte-order mark some editors and tools prepend is not part of the JSON.
     let bytes = bytes.strip_prefix(b"\xEF\xBB\xBF").unwrap_or(bytes);
     let first = bytes.iter().copied().find(|b| !b.is_ascii_whitespace());
     if json_only || first == Some(b'{') || first == Some(b'[') || first == Some(b'"') {
         if first != Some(b'{') {
-            return Err(invalid("invalid_json", "an event must be a JSON object"));
+            return Err(invalid(Reason::EventInvalidJson, "an event must be a JSON object"));
         }
         decode_json(bytes)
     } else {
@@ -59,9 +69,9 @@ pub fn decode(bytes: &[u8], max_bytes: usize, json_only: bool) -> Result<Event, 
 
 fn decode_json(bytes: &[u8]) -> Result<Event, Invalid> {
     let text = std::str::from_utf8(bytes)
-        .map_err(|e| invalid("invalid_utf8", format!("the event is not valid UTF-8 (at byte {})", e.valid_up_to())))?;
+        .map_err(|e| invalid(Reason::EventInvalidUtf8, format!("the event is not valid UTF-8 (at byte {})", e.valid_up_to())))?;
     check_depth(text.as_bytes())?;
-    let env: Envelope<'_> = serde_json::from_str(text).map_err(|e| invalid("invalid_json", e.to_string()))?;
+    let env: Envelope<'_> = serde_json::from_str(text).map_err(|e| invalid(Reason::EventInvalidJson, e.to_string()))?;
     let id = required(env.id, "id")?;
     let event_type = required(env.event_type, "type")?;
     let occurred_at_ms = match env.occurred_at {
@@ -69,10 +79,10 @@ fn decode_json(bytes: &[u8]) -> Result<Event, Invalid> {
         Some(serde_json::Value::Number(n)) => n
             .as_i64()
             .filter(|v| *v >= 0)
-            .ok_or_else(|| invalid("invalid_field", "occurred_at: a number must be whole milliseconds since the epoch"))?,
+            .ok_or_else(|| invalid(Reason::EventInvalidField, "occurred_at: a number must be whole milliseconds since the epoch").at("occurred_at"))?,
         Some(serde_json::Value::String(s)) => parse_rfc3339_ms(&s)
-            .ok_or_else(|| invalid("invalid_field", format!("occurred_at: {s:?} is not an RFC 3339 timestamp")))?,
-        Some(_) => return Err(invalid("invalid_field", "occurred_at: must be an RFC 3339 string or epoch milliseconds")),
+            .ok_or_else(|| invalid(Reason::EventInvalidField, format!("occurred_at: {s:?} is not an RFC 3339 timestamp")).at("occurred_at"))?,
+        Some(_) => return Err(invalid(Reason::EventInvalidField, "occurred_at: must be an RFC 3339 string or epoch milliseconds").at("occurred_at")),
     };
     Ok(Event {
         id,
@@ -109,7 +119,7 @@ fn check_depth(json: &[u8]) -> Result<(), Invalid> {
             b'[' | b'{' => {
                 depth += 1;
                 if depth > MAX_DEPTH {
-                    return Err(invalid("invalid_json", format!("nesting deeper than {MAX_DEPTH} levels")));
+                    return Err(invalid(Reason::EventInvalidJson, format!("nesting deeper than {MAX_DEPTH} levels")));
                 }
             }
             b']' | b'}' => depth = depth.saturating_sub(1),
@@ -120,34 +130,34 @@ fn check_depth(json: &[u8]) -> Result<(), Invalid> {
 }
 
 fn decode_protobuf(bytes: &[u8]) -> Result<Event, Invalid> {
-    let ev = Event::decode(bytes).map_err(|e| invalid("invalid_protobuf", e.to_string()))?;
+    let ev = Event::decode(bytes).map_err(|e| invalid(Reason::EventInvalidProtobuf, e.to_string()))?;
     check_name(&ev.id, "id")?;
     check_name(&ev.r#type, "type")?;
     if !ev.data_json.is_empty() {
         let text = std::str::from_utf8(&ev.data_json)
-            .map_err(|_| invalid("invalid_utf8", "data_json is not valid UTF-8"))?;
+            .map_err(|_| invalid(Reason::EventInvalidUtf8, "data_json is not valid UTF-8"))?;
         check_depth(text.as_bytes())?;
         serde_json::from_str::<&RawValue>(text)
-            .map_err(|e| invalid("invalid_json", format!("data_json: {e}")))?;
+            .map_err(|e| invalid(Reason::EventInvalidJson, format!("data_json: {e}")))?;
     }
     Ok(ev)
 }
 
-fn required(v: Option<String>, field: &str) -> Result<String, Invalid> {
-    let v = v.ok_or_else(|| invalid("missing_field", format!("`{field}` is required")))?;
+fn required(v: Option<String>, field: &'static str) -> Result<String, Invalid> {
+    let v = v.ok_or_else(|| invalid(Reason::EventMissingField, format!("`{field}` is required")).at(field))?;
     check_name(&v, field)?;
     Ok(v)
 }
 
-fn check_name(v: &str, field: &str) -> Result<(), Invalid> {
+fn check_name(v: &str, field: &'static str) -> Result<(), Invalid> {
     if v.trim().is_empty() {
-        return Err(invalid("missing_field", format!("`{field}` must not be empty")));
+        return Err(invalid(Reason::EventMissingField, format!("`{field}` must not be empty")).at(field));
     }
     if v.len() > MAX_NAME {
-        return Err(invalid("invalid_field", format!("`{field}` is longer than {MAX_NAME} bytes")));
+        return Err(invalid(Reason::EventInvalidField, format!("`{field}` is longer than {MAX_NAME} bytes")).at(field));
     }
     if v.chars().any(char::is_control) {
-        return Err(invalid("invalid_field", format!("`{field}` contains control characters")));
+        return Err(invalid(Reason::EventInvalidField, format!("`{field}` contains control characters")).at(field));
     }
     Ok(())
 }

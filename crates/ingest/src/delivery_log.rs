@@ -60,8 +60,8 @@ pub struct Page {
 
 #[derive(Default)]
 pub struct Filter<'a> {
-    /// Matches the state (`failed`) or the policy's word (`DEAD_LETTER`), case-insensitively.
-    pub status: Option<&'a str>,
+    /// Matches the delivery state (`failed`, `dead`, ...).
+    pub state: Option<&'a str>,
     pub since_ms: Option<i64>,
     pub until_ms: Option<i64>,
 }
@@ -178,8 +178,8 @@ impl DeliveryLog {
                 continue;
             }
             let Some(e) = inner.deliveries.get(id) else { continue };
-            if let Some(st) = filter.status {
-                if !e.state.eq_ignore_ascii_case(st) && !e.status_word.eq_ignore_ascii_case(st) {
+            if let Some(st) = filter.state {
+                if e.state != st {
                     continue;
                 }
             }
@@ -267,7 +267,7 @@ mod tests {
         assert_eq!(p.items.iter().map(|e| e.delivery_id.as_str()).collect::<Vec<_>>(), ["d4", "d3"]);
         let p2 = log.list("s", &Filter::default(), 2, p.next.as_deref());
         assert_eq!(p2.items.iter().map(|e| e.delivery_id.as_str()).collect::<Vec<_>>(), ["d2", "d1"]);
-        let failed = log.list("s", &Filter { status: Some("FAILED"), ..Default::default() }, 10, None);
+        let failed = log.list("s", &Filter { state: Some("failed"), ..Default::default() }, 10, None);
         assert_eq!(failed.items.len(), 2);
         let recent = log.list("s", &Filter { since_ms: Some(25), ..Default::default() }, 10, None);
         assert_eq!(recent.items.iter().map(|e| e.delivery_id.as_str()).collect::<Vec<_>>(), ["d4", "d3"]);

@@ -31,6 +31,8 @@ pub struct Fanout {
     pub max_event_bytes: usize,
     pub shutdown: CancellationToken,
     pub tracer: hookline_service::traces::Tracer,
+    /// Set at the first assignment: until the group has assigned the events topic, nothing is fanned out.
+    pub readiness: hookline_service::Readiness,
 }
 
 pub async fn run(f: Arc<Fanout>, config: &hookline_service::Config, client_id: &str) -> Result<(), KafkaError> {
@@ -48,8 +50,13 @@ pub async fn run(f: Arc<Fanout>, config: &hookline_service::Config, client_id: &
             biased;
             _ = f.shutdown.cancelled() => break,
             Some(ev) = rebalances.recv() => {
-                if let RebalanceEvent::Revoked(parts) = ev {
-                    for (t, p) in parts { marks.forget(&t, p); }
+                match ev {
+                    RebalanceEvent::Revoked(parts) => for (t, p) in parts { marks.forget(&t, p); },
+                    RebalanceEvent::Assigned(_) if !f.readiness.is_ready() => {
+                        f.readiness.set(true);
+                        tracing::info!("ingest ready");
+                    }
+                    RebalanceEvent::Assigned(_) => {}
                 }
             }
             Some((p, o)) = done_rx.recv() => {

@@ -42,6 +42,9 @@ pub struct Options {
     /// Receives the API's bound address once it listens (tests bind port 0).
     pub bound: Option<oneshot::Sender<SocketAddr>>,
     pub instance: Option<String>,
+    /// Shared with the caller (dev mode waits on it): set once the tables are read and the fan-out's consumer
+    /// has its assignment, when an event published now is fanned out at once.
+    pub readiness: Readiness,
 }
 
 pub(crate) use hookline_service::now_ms;
@@ -50,7 +53,7 @@ pub(crate) use hookline_service::now_ms;
 pub async fn run(config: Config, shutdown: CancellationToken, options: Options) -> Result<(), IngestError> {
     let instance = options.instance.unwrap_or_else(|| "hookline-ingest".into());
     let metrics = telemetry::metrics_handle();
-    let readiness = Readiness::default();
+    let readiness = options.readiness.clone();
     let topics = Topics::new(config.kafka.topic_prefix.clone());
     let reader_stop = CancellationToken::new();
 
@@ -90,7 +93,7 @@ pub async fn run(config: Config, shutdown: CancellationToken, options: Options) 
     // Loudly, at start: an allow-list makes non-public addresses acceptable as subscription URLs.
     if let Ok(guard) = hookline_core::egress::EgressGuard::new(&config.egress, &Default::default()) {
         for w in guard.startup_warnings() {
-            tracing::warn!("{w}");
+            tracing::warn!(target: "hookline::egress_allow", "{w}");
         }
     }
     if config.ingest.api_tokens.is_empty() {
@@ -125,8 +128,7 @@ pub async fn run(config: Config, shutdown: CancellationToken, options: Options) 
         _ = async { tables.caught_up().await; attempts_reader.wait_caught_up().await; dlq_reader.wait_caught_up().await } => {}
         _ = shutdown.cancelled() => { reader_stop.cancel(); return Ok(()) }
     }
-    readiness.set(true);
-    tracing::info!(subscriptions = tables.subs.len(), "ingest ready");
+    tracing::info!(subscriptions = tables.subs.len(), "ingest tables loaded");
     let fan = Arc::new(fanout::Fanout {
         topics,
         producer: producer.clone(),
@@ -134,6 +136,7 @@ pub async fn run(config: Config, shutdown: CancellationToken, options: Options) 
         max_event_bytes: config.ingest.max_event_bytes,
         shutdown: shutdown.clone(),
         tracer: tracer.clone(),
+        readiness: readiness.clone(),
     });
     // Owner e-mail for the ops topic, when `notify.smtp_addr` is set.
     let notifier = config.notify.smtp_addr.is_some().then(|| {

@@ -14,11 +14,21 @@ struct Args {
 }
 
 #[tokio::main]
-async fn main() -> anyhow::Result<()> {
+async fn main() -> std::process::ExitCode {
     let args = Args::parse();
-    let config = hookline_service::Config::load(args.config.as_deref(), std::env::vars())?;
+    // Printed as one `error: …` line (no backtrace, whatever RUST_BACKTRACE says): these are the user's mistakes.
+    let config = match hookline_service::Config::load(args.config.as_deref(), std::env::vars()) {
+        Ok(c) => c,
+        Err(e) => {
+            eprintln!("error: {e}");
+            return std::process::ExitCode::from(2);
+        }
+    };
     hookline_service::telemetry::init(&config.telemetry);
     let shutdown = hookline_service::shutdown::on_signals();
-    hookline_ingest::run(config, shutdown, Default::default()).await?;
-    Ok(())
+    if let Err(e) = hookline_ingest::run(config, shutdown, Default::default()).await {
+        eprintln!("error: {e}");
+        return std::process::ExitCode::FAILURE;
+    }
+    std::process::ExitCode::SUCCESS
 }

@@ -45,6 +45,8 @@ pub enum SchedulerError {
 pub struct Options {
     pub serve_health: bool,
     pub instance: Option<String>,
+    /// Shared with the caller (dev mode waits on it): set at the group's first assignment.
+    pub readiness: Readiness,
 }
 
 use hookline_service::now_ms;
@@ -76,7 +78,7 @@ struct Scheduler {
 pub async fn run(config: Config, shutdown: CancellationToken, options: Options) -> Result<(), SchedulerError> {
     let instance = options.instance.clone().unwrap_or_else(|| "hookline-retry-scheduler".into());
     let metrics = telemetry::metrics_handle();
-    let readiness = Readiness::default();
+    let readiness = options.readiness.clone();
     if options.serve_health {
         let addr = health::serve(config.retry_scheduler.health_addr, readiness.clone(), metrics, config.retry_scheduler.health_http, shutdown.clone()).await?;
         tracing::info!(%addr, "retry-scheduler health endpoints listening");
@@ -96,7 +98,6 @@ pub async fn run(config: Config, shutdown: CancellationToken, options: Options) 
     let mut inputs: Vec<&str> = TIERS.iter().map(|t| topics.retry(t)).collect();
     inputs.push(topics.held());
     consumer.subscribe(&inputs)?;
-    readiness.set(true);
 
     let mut sched = Scheduler {
         topics: topics.clone(),
@@ -132,11 +133,16 @@ pub async fn run(config: Config, shutdown: CancellationToken, options: Options) 
             biased;
             _ = shutdown.cancelled() => break,
             Some(ev) = rebalances.recv() => {
-                if let RebalanceEvent::Revoked(parts) = ev {
-                    for (t, p) in parts {
+                match ev {
+                    RebalanceEvent::Revoked(parts) => for (t, p) in parts {
                         marks.forget(&t, p);
                         sched.forget(&t, p);
+                    },
+                    RebalanceEvent::Assigned(_) if !readiness.is_ready() => {
+                        readiness.set(true);
+                        tracing::info!("retry-scheduler ready");
                     }
+                    RebalanceEvent::Assigned(_) => {}
                 }
             }
             Some((t, p, o)) = done_rx.recv() => {
@@ -311,7 +317,7 @@ impl Scheduler {
 
     fn dead_letter(&self, payload: &[u8], detail: &str, key: (String, i32, i64), done: &mpsc::UnboundedSender<(String, i32, i64)>) {
         let dl = hookline_core::model::DeadLetter {
-            reason: "invalid_task".into(),
+            reason: hookline_core::vocabulary::DeadLetterReason::InvalidTask.as_str().into(),
             detail: detail.to_owned(),
             raw: payload.to_vec().into(),
             source_topic: key.0.clone(),
@@ -320,7 +326,7 @@ impl Scheduler {
             at_ms: now_ms(),
             ..Default::default()
         };
-        metrics::counter!("hookline_dead_lettered_total", "reason" => "invalid_task").increment(1);
+        metrics::counter!("hookline_dead_lettered_total", "reason" => hookline_core::vocabulary::DeadLetterReason::InvalidTask.as_str()).increment(1);
         self.forward(self.topics.dlq(), String::new(), dl.encode_to_vec(), key, done);
     }
 

@@ -276,12 +276,9 @@ pub const EVENT_ENVELOPE_BYTES: usize = 16 << 10;
 
 #[derive(Debug, thiserror::Error)]
 pub enum ConfigError {
-    #[error("reading config file {path}: {source}")]
-    Read {
-        path: String,
-        #[source]
-        source: std::io::Error,
-    },
+    /// The OS error is part of the message and not a `source`, so a chain printer shows it once.
+    #[error("reading config file {path}: {error}")]
+    Read { path: String, error: std::io::Error },
     #[error("config file {path}: {message}")]
     Parse { path: String, message: String },
     #[error("environment variable {var}: {message}")]
@@ -294,15 +291,24 @@ impl Config {
     /// Reads `path` (if given), applies `HOOKLINE_*` overrides from `env`, and validates.
     /// `env` is passed in (usually `std::env::vars()`) so nothing here reads or writes process-global state.
     pub fn load(path: Option<&Path>, env: impl IntoIterator<Item = (String, String)>) -> Result<Self, ConfigError> {
+        Self::load_over(None, path, env)
+    }
+
+    /// `load` with `base` (e.g. `Config::dev`) beneath the file instead of the defaults: what the file and the
+    /// environment set wins, the rest stays as in `base`.
+    pub fn load_over(
+        base: Option<&Config>,
+        path: Option<&Path>,
+        env: impl IntoIterator<Item = (String, String)>,
+    ) -> Result<Self, ConfigError> {
         let (text, origin) = match path {
             Some(p) => (
-                std::fs::read_to_string(p)
-                    .map_err(|source| ConfigError::Read { path: p.display().to_string(), source })?,
+                std::fs::read_to_string(p).map_err(|error| ConfigError::Read { path: p.display().to_string(), error })?,
                 p.display().to_string(),
             ),
             None => (String::new(), "(defaults)".to_owned()),
         };
-        Self::from_toml_with_env(&text, &origin, env)
+        Self::build(base, &text, &origin, env)
     }
 
     pub fn from_toml_with_env(
@@ -310,23 +316,40 @@ impl Config {
         origin: &str,
         env: impl IntoIterator<Item = (String, String)>,
     ) -> Result<Self, ConfigError> {
-        let mut table: toml::Table =
-            toml::from_str(text).map_err(|e| ConfigError::Parse { path: origin.to_owned(), message: e.to_string() })?;
+        Self::build(None, text, origin, env)
+    }
+
+    fn build(
+        base: Option<&Config>,
+        text: &str,
+        origin: &str,
+        env: impl IntoIterator<Item = (String, String)>,
+    ) -> Result<Self, ConfigError> {
+        let parse_err = |e: toml::de::Error| ConfigError::Parse { path: origin.to_owned(), message: with_hint(&e.to_string()) };
+        // Deserialised from the text itself first: then an unknown key or a wrong type is reported with its line.
+        toml::from_str::<Config>(text).map_err(parse_err)?;
+        let file: toml::Table = toml::from_str(text).map_err(parse_err)?;
+        let mut table = match base {
+            Some(b) => toml::Table::try_from(b).map_err(|e| ConfigError::Invalid(format!("base settings: {e}")))?,
+            None => toml::Table::new(),
+        };
+        merge(&mut table, file);
         let mut overrides: Vec<(String, String)> =
             env.into_iter().filter(|(k, _)| k.starts_with("HOOKLINE_") && k.contains("__")).collect();
         overrides.sort();
         for (var, value) in &overrides {
             apply_override(&mut table, var, value)?;
         }
-        let config: Config = table.try_into().map_err(|e: toml::de::Error| ConfigError::Parse {
-            path: if overrides.is_empty() { origin.to_owned() } else { format!("{origin} + HOOKLINE_* overrides") },
-            message: e.to_string(),
-        })?;
+        let config: Config = match table.clone().try_into() {
+            Ok(c) => c,
+            Err(e) => return Err(blame_override(base, text, &overrides).unwrap_or_else(|| parse_err(e))),
+        };
         config.validate()?;
         Ok(config)
     }
 
     pub fn validate(&self) -> Result<(), ConfigError> {
+        check_log_level(&self.telemetry.log_level)?;
         self.kafka.validate().map_err(ConfigError::Invalid)?;
         self.egress.validate().map_err(|e| ConfigError::Invalid(e.to_string()))?;
         self.notify.validate()?;
@@ -405,10 +428,92 @@ fn parse_env_value(value: &str) -> toml::Value {
     struct Wrapper {
         v: toml::Value,
     }
+    // TOML reads `inf` and `nan` as floats; no setting wants those, and `inf` is a likely typo for `info`.
+    if value.trim_start_matches(['+', '-']).eq_ignore_ascii_case("inf") || value.trim_start_matches(['+', '-']).eq_ignore_ascii_case("nan") {
+        return toml::Value::String(value.to_owned());
+    }
     match toml::from_str::<Wrapper>(&format!("v = {value}")) {
         Ok(Wrapper { v: v @ (toml::Value::Integer(_) | toml::Value::Float(_) | toml::Value::Boolean(_) | toml::Value::Array(_)) }) => v,
         _ => toml::Value::String(value.to_owned()),
     }
+}
+
+/// Overlays `top` on `bottom`, table by table.
+fn merge(bottom: &mut toml::Table, top: toml::Table) {
+    for (k, v) in top {
+        match (bottom.get_mut(&k), v) {
+            (Some(toml::Value::Table(b)), toml::Value::Table(t)) => merge(b, t),
+            (_, v) => {
+                bottom.insert(k, v);
+            }
+        }
+    }
+}
+
+/// The first override that makes the settings unreadable, named by its variable (re-applied one at a time).
+fn blame_override(base: Option<&Config>, text: &str, overrides: &[(String, String)]) -> Option<ConfigError> {
+    let mut table = match base {
+        Some(b) => toml::Table::try_from(b).ok()?,
+        None => toml::Table::new(),
+    };
+    merge(&mut table, toml::from_str(text).ok()?);
+    for (var, value) in overrides {
+        apply_override(&mut table, var, value).ok()?;
+        if let Err(e) = table.clone().try_into::<Config>() {
+            return Some(ConfigError::Env { var: var.clone(), message: with_hint(e.message()) });
+        }
+    }
+    None
+}
+
+/// Adds "did you mean `x`?" to serde's "unknown field `y`, expected one of `a`, `b`" when a known key is close.
+fn with_hint(message: &str) -> String {
+    let Some(rest) = message.split("unknown field `").nth(1) else { return message.to_owned() };
+    let Some((unknown, expected)) = rest.split_once('`') else { return message.to_owned() };
+    let known: Vec<&str> = expected.split('`').skip(1).step_by(2).collect();
+    let best = known
+        .iter()
+        .map(|k| (edit_distance(unknown, k), *k))
+        .filter(|(d, k)| *d <= 2.max(k.len() / 4))
+        .min();
+    match best {
+        Some((_, k)) => format!("{}; did you mean `{k}`?", message.trim_end()),
+        None => message.to_owned(),
+    }
+}
+
+/// Levenshtein distance (keys are short).
+fn edit_distance(a: &str, b: &str) -> usize {
+    let b: Vec<char> = b.chars().collect();
+    let mut prev: Vec<usize> = (0..=b.len()).collect();
+    for (i, ca) in a.chars().enumerate() {
+        let mut cur = vec![i + 1];
+        for (j, cb) in b.iter().enumerate() {
+            let sub = prev[j] + usize::from(ca != *cb);
+            cur.push(sub.min(prev[j + 1] + 1).min(cur[j] + 1));
+        }
+        prev = cur;
+    }
+    prev[b.len()]
+}
+
+/// A `telemetry.log_level` filter: what `EnvFilter` accepts, and a bare word only if it is a level (a bare
+/// `inf` would otherwise be read as a target name and silence every log).
+fn check_log_level(filter: &str) -> Result<(), ConfigError> {
+    let invalid = |m: String| Err(ConfigError::Invalid(format!("telemetry.log_level: {m}")));
+    if let Err(e) = tracing_subscriber::EnvFilter::builder().parse(filter) {
+        return invalid(format!("{e} (in {filter:?})"));
+    }
+    const LEVELS: [&str; 6] = ["off", "error", "warn", "info", "debug", "trace"];
+    for d in filter.split(',').map(str::trim).filter(|d| !d.is_empty()) {
+        let bare = !d.contains(['=', '[', ':']);
+        if bare && !LEVELS.iter().any(|l| l.eq_ignore_ascii_case(d)) {
+            return invalid(format!(
+                "{d:?} is not a level (one of off, error, warn, info, debug, trace); to name a target write `{d}=info`"
+            ));
+        }
+    }
+    Ok(())
 }
 
 impl Config {
@@ -529,6 +634,60 @@ mod tests {
     }
 
     #[test]
+    fn a_bad_override_names_its_variable() {
+        let e = Config::from_toml_with_env("", "f", env(&[("HOOKLINE_DISPATCHER__MAX_IN_FLIGHT", "notanumber")])).unwrap_err();
+        let msg = e.to_string();
+        assert!(msg.starts_with("environment variable HOOKLINE_DISPATCHER__MAX_IN_FLIGHT:"), "{msg}");
+        assert!(msg.contains("notanumber"), "{msg}");
+        let e = Config::from_toml_with_env("", "f", env(&[("HOOKLINE_BOGUS__KEY", "1")])).unwrap_err();
+        assert!(e.to_string().starts_with("environment variable HOOKLINE_BOGUS__KEY:"), "{e}");
+        let e = Config::from_toml_with_env("", "f", env(&[("HOOKLINE_DISPATCHER__MAX_INFLIGHT", "5")])).unwrap_err();
+        let msg = e.to_string();
+        assert!(msg.contains("HOOKLINE_DISPATCHER__MAX_INFLIGHT") && msg.contains("did you mean `max_in_flight`?"), "{msg}");
+    }
+
+    #[test]
+    fn an_unknown_file_key_gets_its_line_and_a_suggestion() {
+        let e = Config::from_toml_with_env("[kafka]\nlinger_ms = 1\n\n[dispatcher]\nmax_inflight = 3\n", "f.toml", env(&[])).unwrap_err();
+        let msg = e.to_string();
+        assert!(msg.contains("line 5"), "{msg}");
+        assert!(msg.contains("did you mean `max_in_flight`?"), "{msg}");
+        // Nothing close: no guess.
+        let e = Config::from_toml_with_env("[dispatcher]\nzzzzzzzzzz = 3\n", "f.toml", env(&[])).unwrap_err();
+        assert!(!e.to_string().contains("did you mean"), "{e}");
+    }
+
+    #[test]
+    fn a_missing_file_prints_its_os_error_once() {
+        let e = Config::load(Some(Path::new("/nonexistent/hookline.toml")), env(&[])).unwrap_err();
+        // What a chain printer (anyhow's `{:#}`) shows: the message, then each source.
+        let mut chain = e.to_string();
+        let mut source = std::error::Error::source(&e);
+        while let Some(s) = source {
+            chain.push_str(&format!(": {s}"));
+            source = s.source();
+        }
+        assert!(chain.contains("/nonexistent/hookline.toml"), "{chain}");
+        assert_eq!(chain.matches("No such file").count(), 1, "{chain}");
+    }
+
+    #[test]
+    fn log_levels_are_checked() {
+        for bad in ["inf", "info,warnn", "hookline=loud"] {
+            let text = format!("[telemetry]\nlog_level = {bad:?}\n");
+            let e = Config::from_toml_with_env(&text, "f", env(&[])).unwrap_err();
+            assert!(e.to_string().contains("telemetry.log_level"), "{bad}: {e}");
+        }
+        // `inf` from the environment is not TOML's infinity but a misspelt level.
+        let e = Config::from_toml_with_env("", "f", env(&[("HOOKLINE_TELEMETRY__LOG_LEVEL", "inf")])).unwrap_err();
+        assert!(e.to_string().contains("telemetry.log_level"), "{e}");
+        for good in ["info", "WARN", "hookline_dispatcher=debug,info", "off"] {
+            let text = format!("[telemetry]\nlog_level = {good:?}\n");
+            Config::from_toml_with_env(&text, "f", env(&[])).unwrap_or_else(|e| panic!("{good}: {e}"));
+        }
+    }
+
+    #[test]
     fn http_limits_are_read_checked_and_named() {
         let c = Config::from_toml_with_env(
             "[ingest.http]\nmax_connections = 100\n[dispatcher.health_http]\nheader_read_timeout_ms = 2000\n",
@@ -549,5 +708,21 @@ mod tests {
             let e = Config::from_toml_with_env(text, "f", env(&[])).unwrap_err();
             assert!(e.to_string().contains(key), "{key}: {e}");
         }
+    }
+
+    #[test]
+    fn a_base_stays_beneath_the_file_and_the_environment() {
+        let base = Config::dev("127.0.0.1:9", 2, "dev-token-not-for-production");
+        let dir = std::env::temp_dir().join(format!("hookline-config-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let file = dir.join("c.toml");
+        std::fs::write(&file, "[notify]\nsmtp_addr = \"127.0.0.1:2525\"\n").unwrap();
+        let c = Config::load_over(Some(&base), Some(&file), env(&[("HOOKLINE_DISPATCHER__MAX_IN_FLIGHT", "7")])).unwrap();
+        assert_eq!(c.notify.smtp_addr.as_deref(), Some("127.0.0.1:2525"));
+        assert_eq!(c.dispatcher.max_in_flight, 7);
+        assert_eq!(c.kafka.bootstrap_servers, "127.0.0.1:9");
+        assert!(c.egress.allow_http);
+        assert_eq!(c.kafka.partitions, 2);
+        let _ = std::fs::remove_dir_all(&dir);
     }
 }

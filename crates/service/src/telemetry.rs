@@ -16,7 +16,12 @@ pub fn init(settings: &TelemetrySettings) -> PrometheusHandle {
     let _ = match settings.log_format {
         // Logs go to stderr: stdout belongs to command output (the CLI's JSON lines).
         LogFormat::Json => tracing_subscriber::fmt().json().with_writer(std::io::stderr).with_env_filter(filter).try_init(),
-        LogFormat::Pretty => tracing_subscriber::fmt().with_writer(std::io::stderr).with_env_filter(filter).try_init(),
+        // Colour only for a person at a terminal: escapes in a file or a pipe are noise.
+        LogFormat::Pretty => tracing_subscriber::fmt()
+            .with_writer(std::io::stderr)
+            .with_ansi(std::io::IsTerminal::is_terminal(&std::io::stderr()))
+            .with_env_filter(filter)
+            .try_init(),
     };
     metrics_handle()
 }

@@ -4,6 +4,7 @@
 
 use std::collections::{HashMap, HashSet};
 use std::net::SocketAddr;
+use std::path::PathBuf;
 use std::process::ExitCode;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
@@ -14,6 +15,8 @@ use axum::response::IntoResponse;
 use axum::routing::post;
 use bytes::Bytes;
 use hookline_core::model::AttemptRecord;
+use hookline_core::policy::SignatureScheme;
+use hookline_core::sign;
 use hookline_kafka::mock::DevBroker;
 use hookline_kafka::Topics;
 use http_body_util::{BodyExt, Full};
@@ -24,96 +27,244 @@ use serde_json::{json, Value};
 use tokio_util::sync::CancellationToken;
 
 const DEV_TOKEN: &str = "dev-token-not-for-production";
+/// The secret the printed commands give their subscriptions, so the dev receiver can check every signature.
+const DEV_SECRET: &str = "whsec_aG9va2xpbmUtZGV2LXNlY3JldC1ub3QtZm9yLXByb2Q=";
+/// A tracing target the services log the egress allow-list warnings under; dev shows them in its banner instead.
+const EGRESS_WARNINGS_TARGET: &str = "hookline::egress_allow";
 
 #[derive(clap::Args)]
 pub struct DevArgs {
     /// Create demo subscriptions, publish this many events, report totals and exit.
     #[arg(long, value_parser = clap::value_parser!(u32).range(1..=1_000_000))]
     demo: Option<u32>,
-    /// Port of the HTTP API (0 picks a free one).
+    /// Port of the HTTP API on 127.0.0.1 (0 picks a free one; `ingest.listen_addr` is not used in dev mode).
     #[arg(long, default_value_t = 8080)]
     port: u16,
-    /// Partitions of every topic on the embedded broker.
+    /// Partitions of every topic on the embedded broker (sets `kafka.partitions` and `kafka.event_partitions`).
     #[arg(long, default_value_t = 4, value_parser = clap::value_parser!(i32).range(1..=256))]
     partitions: i32,
-    /// Log level (`warn`, `info`, `debug`).
-    #[arg(long, default_value = "warn")]
-    log: String,
+    /// Log filter (`warn`, `info`, `debug`, ...); default: the config's `telemetry.log_level` (`warn` in dev).
+    #[arg(long)]
+    log: Option<String>,
     /// Seconds the demo waits for every delivery to reach a final state.
     #[arg(long, default_value_t = 90, value_parser = clap::value_parser!(u64).range(1..=86_400))]
     demo_timeout_s: u64,
+    /// A config file (TOML), read as the services read it but over dev mode's defaults (embedded broker, dev token,
+    /// loopback receivers allowed); `HOOKLINE_<SECTION>__<KEY>` variables override both. E.g. `[notify]` to try
+    /// owner e-mail. `kafka.bootstrap_servers` is always the embedded broker.
+    #[arg(long, env = "HOOKLINE_CONFIG", value_name = "FILE")]
+    config: Option<PathBuf>,
 }
 
 pub fn run(args: DevArgs) -> anyhow::Result<ExitCode> {
-    let topics = Topics::new("hookline.");
-    let broker = DevBroker::start(&topics, args.partitions, args.partitions)?;
+    // The same reading as the services, so what they would reject is rejected here too, before anything starts.
+    let base = hookline_service::Config::dev("127.0.0.1:9092", args.partitions, DEV_TOKEN);
+    let mut config = hookline_service::Config::load_over(Some(&base), args.config.as_deref(), std::env::vars())?;
+    if let Some(level) = &args.log {
+        config.telemetry.log_level = level.clone();
+        config.validate()?;
+    }
+    let topics = Topics::new(config.kafka.topic_prefix.clone());
+    let broker = DevBroker::start(&topics, config.kafka.partitions, config.kafka.event_partitions)?;
+    config.kafka.bootstrap_servers = broker.bootstrap_servers();
     let rt = tokio::runtime::Builder::new_multi_thread().enable_all().build()?;
-    let result = rt.block_on(dev(args, &broker));
+    let result = rt.block_on(dev(args, config));
     // Every Kafka client lives in the runtime: stop them all before the broker goes away.
     rt.shutdown_timeout(Duration::from_secs(5));
     drop(broker);
     result
 }
 
-async fn dev(args: DevArgs, broker: &DevBroker) -> anyhow::Result<ExitCode> {
-    eprintln!("\n  ┌────────────────────────────────────────────────────────────────────────────┐");
-    eprintln!("  │ hookline dev: EMBEDDED IN-MEMORY BROKER (librdkafka mock cluster).         │");
-    eprintln!("  │ For trying hookline only: nothing persists, no compaction, tiny partitions, │");
-    eprintln!("  │ and loopback http receivers are allowed. Never run this in production.     │");
-    eprintln!("  └────────────────────────────────────────────────────────────────────────────┘\n");
-    let mut config = hookline_service::Config::dev(&broker.bootstrap_servers(), args.partitions, DEV_TOKEN);
-    config.ingest.listen_addr = SocketAddr::from(([127, 0, 0, 1], if args.demo.is_some() { 0 } else { args.port }));
-    config.telemetry.log_level = args.log.clone();
-    hookline_service::telemetry::init(&config.telemetry);
+/// The warning box, sized to its longest line.
+fn banner(warnings: &[String]) -> String {
+    let mut lines = vec![
+        "hookline dev: EMBEDDED IN-MEMORY BROKER (librdkafka mock cluster).".to_owned(),
+        "For trying hookline only: nothing persists, no compaction, tiny partitions.".to_owned(),
+        "Never run this in production.".to_owned(),
+    ];
+    if !warnings.is_empty() {
+        lines.push(String::new());
+        lines.extend(warnings.iter().map(|w| format!("- {w}")));
+    }
+    // Long warnings are wrapped at word boundaries so the box stays readable in an 80-column terminal.
+    let mut wrapped = Vec::new();
+    for line in lines {
+        let mut cur = String::new();
+        for word in line.split(' ') {
+            if !cur.is_empty() && cur.chars().count() + 1 + word.chars().count() > 76 {
+                wrapped.push(std::mem::take(&mut cur));
+                cur.push_str("  ");
+            }
+            if !cur.is_empty() && !cur.ends_with("  ") {
+                cur.push(' ');
+            }
+            cur.push_str(word);
+        }
+        wrapped.push(cur);
+    }
+    let width = wrapped.iter().map(|l| l.chars().count()).max().unwrap_or(0);
+    let mut out = format!("\n  ┌{}┐\n", "─".repeat(width + 2));
+    for l in &wrapped {
+        out.push_str(&format!("  │ {l}{} │\n", " ".repeat(width - l.chars().count())));
+    }
+    out.push_str(&format!("  └{}┘\n", "─".repeat(width + 2)));
+    out
+}
 
+type Service = tokio::task::JoinHandle<anyhow::Result<()>>;
+
+/// Why a service stopped before it was ready, in the user's words where we know them.
+async fn start_failure(name: &str, handle: Service) -> anyhow::Error {
+    match handle.await {
+        Ok(Err(e)) => match e.downcast_ref::<hookline_ingest::IngestError>() {
+            Some(hookline_ingest::IngestError::Listen { addr, source }) if source.kind() == std::io::ErrorKind::AddrInUse => {
+                anyhow::anyhow!("{addr} is in use; pass --port 0 for any free port")
+            }
+            _ => e.context(format!("{name} failed to start")),
+        },
+        Ok(Ok(())) => anyhow::anyhow!("{name} stopped while starting"),
+        Err(e) => anyhow::anyhow!("{name} failed to start: {e}"),
+    }
+}
+
+async fn dev(args: DevArgs, mut config: hookline_service::Config) -> anyhow::Result<ExitCode> {
+    let warnings = hookline_core::egress::EgressGuard::new(&config.egress, &Default::default())
+        .map(|g| g.startup_warnings())
+        .unwrap_or_default();
+    eprint!("{}", banner(&warnings));
+    eprintln!();
+    config.ingest.listen_addr = SocketAddr::from(([127, 0, 0, 1], if args.demo.is_some() { 0 } else { args.port }));
+    let token = config
+        .ingest
+        .api_tokens
+        .first()
+        .cloned()
+        .ok_or_else(|| anyhow::anyhow!("ingest.api_tokens is empty: dev mode needs a token for its commands"))?;
+    // The banner has shown the allow-list warnings once; the services would log them again, each.
+    let mut telemetry = config.telemetry.clone();
+    telemetry.log_level = format!("{},{EGRESS_WARNINGS_TARGET}=off", telemetry.log_level);
+    hookline_service::telemetry::init(&telemetry);
+
+    let started = Instant::now();
     let shutdown = CancellationToken::new();
     let (bound_tx, bound_rx) = tokio::sync::oneshot::channel();
-    let ingest = tokio::spawn(hookline_ingest::run(
-        config.clone(),
-        shutdown.clone(),
-        hookline_ingest::Options { bound: Some(bound_tx), ..Default::default() },
-    ));
-    let dispatcher = tokio::spawn(hookline_dispatcher::run(config.clone(), shutdown.clone(), Default::default()));
-    let scheduler = tokio::spawn(hookline_retry_scheduler::run(config.clone(), shutdown.clone(), Default::default()));
-    let api = bound_rx.await.map_err(|_| anyhow::anyhow!("ingest failed to start (see the log above)"))?;
+    let ready = [hookline_service::Readiness::default(), Default::default(), Default::default()];
+    let ingest: Service = tokio::spawn({
+        let options = hookline_ingest::Options { bound: Some(bound_tx), readiness: ready[0].clone(), ..Default::default() };
+        let run = hookline_ingest::run(config.clone(), shutdown.clone(), options);
+        async move { Ok(run.await?) }
+    });
+    let dispatcher: Service = tokio::spawn({
+        let options = hookline_dispatcher::Options { readiness: ready[1].clone(), ..Default::default() };
+        let run = hookline_dispatcher::run(config.clone(), shutdown.clone(), options);
+        async move { Ok(run.await?) }
+    });
+    let scheduler: Service = tokio::spawn({
+        let options = hookline_retry_scheduler::Options { readiness: ready[2].clone(), ..Default::default() };
+        let run = hookline_retry_scheduler::run(config.clone(), shutdown.clone(), options);
+        async move { Ok(run.await?) }
+    });
+    let api = match bound_rx.await {
+        Ok(api) => api,
+        Err(_) => {
+            shutdown.cancel();
+            return Err(start_failure("ingest", ingest).await);
+        }
+    };
+    // "Running" means an event published now is delivered now: every consumer group has its partitions and every
+    // table is read (joining a group alone takes the mock broker about 3 s).
+    let names = ["ingest", "dispatcher", "retry-scheduler"];
+    let mut handles = [Some(ingest), Some(dispatcher), Some(scheduler)];
+    loop {
+        if ready.iter().all(hookline_service::Readiness::is_ready) {
+            break;
+        }
+        for (i, h) in handles.iter_mut().enumerate() {
+            if h.as_ref().is_some_and(|h| h.is_finished()) {
+                shutdown.cancel();
+                let h = h.take().expect("checked");
+                return Err(start_failure(names[i], h).await);
+            }
+        }
+        if started.elapsed() > Duration::from_secs(120) {
+            let waiting: Vec<&str> = names.iter().zip(&ready).filter(|(_, r)| !r.is_ready()).map(|(n, _)| *n).collect();
+            shutdown.cancel();
+            anyhow::bail!("not ready after 120 s: {} still waiting for its consumer group or tables", waiting.join(", "));
+        }
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
     let receiver = Receiver::start(args.demo.is_none()).await?;
 
     let code = match args.demo {
-        Some(n) => demo(n, api, &receiver, &config, Duration::from_secs(args.demo_timeout_s)).await?,
+        Some(n) => demo(n, api, &token, &receiver, &config, Duration::from_secs(args.demo_timeout_s)).await?,
         None => {
-            print_welcome(api, &broker.bootstrap_servers(), receiver.addr);
+            print_welcome(&Welcome {
+                api,
+                token: &token,
+                bootstrap: &config.kafka.bootstrap_servers,
+                receiver: receiver.addr,
+                ready_s: started.elapsed().as_secs_f64(),
+                since_ms: hookline_service::now_ms(),
+            });
             let _ = tokio::signal::ctrl_c().await;
             ExitCode::SUCCESS
         }
     };
     shutdown.cancel();
     let _ = tokio::time::timeout(Duration::from_secs(10), async {
-        let _ = ingest.await;
-        let _ = dispatcher.await;
-        let _ = scheduler.await;
+        for h in handles.into_iter().flatten() {
+            let _ = h.await;
+        }
     })
     .await;
     Ok(code)
 }
 
-fn print_welcome(api: SocketAddr, bootstrap: &str, receiver: SocketAddr) {
-    println!("hookline is running.");
-    println!("  API:              http://{api}   (token: {DEV_TOKEN})");
-    println!("  portal:           http://{api}/portal   (sign in with the token above)");
-    println!("  broker:           {bootstrap}");
-    println!("  demo receiver:    http://{receiver}/ok  (prints every webhook it gets)");
-    println!("                    also /slow /flaky /ratelimited /gone /failing, and /switch: 500 or 204 as set by");
-    println!("                    `curl -X POST http://{receiver}/switch/control -d fail` (or `-d ok`)");
+struct Welcome<'a> {
+    api: SocketAddr,
+    token: &'a str,
+    bootstrap: &'a str,
+    receiver: SocketAddr,
+    ready_s: f64,
+    since_ms: i64,
+}
+
+/// What a newcomer needs: addresses, and commands to paste in order (tests/dev_tour.rs runs every `curl` line).
+fn print_welcome(w: &Welcome<'_>) {
+    let Welcome { api, token, bootstrap, receiver, ready_s, since_ms } = *w;
+    let sub = hookline_core::model::keyed_subscription_id("dev-tour-ok");
+    let gone = hookline_core::model::keyed_subscription_id("dev-tour-gone");
+    let dead = hookline_core::model::delivery_id("evt_2", &gone);
+    println!("hookline is running (ready in {ready_s:.1} s).");
     println!();
-    println!("Create a subscription:");
-    println!(
-        "  curl -s -X POST http://{api}/v1/subscriptions -H 'Authorization: Bearer {DEV_TOKEN}' -H 'Content-Type: application/json' \\\n    -d '{{\"url\":\"http://{receiver}/ok\",\"event_types\":[\"order.*\"],\"policy\":\"standard\"}}'"
-    );
-    println!("Publish an event:");
-    println!(
-        "  curl -s -X POST http://{api}/v1/events -H 'Authorization: Bearer {DEV_TOKEN}' -H 'Content-Type: application/json' \\\n    -d '{{\"id\":\"evt_1\",\"type\":\"order.created\",\"data\":{{\"total\":42}}}}'"
-    );
-    println!("Then watch this terminal (the receiver prints the delivery) or the portal. Ctrl-C stops everything.");
+    println!("  API       http://{api}   token: {token}");
+    println!("  portal    http://{api}/portal/#token={token}   (signs you in; dev mode only)");
+    println!("  broker    {bootstrap}");
+    println!("  receiver  http://{receiver}/ok answers 204 and prints each webhook, the status it answered and whether");
+    println!("            the signature verified with the dev secret; also /slow /flaky /ratelimited /gone /failing and");
+    println!("            /switch (500 or 204, set with: curl -s -X POST $RECEIVER/switch/control -d fail   or -d ok)");
+    println!();
+    println!("In another terminal, paste these in order (docs/api.md explains each call):");
+    println!();
+    println!("export HL=http://{api} AUTH='Authorization: Bearer {token}' JSON='Content-Type: application/json' RECEIVER=http://{receiver} SECRET={DEV_SECRET}");
+    println!("export SUB={sub} GONE={gone} DEAD={dead}");
+    println!("# a subscription (its endpoint answers 204), and an event for it");
+    println!(r#"curl -s -X POST $HL/v1/subscriptions -H "$AUTH" -H "$JSON" -H 'Idempotency-Key: dev-tour-ok' -d '{{"url":"'$RECEIVER'/ok","event_types":["order.*"],"policy":"standard","secret":"'$SECRET'"}}'"#);
+    println!(r#"curl -s -X POST $HL/v1/events -H "$AUTH" -H "$JSON" -d '{{"id":"evt_1","type":"order.created","data":{{"total":42}}}}'"#);
+    println!("# its delivery log");
+    println!(r#"curl -s $HL/v1/subscriptions/$SUB/deliveries -H "$AUTH""#);
+    println!("# a subscription whose endpoint answers 410 (fynapse: dead at once), an event for it, that delivery, replay it");
+    println!(r#"curl -s -X POST $HL/v1/subscriptions -H "$AUTH" -H "$JSON" -H 'Idempotency-Key: dev-tour-gone' -d '{{"url":"'$RECEIVER'/gone","event_types":["invoice.*"],"policy":"fynapse","secret":"'$SECRET'"}}'"#);
+    println!(r#"curl -s -X POST $HL/v1/events -H "$AUTH" -H "$JSON" -d '{{"id":"evt_2","type":"invoice.created","data":{{"total":7}}}}'"#);
+    println!(r#"curl -s $HL/v1/deliveries/$DEAD -H "$AUTH""#);
+    println!(r#"curl -s -X POST $HL/v1/deliveries/$DEAD/replay -H "$AUTH""#);
+    println!("# replay everything sent to $SUB since hookline started");
+    println!(r#"curl -s -X POST $HL/v1/subscriptions/$SUB/replay -H "$AUTH" -H "$JSON" -d '{{"since_ms":{since_ms}}}'"#);
+    println!("# pause and resume it");
+    println!(r#"curl -s -X POST $HL/v1/subscriptions/$SUB/pause -H "$AUTH""#);
+    println!(r#"curl -s -X POST $HL/v1/subscriptions/$SUB/resume -H "$AUTH""#);
+    println!();
+    println!("Watch this terminal (the receiver prints each delivery) or the portal. Ctrl-C stops everything.");
 }
 
 /// The local receiver. Behaviour per path: `ok` 204; `slow` 200 after 200 ms; `flaky` 503 on the first try of
@@ -143,18 +294,15 @@ impl Receiver {
     }
 }
 
-async fn receive(State(s): State<Arc<ReceiverState>>, Path(b): Path<String>, headers: HeaderMap, body: Bytes) -> impl IntoResponse {
+async fn receive(State(s): State<Arc<ReceiverState>>, Path(b): Path<String>, headers: HeaderMap, body: Bytes) -> axum::response::Response {
     let id = headers
         .get("webhook-id")
         .or_else(|| headers.get("gauge-event-id"))
         .and_then(|v| v.to_str().ok())
         .unwrap_or("")
         .to_owned();
-    if s.print {
-        println!("webhook received on /{b}: webhook-id={id} {}", String::from_utf8_lossy(&body));
-    }
-    let first = s.seen.lock().expect("receiver lock").insert((b.clone(), id));
-    match b.as_str() {
+    let first = s.seen.lock().expect("receiver lock").insert((b.clone(), id.clone()));
+    let response = match b.as_str() {
         "ok" => StatusCode::NO_CONTENT.into_response(),
         "slow" => {
             tokio::time::sleep(Duration::from_millis(200)).await;
@@ -169,6 +317,32 @@ async fn receive(State(s): State<Arc<ReceiverState>>, Path(b): Path<String>, hea
         }
         "switch" => StatusCode::NO_CONTENT.into_response(),
         _ => StatusCode::OK.into_response(),
+    };
+    if s.print {
+        println!(
+            "webhook on /{b} → answered {}, {}: webhook-id={id} {}",
+            response.status().as_u16(),
+            signature_check(&headers, &body),
+            String::from_utf8_lossy(&body)
+        );
+    }
+    response
+}
+
+/// `✓ signature`, or `✗ signature: <why>` (checked with the dev secret, as a receiver would, by `hookline_core::sign`).
+fn signature_check(headers: &HeaderMap, body: &[u8]) -> String {
+    let list: Vec<(String, String)> =
+        headers.iter().filter_map(|(k, v)| Some((k.as_str().to_owned(), v.to_str().ok()?.to_owned()))).collect();
+    let secrets = [DEV_SECRET];
+    let now = hookline_service::now_ms();
+    let result = match sign::detect_scheme(list.as_slice()) {
+        Some(SignatureScheme::StandardWebhooks) => sign::verify_standard(&secrets, list.as_slice(), body, now, 300),
+        Some(SignatureScheme::Gauge) => sign::verify_gauge(&secrets, list.as_slice(), body, now, 300),
+        _ => return "✗ signature: none sent".into(),
+    };
+    match result {
+        Ok(_) => "✓ signature".into(),
+        Err(e) => format!("✗ signature: {e} (with the dev secret; was the subscription created with another?)"),
     }
 }
 
@@ -188,7 +362,7 @@ struct Totals {
     retried: HashSet<String>,
 }
 
-async fn demo(n: u32, api: SocketAddr, receiver: &Receiver, config: &hookline_service::Config, timeout: Duration) -> anyhow::Result<ExitCode> {
+async fn demo(n: u32, api: SocketAddr, token: &str, receiver: &Receiver, config: &hookline_service::Config, timeout: Duration) -> anyhow::Result<ExitCode> {
     let client: Client<HttpConnector, Full<Bytes>> = Client::builder(TokioExecutor::new()).build_http();
     let r = receiver.addr;
     // A policy with one-second waits, so the demo's failing endpoint reaches its final state quickly.
@@ -205,11 +379,11 @@ async fn demo(n: u32, api: SocketAddr, receiver: &Receiver, config: &hookline_se
         json!({"url": format!("http://{r}/slow"), "event_types": ["order.*"], "policy": "gauge", "description": "answers after 200 ms"}),
         json!({"url": format!("http://{r}/flaky"), "event_types": ["order.*"], "policy": "relay", "description": "503 first, retried after 2 s"}),
         json!({"url": format!("http://{r}/ratelimited"), "event_types": ["order.*"], "policy": "standard", "description": "429 Retry-After: 1 first"}),
-        json!({"url": format!("http://{r}/gone"), "event_types": ["order.*"], "policy": "fynapse", "description": "410: DEAD_LETTER at once"}),
+        json!({"url": format!("http://{r}/gone"), "event_types": ["order.*"], "policy": "fynapse", "description": "410: dead at once (Fynapse calls it DEAD_LETTER)"}),
         json!({"url": format!("http://{r}/failing"), "event_types": ["order.*"], "policy_toml": quick_toml, "description": "500 always: failed after 3 attempts"}),
     ];
     for s in &subs {
-        let (status, body) = call(&client, api, "/v1/subscriptions", s).await?;
+        let (status, body) = call(&client, api, token, "/v1/subscriptions", s).await?;
         anyhow::ensure!(status == 201, "creating a demo subscription failed: {status} {body}");
         eprintln!("subscription {} → {}", body["id"].as_str().unwrap_or("?"), s["description"].as_str().unwrap_or(""));
     }
@@ -244,9 +418,10 @@ async fn demo(n: u32, api: SocketAddr, receiver: &Receiver, config: &hookline_se
     for i in 0..n {
         let permit = sem.clone().acquire_owned().await?;
         let client = client.clone();
+        let token = token.to_owned();
         publishes.push(tokio::spawn(async move {
             let ev = json!({"id": format!("evt_demo_{i}"), "type": "order.created", "data": {"order": i, "total_cents": 1299}});
-            let r = call(&client, api, "/v1/events", &ev).await;
+            let r = call(&client, api, &token, "/v1/events", &ev).await;
             drop(permit);
             r
         }));
@@ -273,26 +448,22 @@ async fn demo(n: u32, api: SocketAddr, receiver: &Receiver, config: &hookline_se
     let t = totals.lock().expect("totals lock");
     let count = |s: &str| t.finals.values().filter(|v| v.as_str() == s).count();
     let lost = expected.saturating_sub(t.finals.len());
+    // Keys in the README's order (serde_json would sort them); the final states in the API's words.
     println!(
-        "{}",
-        json!({
-            "events": n,
-            "deliveries": expected,
-            "delivered": count("succeeded"),
-            "retried": t.retried.len(),
-            "dead_lettered": count("dead"),
-            "failed": count("failed"),
-            "cancelled": count("cancelled"),
-            "lost": lost,
-            "seconds": (started.elapsed().as_secs_f64() * 10.0).round() / 10.0,
-        })
+        "{{\"events\":{n},\"deliveries\":{expected},\"succeeded\":{},\"retried\":{},\"failed\":{},\"dead\":{},\"cancelled\":{},\"lost\":{lost},\"seconds\":{:.1}}}",
+        count("succeeded"),
+        t.retried.len(),
+        count("failed"),
+        count("dead"),
+        count("cancelled"),
+        started.elapsed().as_secs_f64(),
     );
     Ok(if lost == 0 { ExitCode::SUCCESS } else { ExitCode::FAILURE })
 }
 
-async fn call(client: &Client<HttpConnector, Full<Bytes>>, api: SocketAddr, path: &str, body: &Value) -> anyhow::Result<(u16, Value)> {
+async fn call(client: &Client<HttpConnector, Full<Bytes>>, api: SocketAddr, token: &str, path: &str, body: &Value) -> anyhow::Result<(u16, Value)> {
     let req = http::Request::post(format!("http://{api}{path}"))
-        .header("authorization", format!("Bearer {DEV_TOKEN}"))
+        .header("authorization", format!("Bearer {token}"))
         .header("content-type", "application/json")
         .body(Full::new(Bytes::from(serde_json::to_vec(body)?)))?;
     let resp = client.request(req).await?;

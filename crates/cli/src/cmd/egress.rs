@@ -13,13 +13,16 @@ use hookline_core::egress::{EgressGuard, EgressSettings, Refusal};
 use hookline_core::policy::{self, Policy};
 use hookline_dispatcher::connector::{resolve_target, SystemResolver};
 
+use super::output::Format;
+
 const CHECK_ABOUT: &str = "\
 Judge URLs the way the dispatcher does before every attempt, without sending anything: parse each URL (WHATWG),
 refuse disallowed schemes, user info, bad ports and blocked host names, resolve the host with the system
 resolver, and refuse it if ANY address is non-public (IANA special-purpose ranges, IPv4 embedded in IPv6, cloud
 metadata addresses) or in a denied range.
 
-Prints one JSON line per URL and exits 0, whatever the verdicts:
+On a terminal, prints a table (URL, verdict, the attempt's outcome, addresses, reason). When stdout is not a
+terminal, or with --json, one JSON line per URL. Exits 0, whatever the verdicts:
   {\"url\":\"https://10.0.0.7/\",\"allowed\":false,\"reason\":\"10.0.0.7 is private (RFC 1918)\",
    \"addresses\":[],\"outcome\":\"egress_refused\"}
 `outcome` is what a delivery attempt would record: egress_refused, invalid_url, or connect_error when the name
@@ -64,6 +67,9 @@ pub struct CheckArgs {
     /// How long to wait for each name to resolve.
     #[arg(long, value_name = "SECONDS", default_value = "5", value_parser = super::numbers::seconds_up_to(3600.0))]
     resolve_timeout: Duration,
+
+    #[command(flatten)]
+    output: super::output::OutputArgs,
 }
 
 pub fn run(cmd: EgressCmd) -> anyhow::Result<ExitCode> {
@@ -105,9 +111,14 @@ fn check(args: CheckArgs) -> anyhow::Result<ExitCode> {
     let rt = tokio::runtime::Builder::new_current_thread().enable_all().build()?;
     let stdout = std::io::stdout();
     let mut out = stdout.lock();
-    for url in &args.urls {
-        let verdict = rt.block_on(judge(&guard, url, timeout));
-        writeln!(out, "{}", serde_json::to_string(&verdict)?)?;
+    let verdicts: Vec<Verdict<'_>> = args.urls.iter().map(|url| rt.block_on(judge(&guard, url, timeout))).collect();
+    match args.output.format() {
+        Format::Json => {
+            for v in &verdicts {
+                writeln!(out, "{}", serde_json::to_string(v)?)?;
+            }
+        }
+        Format::Human => out.write_all(verdict_table(&verdicts).as_bytes())?,
     }
     out.flush()?;
     // A lookup that timed out still occupies a blocking thread; do not wait for it on the way out.
@@ -124,6 +135,21 @@ struct Verdict<'a> {
     addresses: Vec<IpAddr>,
     /// What a delivery attempt would record: `egress_refused`, `invalid_url`, `connect_error`; null if allowed.
     outcome: Option<String>,
+}
+
+fn verdict_table(verdicts: &[Verdict<'_>]) -> String {
+    let mut rows = vec![["url", "verdict", "outcome", "addresses", "reason"].map(String::from).to_vec()];
+    for v in verdicts {
+        let addresses: Vec<String> = v.addresses.iter().map(IpAddr::to_string).collect();
+        rows.push(vec![
+            v.url.to_owned(),
+            if v.allowed { "allowed" } else { "refused" }.to_owned(),
+            v.outcome.clone().unwrap_or_else(|| "-".into()),
+            if addresses.is_empty() { "-".into() } else { addresses.join(" ") },
+            v.reason.clone().unwrap_or_else(|| "-".into()),
+        ]);
+    }
+    super::output::table(&rows)
 }
 
 /// The same steps as `connector::precheck`, keeping the addresses for the report when a check fails.

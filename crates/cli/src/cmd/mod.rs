@@ -5,6 +5,8 @@ pub mod dev;
 pub mod dev_broker;
 pub mod egress;
 pub mod numbers;
+/// Not a subcommand: the human-or-JSON output the listing commands share.
+pub mod output;
 pub mod policy;
 pub mod soak;
 pub mod topics;

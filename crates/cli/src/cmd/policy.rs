@@ -10,6 +10,8 @@ use hookline_core::policy::{self, Policy, PolicyError, BUILTIN_NAMES, DEFAULT_PR
 use hookline_core::simulate;
 use hookline_core::Outcome;
 
+use super::output::{duration_ms, table, Format};
+
 #[derive(clap::Subcommand)]
 pub enum PolicyCmd {
     /// List the built-in profiles, one line each.
@@ -24,7 +26,8 @@ pub enum PolicyCmd {
         /// Path to a policy TOML file (a built-in profile name is accepted too).
         file: String,
     },
-    /// Show what a policy does with a sequence of responses: one JSON line per HTTP try, then the delivery's fate.
+    /// Show what a policy does with a sequence of responses: a timeline on a terminal, else one JSON line per HTTP
+    /// try, then the delivery's fate.
     #[command(after_help = SIMULATE_HELP)]
     Simulate(SimulateArgs),
 }
@@ -39,7 +42,8 @@ Each RESPONSE is one HTTP try's outcome, used in order; the last one repeats whe
 The simulated clock starts at t = 0 with the first attempt; an HTTP-date is read against a wall clock of
 2026-01-01T00:00:00Z at t = 0. A try takes no time, except a timeout, which lasts the policy's timeout.
 
-Output, one line per try:
+On a terminal: an aligned timeline (attempt, when, outcome, verdict, the wait before the next try, the rule that
+decided and why). When stdout is not a terminal, or with --json, one JSON line per try:
   {\"attempt\":1,\"try\":1,\"at_s\":0,\"outcome\":\"503\",\"verdict\":\"retry\",\"counts_toward_disable\":true,
    \"next_delay_s\":60,\"next_delay_min_s\":60,\"next_delay_max_s\":60,...}
 then {\"final\":\"failed\",\"status\":\"failed\",\"attempts\":6}. `final` is succeeded, failed or dead; `status` is the
@@ -59,6 +63,8 @@ pub struct SimulateArgs {
     /// Outcomes of successive tries (see below).
     #[arg(value_name = "RESPONSE", required = true, value_parser = parse_response)]
     responses: Vec<Outcome>,
+    #[command(flatten)]
+    output: super::output::OutputArgs,
 }
 
 fn parse_response(arg: &str) -> Result<Outcome, String> {
@@ -120,11 +126,64 @@ fn run_simulation(args: &SimulateArgs) -> anyhow::Result<ExitCode> {
     let policy = load(&args.policy)?;
     let lines = simulate::simulate(&policy, &args.responses, args.seed);
     let mut out = std::io::BufWriter::new(std::io::stdout().lock());
-    for line in &lines {
-        writeln!(out, "{}", line.to_json())?;
+    match args.output.format() {
+        Format::Json => {
+            for line in &lines {
+                writeln!(out, "{}", line.to_json())?;
+            }
+        }
+        Format::Human => out.write_all(timeline(&policy, &lines).as_bytes())?,
     }
     out.flush()?;
     Ok(ExitCode::SUCCESS)
+}
+
+/// The simulation for a person: one aligned row per try, then the fate in words.
+fn timeline(policy: &Policy, lines: &[simulate::Line]) -> String {
+    let mut rows = vec![["attempt", "at", "outcome", "verdict", "next in", "rule", "why"].map(String::from).to_vec()];
+    let mut fate = String::new();
+    let s = |v: simulate::Seconds| duration_ms(v.0);
+    for line in lines {
+        match line {
+            simulate::Line::Try(t) => {
+                let rule = policy.classify.get(t.rule);
+                let mut why: Vec<String> = Vec::new();
+                if let Some(note) = rule.map(|r| r.note.as_str()).filter(|n| !n.is_empty()) {
+                    why.push(note.to_owned());
+                }
+                if t.counts_toward_disable {
+                    why.push("counts toward disable".into());
+                }
+                let next = match (t.next_delay_s, t.next_delay_min_s, t.next_delay_max_s) {
+                    (Some(d), Some(lo), Some(hi)) if lo != hi => format!("{} ({}–{})", s(d), s(lo), s(hi)),
+                    (Some(d), _, _) => s(d),
+                    _ => "-".into(),
+                };
+                if t.next_delay_s.is_none() && t.verdict == "retry" {
+                    why.push(format!("nothing left to try: {}", t.status));
+                } else if t.next_delay_s.is_none() && t.verdict == "terminal" {
+                    why.push(format!("ends the delivery: {}", t.status));
+                }
+                let attempt = if t.try_no > 1 { format!("{}.{}", t.attempt, t.try_no) } else { t.attempt.to_string() };
+                rows.push(vec![
+                    attempt,
+                    s(t.at_s),
+                    t.outcome.clone(),
+                    t.verdict.to_owned(),
+                    next,
+                    rule.map_or_else(|| format!("#{}", t.rule), |r| r.when.join(" ")),
+                    why.join("; "),
+                ]);
+            }
+            simulate::Line::Final(f) => {
+                let word = if f.status == f.final_state { String::new() } else { format!(" (the profile says {})", f.status) };
+                let plural = if f.attempts == 1 { "" } else { "s" };
+                fate = format!("{}{word} after {} attempt{plural}\n", f.final_state, f.attempts);
+            }
+        }
+    }
+    let legend = if rows.iter().any(|r| r[0].contains('.')) { "(1.2: attempt 1, try 2, a micro-retry inside the attempt)\n" } else { "" };
+    format!("policy {}\n\n{}{legend}\n{fate}", policy.name, table(&rows))
 }
 
 /// `--policy`: a built-in name first (a file called `gauge` in the working directory does not shadow it), else a

@@ -11,16 +11,25 @@ use rdkafka::admin::{AdminClient, AdminOptions, NewTopic, TopicReplication};
 use rdkafka::client::DefaultClientContext;
 use rdkafka::types::RDKafkaErrorCode;
 
+use super::output::{duration_ms, table, Format};
+
 #[derive(clap::Subcommand)]
 pub enum TopicsCmd {
-    /// Print every topic with its partitions and cleanup policy, without touching a cluster.
+    /// Print every topic with its partitions and cleanup policy, without touching a cluster: a table on a
+    /// terminal, else JSON lines.
     List {
-        #[arg(long, env = "HOOKLINE_CONFIG")]
+        /// The config file (TOML) whose `[kafka]` table sets the topic prefix and partition counts;
+        /// `HOOKLINE_KAFKA__*` variables override it.
+        #[arg(long, env = "HOOKLINE_CONFIG", value_name = "FILE")]
         config: Option<PathBuf>,
+        #[command(flatten)]
+        output: super::output::OutputArgs,
     },
     /// Create every topic (existing ones are left as they are). Uses the config's `[kafka]` table.
     Create {
-        #[arg(long, env = "HOOKLINE_CONFIG")]
+        /// The config file (TOML) whose `[kafka]` table names the cluster, its security settings and the topics'
+        /// prefix and partition counts; `HOOKLINE_KAFKA__*` variables override it.
+        #[arg(long, env = "HOOKLINE_CONFIG", value_name = "FILE")]
         config: Option<PathBuf>,
         /// Seconds to wait for the cluster.
         #[arg(long, default_value_t = 30, value_parser = clap::value_parser!(u64).range(1..=3600))]
@@ -30,20 +39,29 @@ pub enum TopicsCmd {
 
 pub fn run(cmd: TopicsCmd) -> anyhow::Result<ExitCode> {
     match cmd {
-        TopicsCmd::List { config } => {
+        TopicsCmd::List { config, output } => {
             let config = hookline_service::Config::load(config.as_deref(), std::env::vars())?;
-            for spec in Topics::new(config.kafka.topic_prefix.clone()).all() {
-                let partitions = if spec.co_partitioned { config.kafka.partitions } else { config.kafka.event_partitions };
-                println!(
-                    "{}",
-                    serde_json::json!({
-                        "topic": spec.name,
-                        "partitions": partitions,
-                        "cleanup.policy": match spec.cleanup { Cleanup::Compact => "compact", Cleanup::Delete => "delete" },
-                        "retention.ms": spec.retention_ms,
-                        "co_partitioned": spec.co_partitioned,
-                    })
-                );
+            let rows: Vec<TopicRow> = Topics::new(config.kafka.topic_prefix.clone())
+                .all()
+                .into_iter()
+                .map(|spec| TopicRow {
+                    partitions: if spec.co_partitioned { config.kafka.partitions } else { config.kafka.event_partitions },
+                    cleanup: match spec.cleanup {
+                        Cleanup::Compact => "compact",
+                        Cleanup::Delete => "delete",
+                    },
+                    retention_ms: spec.retention_ms,
+                    co_partitioned: spec.co_partitioned,
+                    topic: spec.name,
+                })
+                .collect();
+            match output.format() {
+                Format::Json => {
+                    for r in &rows {
+                        println!("{}", serde_json::to_string(r)?);
+                    }
+                }
+                Format::Human => print!("{}", topics_table(&rows)),
             }
             Ok(ExitCode::SUCCESS)
         }
@@ -53,6 +71,32 @@ pub fn run(cmd: TopicsCmd) -> anyhow::Result<ExitCode> {
             rt.block_on(create(&config, Duration::from_secs(timeout_s)))
         }
     }
+}
+
+/// One topic, in the order the JSON lines print it.
+#[derive(serde::Serialize)]
+struct TopicRow {
+    topic: String,
+    partitions: i32,
+    #[serde(rename = "cleanup.policy")]
+    cleanup: &'static str,
+    #[serde(rename = "retention.ms")]
+    retention_ms: Option<u64>,
+    co_partitioned: bool,
+}
+
+fn topics_table(rows: &[TopicRow]) -> String {
+    let mut cells = vec![["topic", "partitions", "cleanup.policy", "retention", "co-partitioned"].map(String::from).to_vec()];
+    for r in rows {
+        cells.push(vec![
+            r.topic.clone(),
+            r.partitions.to_string(),
+            r.cleanup.to_owned(),
+            r.retention_ms.map_or_else(|| "broker default".into(), |ms| duration_ms(ms)),
+            if r.co_partitioned { "yes (by subscription id)" } else { "no" }.to_owned(),
+        ]);
+    }
+    table(&cells)
 }
 
 async fn create(config: &hookline_service::Config, timeout: Duration) -> anyhow::Result<ExitCode> {

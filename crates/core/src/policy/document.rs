@@ -159,7 +159,7 @@ pub struct DisableRule {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub after_failing_for_s: Option<f64>,
     pub action: DisableAction,
-    /// Shown on the subscription (`disabledReason`) and in the ops event.
+    /// Shown on the subscription (`disabled_reason`) and in the ops event.
     pub reason: String,
     /// Send an ops event and, where SMTP is configured, an e-mail to the owner.
     #[serde(default = "yes")]

@@ -17,7 +17,8 @@ use crate::replay;
 #[derive(Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct LogQuery {
-    status: Option<String>,
+    /// A delivery state (`pending`, `succeeded`, `failed`, `dead`, `cancelled`, `skipped`).
+    state: Option<String>,
     since_ms: Option<i64>,
     until_ms: Option<i64>,
     limit: Option<usize>,
@@ -26,13 +27,21 @@ pub struct LogQuery {
 
 pub async fn list(State(s): State<Arc<ApiState>>, Path(id): Path<String>, ApiQuery(q): ApiQuery<LogQuery>) -> Result<Json<Value>, ApiError> {
     if s.subs.get(&id).is_none() {
-        return Err(ApiError::new(StatusCode::NOT_FOUND, "not_found", format!("no subscription {id}")));
+        return Err(ApiError::new(StatusCode::NOT_FOUND, "not_found", format!("no subscription {id}")).with_field("id"));
     }
     let limit = q.limit.unwrap_or(50);
     if !(1..=500).contains(&limit) {
         return Err(ApiError::field("limit", "must be between 1 and 500"));
     }
-    let filter = Filter { status: q.status.as_deref(), since_ms: q.since_ms, until_ms: q.until_ms };
+    if let Some(st) = q.state.as_deref().filter(|st| !hookline_core::vocabulary::is_delivery_state(st)) {
+        return Err(ApiError::new(
+            StatusCode::BAD_REQUEST,
+            "invalid_query",
+            format!("state: {st:?} is not a delivery state ({})", hookline_core::vocabulary::DELIVERY_STATES.join(", ")),
+        )
+        .with_field("state"));
+    }
+    let filter = Filter { state: q.state.as_deref(), since_ms: q.since_ms, until_ms: q.until_ms };
     let page = s.log.list(&id, &filter, limit, q.after.as_deref());
     Ok(Json(json!({
         "items": page.items.iter().map(|e| view(e, false)).collect::<Vec<_>>(),
@@ -50,18 +59,19 @@ pub async fn get(State(s): State<Arc<ApiState>>, Path(id): Path<String>) -> Resu
 pub async fn replay_one(State(s): State<Arc<ApiState>>, Path(id): Path<String>) -> Result<(StatusCode, Json<Value>), ApiError> {
     let entry = s.log.get(&id).ok_or_else(|| not_found(&id))?;
     let sub = s.subs.get(&entry.subscription_id).ok_or_else(|| {
-        ApiError::new(StatusCode::CONFLICT, "subscription_deleted", "the delivery's subscription was deleted")
+        ApiError::new(StatusCode::CONFLICT, "subscription_deleted", "the delivery's subscription was deleted").with_field("id")
     })?;
     require_active(&s, &sub)?;
     if entry.state == "pending" {
-        return Err(ApiError::new(StatusCode::CONFLICT, "delivery_in_progress", "the delivery has not reached a final state yet"));
+        return Err(ApiError::new(StatusCode::CONFLICT, "delivery_in_progress", "the delivery has not reached a final state yet").with_field("id"));
     }
     let Some(event) = entry.event.clone() else {
         return Err(ApiError::new(
             StatusCode::CONFLICT,
             "event_unavailable",
             "only dead-lettered deliveries keep their event here; replay the time range with POST /v1/subscriptions/{id}/replay",
-        ));
+        )
+        .with_field("id"));
     };
     let n = replay::produce(&s, vec![replay::task(event, &entry.subscription_id, entry.attempts_made)])
         .await
@@ -81,7 +91,7 @@ pub async fn replay_since(
     Path(id): Path<String>,
     ApiJson(req): ApiJson<ReplaySince>,
 ) -> Result<(StatusCode, Json<Value>), ApiError> {
-    let sub = s.subs.get(&id).ok_or_else(|| ApiError::new(StatusCode::NOT_FOUND, "not_found", format!("no subscription {id}")))?;
+    let sub = s.subs.get(&id).ok_or_else(|| ApiError::new(StatusCode::NOT_FOUND, "not_found", format!("no subscription {id}")).with_field("id"))?;
     require_active(&s, &sub)?;
     if req.until_ms.is_some_and(|u| u < req.since_ms) {
         return Err(ApiError::field("until_ms", "must not be before since_ms"));
@@ -95,6 +105,13 @@ pub async fn redrive(State(s): State<Arc<ApiState>>, ApiJson(f): ApiJson<replay:
         if st != "failed" && st != "dead" {
             return Err(ApiError::field("final_state", "must be `failed` or `dead`"));
         }
+    }
+    // A documented-looking but unknown reason would silently match nothing.
+    if let Some(r) = f.reason.as_deref().filter(|r| hookline_core::vocabulary::DeadLetterReason::delivery_reason(r).is_none()) {
+        return Err(ApiError::field(
+            "reason",
+            format!("{r:?} is not the reason of a delivery's dead letter ({})", hookline_core::vocabulary::DeadLetterReason::delivery_words().join(", ")),
+        ));
     }
     let r = replay::redrive(&s, &f).await.map_err(ApiError::replay_failed)?;
     Ok((StatusCode::ACCEPTED, Json(json!({"redriven": r.redriven, "skipped": r.skipped}))))
@@ -113,11 +130,12 @@ fn require_active(s: &ApiState, sub: &hookline_kafka::state::SubscriptionEntry) 
             act.word(),
             act.reason().unwrap_or("")
         ),
-    ))
+    )
+    .with_field("id"))
 }
 
 fn not_found(id: &str) -> ApiError {
-    ApiError::new(StatusCode::NOT_FOUND, "not_found", format!("no delivery {id} in the delivery log"))
+    ApiError::new(StatusCode::NOT_FOUND, "not_found", format!("no delivery {id} in the delivery log")).with_field("id")
 }
 
 fn view(e: &DeliveryEntry, with_attempts: bool) -> Value {
@@ -127,7 +145,8 @@ fn view(e: &DeliveryEntry, with_attempts: bool) -> Value {
         "event_id": e.event_id,
         "event_type": e.event_type,
         "state": e.state,
-        "status": e.status_word,
+        // The policy's own word for the state (Fynapse's `DEAD_LETTER`): the one field with platform words.
+        "platform_status": e.status_word,
         "attempts_made": e.attempts_made,
         "first_attempt_at_ms": e.first_at_ms,
         "last_attempt_at_ms": e.last_at_ms,

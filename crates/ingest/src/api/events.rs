@@ -19,6 +19,7 @@ pub async fn publish(
 ) -> Result<(StatusCode, Json<Value>), ApiError> {
     let body = body.map_err(|e| {
         ApiError::new(StatusCode::PAYLOAD_TOO_LARGE, "body_too_large", format!("the request body could not be read: {}", e.body_text()))
+            .with_field("body")
     })?;
     let is_json = headers
         .get(axum::http::header::CONTENT_TYPE)
@@ -29,11 +30,12 @@ pub async fn publish(
             StatusCode::UNSUPPORTED_MEDIA_TYPE,
             "unsupported_media_type",
             "send the event as JSON with `Content-Type: application/json`",
-        ));
+        )
+        .with_field("Content-Type"));
     }
     let mut event = decode::decode(&body, s.max_event_bytes, true).map_err(|e| {
         let status = if e.reason == "oversize" { StatusCode::PAYLOAD_TOO_LARGE } else { StatusCode::UNPROCESSABLE_ENTITY };
-        ApiError::new(status, e.reason, e.detail)
+        ApiError::new(status, e.reason, e.detail).with_field(e.field.unwrap_or("body"))
     })?;
     event.accepted_at_ms = crate::now_ms();
     let header = |name: &str| headers.get(name).map(|v| v.as_bytes());

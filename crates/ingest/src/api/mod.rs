@@ -8,9 +8,11 @@ mod portal;
 mod stats;
 mod subscriptions;
 
+/// The stats' outcome classes (docs/api.md's vocabulary table is tested against them).
+pub use stats::CLASSES as STATS_CLASSES;
+
 use std::sync::Arc;
 
-use axum::extract::rejection::JsonRejection;
 use axum::extract::{FromRequest, FromRequestParts, Request, State};
 use axum::http::{header, StatusCode};
 use axum::middleware::{self, Next};
@@ -60,6 +62,8 @@ pub fn router(state: Arc<ApiState>, max_request_bytes: usize) -> Router {
         .route("/v1/dlq/redrive", post(deliveries::redrive))
         .route_layer(middleware::from_fn_with_state(state.clone(), auth))
         .route("/openapi.json", get(openapi::document))
+        // A browser pointed at the server's address lands on the portal.
+        .route("/", get(|| async { axum::response::Redirect::to("/portal/") }))
         .route("/portal", get(portal::index))
         // Both spellings open the portal (its assets use absolute paths).
         .route("/portal/", get(portal::index))
@@ -88,12 +92,15 @@ async fn auth(State(s): State<Arc<ApiState>>, req: Request, next: Next) -> Respo
         .filter(|t| !t.is_empty());
     let Some(presented) = presented else {
         return ApiError::new(StatusCode::UNAUTHORIZED, "unauthorized", "missing `Authorization: Bearer <token>` header")
+            .with_field("Authorization")
             .into_response();
     };
     // Constant-time per token, and every token is compared, so timing reveals neither content nor position.
     let ok = s.tokens.iter().fold(false, |acc, t| acc | bool::from(t.as_bytes().ct_eq(presented.as_bytes())));
     if !ok {
-        return ApiError::new(StatusCode::UNAUTHORIZED, "unauthorized", "the bearer token is not valid").into_response();
+        return ApiError::new(StatusCode::UNAUTHORIZED, "unauthorized", "the bearer token is not valid")
+            .with_field("Authorization")
+            .into_response();
     }
     next.run(req).await
 }
@@ -110,6 +117,12 @@ pub struct ApiError {
 impl ApiError {
     pub fn new(status: StatusCode, code: &'static str, message: impl Into<String>) -> Self {
         Self { status, code, message: message.into(), field: None }
+    }
+
+    /// Names the field (body key, query parameter, path segment or header) the error is about.
+    pub fn with_field(mut self, field: &str) -> Self {
+        self.field = Some(field.to_owned());
+        self
     }
 
     pub fn field(field: &str, message: impl Into<String>) -> Self {
@@ -130,14 +143,51 @@ impl ApiError {
         Self::new(StatusCode::SERVICE_UNAVAILABLE, "kafka_unavailable", e.to_string())
     }
 
-    /// A JSON body that does not parse (400) or does not fit the request's shape (422).
-    pub fn body(e: serde_json::Error) -> Self {
+    /// A JSON body that does not parse (400 `invalid_json`) or does not fit the request's shape (422
+    /// `invalid_body`), with the field it concerns and in hookline's words, not the parser's.
+    pub fn body(e: serde_path_to_error::Error<serde_json::Error>) -> Self {
         use serde_json::error::Category;
-        match e.classify() {
-            Category::Syntax | Category::Eof | Category::Io => Self::new(StatusCode::BAD_REQUEST, "invalid_json", e.to_string()),
-            Category::Data => Self::new(StatusCode::UNPROCESSABLE_ENTITY, "invalid_body", e.to_string()),
+        let (line, column) = (e.inner().line(), e.inner().column());
+        match e.inner().classify() {
+            Category::Syntax | Category::Eof | Category::Io => Self::new(
+                StatusCode::BAD_REQUEST,
+                "invalid_json",
+                format!("the body is not valid JSON (line {line}, column {column})"),
+            )
+            .with_field("body"),
+            Category::Data => {
+                let (field, message) = describe(&e.path().to_string(), &e.inner().to_string());
+                Self::new(StatusCode::UNPROCESSABLE_ENTITY, "invalid_body", message).with_field(&field)
+            }
         }
     }
+}
+
+/// (field, message) for a value that does not fit: serde's "unknown field `x`, expected ..." or "missing field
+/// `x`" or "invalid type: ..., expected ..." at `path` (`.` is the whole body), reworded.
+fn describe(path: &str, serde_message: &str) -> (String, String) {
+    // serde_json appends the position; the field says where.
+    let msg = serde_message.split(" at line ").next().unwrap_or(serde_message);
+    let join = |name: &str| if path.is_empty() || path == "." { name.to_owned() } else { format!("{path}.{name}") };
+    let quoted = |m: &str| m.split('`').nth(1).map(str::to_owned);
+    if let Some(rest) = msg.strip_prefix("unknown field ") {
+        let name = quoted(rest).unwrap_or_default();
+        let known: Vec<&str> = rest.split('`').skip(3).step_by(2).collect();
+        // serde_path_to_error already ends the path with the unknown key.
+        let field = if path.ends_with(&name) { path.to_owned() } else { join(&name) };
+        let hint = if known.is_empty() { String::new() } else { format!(" (known fields: {})", known.join(", ")) };
+        return (field.clone(), format!("{field}: not a known field{hint}"));
+    }
+    if let Some(rest) = msg.strip_prefix("missing field ") {
+        let field = join(&quoted(rest).unwrap_or_default());
+        return (field.clone(), format!("{field}: is required"));
+    }
+    let field = if path.is_empty() || path == "." { "body".to_owned() } else { path.to_owned() };
+    let reworded = match msg.strip_prefix("invalid type: ").and_then(|r| r.split_once(", expected ")) {
+        Some((got, want)) => format!("expected {want}, got {got}"),
+        None => msg.to_owned(),
+    };
+    (field.clone(), format!("{field}: {reworded}"))
 }
 
 impl IntoResponse for ApiError {
@@ -150,46 +200,53 @@ impl IntoResponse for ApiError {
     }
 }
 
-/// `Query<T>` whose rejections are JSON errors naming the problem.
+/// `Query<T>` whose rejections are JSON errors naming the parameter.
 pub struct ApiQuery<T>(pub T);
 
 impl<S: Send + Sync, T: DeserializeOwned> FromRequestParts<S> for ApiQuery<T> {
     type Rejection = ApiError;
 
-    async fn from_request_parts(parts: &mut axum::http::request::Parts, state: &S) -> Result<Self, Self::Rejection> {
-        match axum::extract::Query::<T>::from_request_parts(parts, state).await {
-            Ok(axum::extract::Query(v)) => Ok(ApiQuery(v)),
-            Err(r) => Err(ApiError::new(StatusCode::BAD_REQUEST, "invalid_query", r.body_text())),
-        }
+    async fn from_request_parts(parts: &mut axum::http::request::Parts, _state: &S) -> Result<Self, Self::Rejection> {
+        let query = parts.uri.query().unwrap_or("");
+        let de = serde_urlencoded::Deserializer::new(form_urlencoded::parse(query.as_bytes()));
+        serde_path_to_error::deserialize(de).map(ApiQuery).map_err(|e| {
+            let (field, message) = describe(&e.path().to_string(), &e.inner().to_string());
+            ApiError::new(StatusCode::BAD_REQUEST, "invalid_query", message).with_field(&field)
+        })
     }
 }
 
-/// `Json<T>` whose rejections are JSON errors naming the problem.
+/// `Json<T>` whose rejections are JSON errors naming the field.
 pub struct ApiJson<T>(pub T);
 
 impl<S: Send + Sync, T: DeserializeOwned> FromRequest<S> for ApiJson<T> {
     type Rejection = ApiError;
 
     async fn from_request(req: Request, state: &S) -> Result<Self, Self::Rejection> {
-        match Json::<T>::from_request(req, state).await {
-            Ok(Json(v)) => Ok(ApiJson(v)),
-            Err(rejection) => Err(json_rejection(rejection)),
+        let is_json = req
+            .headers()
+            .get(header::CONTENT_TYPE)
+            .and_then(|v| v.to_str().ok())
+            .and_then(|v| v.split(';').next())
+            .is_some_and(|m| m.trim().eq_ignore_ascii_case("application/json"));
+        if !is_json {
+            return Err(ApiError::new(
+                StatusCode::UNSUPPORTED_MEDIA_TYPE,
+                "unsupported_media_type",
+                "send the body as JSON with `Content-Type: application/json`",
+            )
+            .with_field("Content-Type"));
         }
-    }
-}
-
-fn json_rejection(r: JsonRejection) -> ApiError {
-    match r {
-        JsonRejection::MissingJsonContentType(_) => ApiError::new(
-            StatusCode::UNSUPPORTED_MEDIA_TYPE,
-            "unsupported_media_type",
-            "send the body as JSON with `Content-Type: application/json`",
-        ),
-        JsonRejection::JsonDataError(e) => ApiError::new(StatusCode::UNPROCESSABLE_ENTITY, "invalid_body", e.body_text()),
-        JsonRejection::JsonSyntaxError(e) => ApiError::new(StatusCode::BAD_REQUEST, "invalid_json", e.body_text()),
-        JsonRejection::BytesRejection(e) => {
+        let bytes = axum::body::Bytes::from_request(req, state).await.map_err(|e| {
             ApiError::new(StatusCode::PAYLOAD_TOO_LARGE, "body_too_large", format!("the request body could not be read: {}", e.body_text()))
-        }
-        other => ApiError::new(StatusCode::BAD_REQUEST, "invalid_body", other.body_text()),
+                .with_field("body")
+        })?;
+        let mut de = serde_json::Deserializer::from_slice(&bytes);
+        let value = serde_path_to_error::deserialize(&mut de).map_err(ApiError::body)?;
+        de.end().map_err(|e| {
+            ApiError::new(StatusCode::BAD_REQUEST, "invalid_json", format!("trailing characters after the JSON body (line {}, column {})", e.line(), e.column()))
+                .with_field("body")
+        })?;
+        Ok(ApiJson(value))
     }
 }

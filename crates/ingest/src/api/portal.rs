@@ -33,7 +33,7 @@ pub async fn file(Path(file): Path<String>, headers: HeaderMap) -> Response {
 
 fn serve(name: &str, headers: &HeaderMap) -> Response {
     let Some((_, content_type, body)) = ASSETS.iter().find(|(n, _, _)| *n == name) else {
-        return ApiError::new(StatusCode::NOT_FOUND, "not_found", format!("no portal file {name}")).into_response();
+        return ApiError::new(StatusCode::NOT_FOUND, "not_found", format!("no portal file {name}")).with_field("file").into_response();
     };
     // The files change with the binary, not with their names: revalidate every time, with an ETag of the content.
     let etag = format!("\"{:016x}\"", fnv1a(body));

@@ -13,7 +13,7 @@ use serde_json::{json, Map, Value};
 use super::{ApiError, ApiQuery, ApiState};
 
 /// The outcome classes, in the order the chart stacks them.
-pub const CLASSES: [&str; 5] = ["succeeded", "retried", "failed", "cancelled", "other"];
+pub const CLASSES: [&str; 6] = ["succeeded", "retried", "failed", "dead", "cancelled", "other"];
 const DEFAULT_BUCKET_MS: i64 = 60_000;
 const DEFAULT_WINDOW_MS: i64 = 3 * 3_600_000;
 const MAX_BUCKETS: i64 = 500;
@@ -26,22 +26,23 @@ pub struct StatsQuery {
     bucket_ms: Option<i64>,
 }
 
-/// The class of one attempt: `succeeded` (2xx), `retried` (another attempt is scheduled), `failed` (the delivery
-/// ended `failed` or `dead`), `cancelled` (ended `cancelled` or `skipped`), `other` (anything else).
+/// The class of one attempt: `succeeded` (2xx), `retried` (another attempt is scheduled), `failed` or `dead` (the
+/// delivery ended so: the delivery states' words), `cancelled` (ended `cancelled` or `skipped`), `other`.
 pub fn class_of(a: &AttemptRecord) -> usize {
     match a.final_state.as_str() {
         "succeeded" => 0,
-        "failed" | "dead" => 2,
-        "cancelled" | "skipped" => 3,
+        "failed" => 2,
+        "dead" => 3,
+        "cancelled" | "skipped" => 4,
         _ if a.verdict == "success" => 0,
         _ if a.verdict == "retry" => 1,
-        _ => 4,
+        _ => 5,
     }
 }
 
 pub async fn get(State(s): State<Arc<ApiState>>, Path(id): Path<String>, ApiQuery(q): ApiQuery<StatsQuery>) -> Result<Json<Value>, ApiError> {
     if s.subs.get(&id).is_none() {
-        return Err(ApiError::new(StatusCode::NOT_FOUND, "not_found", format!("no subscription {id}")));
+        return Err(ApiError::new(StatusCode::NOT_FOUND, "not_found", format!("no subscription {id}")).with_field("id"));
     }
     let bucket = q.bucket_ms.unwrap_or(DEFAULT_BUCKET_MS);
     if bucket < 1_000 {
@@ -131,7 +132,7 @@ mod tests {
         assert_eq!(CLASSES[class_of(&a("success", "succeeded"))], "succeeded");
         assert_eq!(CLASSES[class_of(&a("retry", ""))], "retried");
         assert_eq!(CLASSES[class_of(&a("retry", "failed"))], "failed", "the last retry of an exhausted schedule");
-        assert_eq!(CLASSES[class_of(&a("terminal", "dead"))], "failed");
+        assert_eq!(CLASSES[class_of(&a("terminal", "dead"))], "dead", "a 410 is not counted as failed");
         assert_eq!(CLASSES[class_of(&a("", "cancelled"))], "cancelled");
         assert_eq!(CLASSES[class_of(&a("terminal", ""))], "other");
     }

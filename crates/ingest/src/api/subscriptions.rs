@@ -10,7 +10,7 @@ use axum::http::{HeaderMap, StatusCode};
 use axum::response::{IntoResponse, Response};
 use axum::Json;
 use hookline_core::egress::{EgressGuard, TargetHost};
-use hookline_core::model::{EndpointCondition, Secret, Subscription};
+use hookline_core::model::{Secret, Subscription};
 use hookline_core::policy;
 use hookline_core::subscription::activity;
 use hookline_kafka::state::SubscriptionEntry;
@@ -211,7 +211,7 @@ pub async fn update(
         sub.owner_email = v;
     }
     if let Some(enabled) = req.enabled {
-        // Gauge: `PATCH {"enabled": true}` switches an endpoint back on and clears `disabledReason`.
+        // Gauge: `PATCH {"enabled": true}` switches an endpoint back on and clears `disabled_reason`.
         if enabled && !activity(&sub, s.states.get(&id).as_ref()).is_active() {
             sub.resume_generation += 1;
             sub.paused = false;
@@ -243,7 +243,7 @@ pub async fn pause(State(s): State<Arc<ApiState>>, Path(id): Path<String>) -> Re
 pub async fn resume(State(s): State<Arc<ApiState>>, Path(id): Path<String>) -> Result<Json<Value>, ApiError> {
     let mut sub = find(&s, &id)?.sub.clone();
     if !sub.enabled {
-        return Err(ApiError::new(StatusCode::CONFLICT, "subscription_disabled", "the subscription is disabled; enable it with PATCH {\"enabled\": true}"));
+        return Err(ApiError::new(StatusCode::CONFLICT, "subscription_disabled", "the subscription is disabled; enable it with PATCH {\"enabled\": true}").with_field("id"));
     }
     sub.paused = false;
     sub.resume_generation += 1;
@@ -268,12 +268,12 @@ pub async fn rotate_secret(
     Path(id): Path<String>,
     body: Result<axum::body::Bytes, axum::extract::rejection::BytesRejection>,
 ) -> Result<Json<Value>, ApiError> {
-    let body = body.map_err(|e| ApiError::new(StatusCode::PAYLOAD_TOO_LARGE, "body_too_large", e.body_text()))?;
+    let body = body.map_err(|e| ApiError::new(StatusCode::PAYLOAD_TOO_LARGE, "body_too_large", e.body_text()).with_field("body"))?;
     // The body is optional: an empty POST rotates with the defaults.
     let req: RotateSecret = if body.iter().all(u8::is_ascii_whitespace) {
         RotateSecret::default()
     } else {
-        serde_json::from_slice(&body).map_err(ApiError::body)?
+        serde_path_to_error::deserialize(&mut serde_json::Deserializer::from_slice(&body)).map_err(ApiError::body)?
     };
     let overlap_s = req.overlap_s.unwrap_or(86_400);
     if overlap_s > 30 * 86_400 {
@@ -308,7 +308,7 @@ pub async fn rotate_secret(
 fn find(s: &ApiState, id: &str) -> Result<Arc<SubscriptionEntry>, ApiError> {
     s.subs
         .get(id)
-        .ok_or_else(|| ApiError::new(StatusCode::NOT_FOUND, "not_found", format!("no subscription {id}")))
+        .ok_or_else(|| ApiError::new(StatusCode::NOT_FOUND, "not_found", format!("no subscription {id}")).with_field("id"))
 }
 
 /// Size limits of a subscription's fields (bytes of UTF-8), checked before anything else so an oversized
@@ -435,11 +435,10 @@ fn view(s: &ApiState, e: &SubscriptionEntry) -> Value {
         "paused": sub.paused || matches!(act, hookline_core::subscription::Activity::AutoPaused(_)),
         "state": act.word(),
         "disabled_reason": auto_reason,
-        "disabledReason": auto_reason,
         "consecutive_failures": st.consecutive_failures,
         "first_failure_at_ms": (st.first_failure_at_ms > 0).then_some(st.first_failure_at_ms),
         "last_success_at_ms": (st.last_success_at_ms > 0).then_some(st.last_success_at_ms),
-        "endpoint_condition": EndpointCondition::try_from(st.condition).map(|c| c.as_str_name()).unwrap_or("ENDPOINT_CONDITION_UNSPECIFIED"),
+        "endpoint_condition": hookline_core::vocabulary::endpoint_condition(st.condition),
         "owner_email": sub.owner_email,
         "tenant": sub.tenant,
         "created_at_ms": sub.created_at_ms,
