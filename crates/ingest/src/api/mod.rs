@@ -196,6 +196,11 @@ impl IntoResponse for ApiError {
         if let Some(f) = self.field {
             body["error"]["field"] = json!(f);
         }
+        if self.status == StatusCode::PAYLOAD_TOO_LARGE {
+            // The rest of the body is not read, so the server closes the connection after this answer; saying so
+            // keeps the client from sending its next request on it (which would fail as a broken connection).
+            return (self.status, [(header::CONNECTION, "close")], Json(body)).into_response();
+        }
         (self.status, Json(body)).into_response()
     }
 }
