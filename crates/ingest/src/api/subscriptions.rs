@@ -316,6 +316,7 @@ async fn validate(s: &ApiState, sub: &Subscription) -> Result<(), ApiError> {
     for (i, t) in sub.event_types.iter().enumerate() {
         hookline_core::filter::validate(t).map_err(|e| ApiError::field(&format!("event_types[{i}]"), e))?;
     }
+    hookline_core::filter::validate_tenant(&sub.tenant).map_err(|e| ApiError::field("tenant", e))?;
     let pol = policy::resolve(&sub.policy, &sub.policy_toml).map_err(|e| {
         let field = if sub.policy_toml.is_empty() { "policy" } else { "policy_toml" };
         ApiError::field(field, e.to_string())
