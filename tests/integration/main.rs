@@ -9,3 +9,4 @@ mod hostile;
 mod faults;
 mod redo;
 mod tracing;
+mod tenants;
