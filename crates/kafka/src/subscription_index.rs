@@ -11,8 +11,63 @@ use hookline_core::filter::{self, Key};
 
 use crate::state::SubscriptionEntry;
 
-/// One bucket: subscriptions by id (a map, so removing one is O(1) however full the bucket is).
-type Bucket = HashMap<Arc<str>, Arc<SubscriptionEntry>>;
+/// One bucket: the subscriptions of one key, in a plain list, as a lookup walks it without chasing a map's slots
+/// (which costs a cache miss each on a large table). Past [`INDEXED`] entries a map of positions keeps removal
+/// O(1), so a change to one of many `*` subscriptions of a tenant does not scan them all.
+#[derive(Default)]
+struct Bucket {
+    items: Vec<Arc<SubscriptionEntry>>,
+    positions: Option<HashMap<Arc<str>, usize>>,
+}
+
+/// Entries from which a bucket keeps a map of positions.
+const INDEXED: usize = 16;
+
+impl Bucket {
+    fn is_empty(&self) -> bool {
+        self.items.is_empty()
+    }
+
+    fn position(&self, id: &str) -> Option<usize> {
+        match &self.positions {
+            Some(p) => p.get(id).copied(),
+            None => self.items.iter().position(|e| e.sub.id == id),
+        }
+    }
+
+    fn insert(&mut self, id: &Arc<str>, entry: &Arc<SubscriptionEntry>) {
+        // A subscription listing the same pattern twice is in the bucket once.
+        if let Some(i) = self.position(id) {
+            self.items[i] = entry.clone();
+            return;
+        }
+        self.items.push(entry.clone());
+        let last = self.items.len() - 1;
+        match &mut self.positions {
+            Some(p) => {
+                p.insert(id.clone(), last);
+            }
+            None if self.items.len() > INDEXED => {
+                let p = self.items.iter().enumerate().map(|(i, e)| (Arc::from(e.sub.id.as_str()), i)).collect();
+                self.positions = Some(p);
+            }
+            None => {}
+        }
+    }
+
+    fn remove(&mut self, id: &str) {
+        let Some(i) = self.position(id) else { return };
+        self.items.swap_remove(i);
+        if let Some(p) = &mut self.positions {
+            p.remove(id);
+            if let Some(moved) = self.items.get(i) {
+                if let Some(slot) = p.get_mut(moved.sub.id.as_str()) {
+                    *slot = i;
+                }
+            }
+        }
+    }
+}
 
 #[derive(Default)]
 struct TenantIndex {
@@ -46,7 +101,7 @@ impl SubscriptionIndex {
                 Key::Prefix(prefix) => t.prefix.entry(prefix.into()).or_default(),
                 Key::Never => continue,
             };
-            bucket.insert(id.clone(), entry.clone());
+            bucket.insert(&id, entry);
         }
         if t.is_empty() {
             self.tenants.remove(entry.sub.tenant.as_str());
@@ -82,7 +137,7 @@ impl SubscriptionIndex {
         let mut sources = 0usize;
         for b in buckets.filter(|b| !b.is_empty()) {
             sources = sources.saturating_add(1);
-            out.extend(b.values().cloned());
+            out.extend(b.items.iter().cloned());
         }
         out.sort_unstable_by(|a, b| a.sub.id.cmp(&b.sub.id));
         // A subscription with several patterns that match sits in several buckets.
