@@ -1,6 +1,7 @@
 //! Tenant isolation through the real pipeline: tenants A and B both subscribe to the same event type, and each
 //! event reaches only the subscriptions of its own tenant; an event without a tenant reaches only the
-//! subscription without one. A tenant that is not a usable id is refused on publish and on create.
+//! subscription without one; a replay keeps to the same rule. A tenant that is not a usable id is refused on
+//! publish and on create.
 
 use std::collections::BTreeSet;
 use std::time::Duration;
@@ -25,10 +26,10 @@ async fn an_event_reaches_only_its_own_tenants_subscriptions() {
     // last event (the sentinel) has arrived everywhere, anything leaked from earlier events would have too.
     let p = Pipeline::start(1).await;
     let types = json!(["invoice.paid", "sentinel.*"]);
-    p.subscribe(json!({"url": p.url("a"), "event_types": types, "tenant": "tenant-a"})).await;
+    let (sub_a, _) = p.subscribe(json!({"url": p.url("a"), "event_types": types, "tenant": "tenant-a"})).await;
     p.subscribe(json!({"url": p.url("a-all"), "event_types": ["*"], "tenant": "tenant-a"})).await;
     p.subscribe(json!({"url": p.url("b"), "event_types": types, "tenant": "tenant-b"})).await;
-    p.subscribe(json!({"url": p.url("none"), "event_types": types})).await;
+    let (sub_none, _) = p.subscribe(json!({"url": p.url("none"), "event_types": types})).await;
 
     let events = [
         event("evt_a", "invoice.paid", Some("tenant-a")),
@@ -72,6 +73,12 @@ async fn an_event_reaches_only_its_own_tenants_subscriptions() {
     let body: Value = serde_json::from_slice(&p.requests_to("b")[0].body).unwrap();
     assert_eq!(body["tenant"], "tenant-b");
     assert_eq!(p.finals().len(), 9, "{:?}", p.finals());
+
+    // A replay of the whole topic sends a subscription only its own tenant's events, too.
+    for (sub, want) in [(&sub_a, 2), (&sub_none, 3)] {
+        let (status, v) = p.call("POST", &format!("/v1/subscriptions/{sub}/replay"), Some(json!({"since_ms": 0}))).await;
+        assert_eq!((status, v["replayed"].as_u64()), (202, Some(want)), "{v}");
+    }
 
     // Tenants that are not usable ids are refused, naming the field.
     let (status, v) = p.call("POST", "/v1/events", Some(event("evt_bad", "invoice.paid", Some("a/b")))).await;
