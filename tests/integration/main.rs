@@ -10,3 +10,4 @@ mod faults;
 mod redo;
 mod hardening;
 mod tracing;
+mod tenants;

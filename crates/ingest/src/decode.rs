@@ -84,11 +84,13 @@ fn decode_json(bytes: &[u8]) -> Result<Event, Invalid> {
             .ok_or_else(|| invalid(Reason::EventInvalidField, format!("occurred_at: {s:?} is not an RFC 3339 timestamp")).at("occurred_at"))?,
         Some(_) => return Err(invalid(Reason::EventInvalidField, "occurred_at: must be an RFC 3339 string or epoch milliseconds").at("occurred_at")),
     };
+    let tenant = env.tenant.unwrap_or_default();
+    check_tenant(&tenant)?;
     Ok(Event {
         id,
         r#type: event_type,
         occurred_at_ms,
-        tenant: env.tenant.unwrap_or_default(),
+        tenant,
         entity_id: env.entity_id.unwrap_or_default(),
         data_json: env.data.map(|d| Bytes::copy_from_slice(d.get().as_bytes())).unwrap_or_default(),
         accepted_at_ms: 0,
@@ -133,6 +135,7 @@ fn decode_protobuf(bytes: &[u8]) -> Result<Event, Invalid> {
     let ev = Event::decode(bytes).map_err(|e| invalid(Reason::EventInvalidProtobuf, e.to_string()))?;
     check_name(&ev.id, "id")?;
     check_name(&ev.r#type, "type")?;
+    check_tenant(&ev.tenant)?;
     if !ev.data_json.is_empty() {
         let text = std::str::from_utf8(&ev.data_json)
             .map_err(|_| invalid(Reason::EventInvalidUtf8, "data_json is not valid UTF-8"))?;
@@ -160,6 +163,11 @@ fn check_name(v: &str, field: &'static str) -> Result<(), Invalid> {
         return Err(invalid(Reason::EventInvalidField, format!("`{field}` contains control characters")).at(field));
     }
     Ok(())
+}
+
+/// The tenant decides which subscriptions an event reaches, so it must be exactly one a subscription can have.
+fn check_tenant(tenant: &str) -> Result<(), Invalid> {
+    hookline_core::filter::validate_tenant(tenant).map_err(|e| invalid("invalid_field", format!("tenant: {e}")))
 }
 
 /// `2026-01-02T03:04:05Z`, with optional fraction and `±hh:mm` offset, to epoch milliseconds.
@@ -227,6 +235,23 @@ mod tests {
         assert_eq!(ev.occurred_at_ms, 1_767_225_601_500);
         assert_eq!(ev.entity_id, "e9");
         assert_eq!(&ev.data_json[..], br#"{"text":"hi"}"#);
+    }
+
+    #[test]
+    fn an_unusable_tenant_is_refused_naming_it() {
+        let long = format!(r#"{{"id":"e","type":"t","tenant":"{}"}}"#, "t".repeat(129));
+        for body in [r#"{"id":"e","type":"t","tenant":"a b"}"#, r#"{"id":"e","type":"t","tenant":"a/b"}"#, long.as_str()] {
+            let err = decode(body.as_bytes(), MAX, true).unwrap_err();
+            assert_eq!(err.reason, "invalid_field", "{body}");
+            assert!(err.detail.starts_with("tenant: "), "{}", err.detail);
+        }
+        let pb = Event { id: "e".into(), r#type: "t".into(), tenant: "acme\n".into(), ..Default::default() };
+        assert_eq!(decode(&pb.encode_to_vec(), MAX, false).unwrap_err().reason, "invalid_field");
+        // No tenant, an empty one and `null` all mean "no tenant".
+        for body in [r#"{"id":"e","type":"t"}"#, r#"{"id":"e","type":"t","tenant":""}"#, r#"{"id":"e","type":"t","tenant":null}"#] {
+            assert_eq!(decode(body.as_bytes(), MAX, true).unwrap().tenant, "", "{body}");
+        }
+        assert_eq!(decode(br#"{"id":"e","type":"t","tenant":"org_1.eu:2-x"}"#, MAX, true).unwrap().tenant, "org_1.eu:2-x");
     }
 
     #[test]

@@ -163,22 +163,86 @@ fn enqueue(producer: &FutureProducer, topic: &str, key: String, payload: Vec<u8>
 }
 
 fn fan_out(f: &Fanout, ev: Event) -> Vec<Pending> {
-    let targets = f.subs.matching(&ev.r#type);
+    // Only the event's own tenant's subscriptions (none of another tenant's, even for the same type).
+    let targets = f.subs.matching(&ev.tenant, &ev.r#type);
     metrics::counter!("hookline_deliveries_fanned_out_total").increment(targets.len() as u64);
     let deliveries = f.topics.deliveries();
+    let event = EncodedEvent::new(&ev);
     targets
         .iter()
         .map(|entry| {
             let task = DeliveryTask {
                 delivery_id: delivery_id(&ev.id, &entry.sub.id),
                 subscription_id: entry.sub.id.clone(),
-                event: Some(ev.clone()),
                 origin: TaskOrigin::Fanout as i32,
                 ..Default::default()
             };
-            enqueue(&f.producer, deliveries, entry.sub.id.clone(), task.encode_to_vec())
+            enqueue(&f.producer, deliveries, entry.sub.id.clone(), event.task_bytes(&task))
         })
         .collect()
+}
+
+/// The event encoded once per fan-out; each task's record is its own fields followed by these bytes as field
+/// `event`, instead of a copy of the `Event` per subscription, each encoded again.
+struct EncodedEvent {
+    bytes: Vec<u8>,
+}
+
+/// `DeliveryTask.event`'s field number (proto/hookline/v1/hookline.proto).
+const TASK_EVENT_FIELD: u32 = 3;
+
+impl EncodedEvent {
+    fn new(ev: &Event) -> Self {
+        Self { bytes: ev.encode_to_vec() }
+    }
+
+    /// `task` (whose `event` is unset) encoded with the event: protobuf fields may come in any order, and a
+    /// message field is its key, its length and its bytes, so appending decodes as `event: Some(ev)`.
+    fn task_bytes(&self, task: &DeliveryTask) -> Vec<u8> {
+        use prost::encoding::{encode_key, encode_varint, encoded_len_varint, key_len, WireType};
+        debug_assert!(task.event.is_none());
+        let len = self.bytes.len() as u64;
+        let mut out = task.encode_to_vec();
+        out.reserve_exact(key_len(TASK_EVENT_FIELD) + encoded_len_varint(len) + self.bytes.len());
+        encode_key(TASK_EVENT_FIELD, WireType::LengthDelimited, &mut out);
+        encode_varint(len, &mut out);
+        out.extend_from_slice(&self.bytes);
+        out
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_spliced_task_decodes_as_the_task_with_its_event() {
+        let ev = Event {
+            id: "evt_1".into(),
+            r#type: "invoice.paid".into(),
+            tenant: "acme".into(),
+            data_json: bytes::Bytes::from_static(br#"{"n":1}"#),
+            accepted_at_ms: 42,
+            traceparent: "00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01".into(),
+            ..Default::default()
+        };
+        let encoded = EncodedEvent::new(&ev);
+        for sub in ["sub_a", "sub_b"] {
+            let task = DeliveryTask {
+                delivery_id: delivery_id(&ev.id, sub),
+                subscription_id: sub.into(),
+                origin: TaskOrigin::Fanout as i32,
+                ..Default::default()
+            };
+            let want = DeliveryTask { event: Some(ev.clone()), ..task.clone() };
+            let bytes = encoded.task_bytes(&task);
+            assert_eq!(DeliveryTask::decode(bytes.as_slice()).unwrap(), want);
+            assert_eq!(bytes.len(), want.encoded_len());
+        }
+        // An empty event still makes an `event: Some(..)`, as `Some(Event::default())` does.
+        let empty = EncodedEvent::new(&Event::default()).task_bytes(&DeliveryTask::default());
+        assert_eq!(DeliveryTask::decode(empty.as_slice()).unwrap().event, Some(Event::default()));
+    }
 }
 
 /// Waits for every record; re-produces any that failed until it lands. False when shutting down first.

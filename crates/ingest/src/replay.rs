@@ -61,7 +61,8 @@ pub async fn produce(s: &ApiState, tasks: Vec<DeliveryTask>) -> Result<usize, Re
     Ok(n)
 }
 
-/// Every event accepted since `since_ms` (and up to `until_ms`) that the subscription's filter matches.
+/// Every event accepted since `since_ms` (and up to `until_ms`) of the subscription's tenant that its filter
+/// matches.
 pub async fn since(s: &ApiState, entry: &SubscriptionEntry, since_ms: i64, until_ms: Option<i64>) -> Result<usize, ReplayError> {
     let mut tasks = Vec::new();
     scan(&s.kafka, s.topics.events(), Some(since_ms), SCAN_LIMIT, |m| {
@@ -70,7 +71,8 @@ pub async fn since(s: &ApiState, entry: &SubscriptionEntry, since_ms: i64, until
             return;
         }
         let Ok(mut ev) = decode::decode(m.payload().unwrap_or_default(), s.max_event_bytes, false) else { return };
-        if !hookline_core::filter::matches_any(&entry.sub.event_types, &ev.r#type) {
+        // The fan-out's rule: only the subscription's own tenant's events.
+        if !hookline_core::filter::delivers(&entry.sub.tenant, &entry.sub.event_types, &ev.tenant, &ev.r#type) {
             return;
         }
         if ev.accepted_at_ms == 0 {
@@ -97,7 +99,8 @@ pub struct RedriveFilter {
 
 pub struct Redrive {
     pub redriven: usize,
-    /// Matching dead letters left alone: their subscription is gone or inactive, or the delivery succeeded since.
+    /// Matching dead letters left alone: their subscription is gone or inactive, their event is of another tenant,
+    /// or the delivery succeeded since.
     pub skipped: usize,
 }
 
@@ -121,8 +124,10 @@ pub async fn redrive(s: &ApiState, f: &RedriveFilter) -> Result<Redrive, ReplayE
     for (_, dl) in latest {
         let logged = s.log.get(&dl.delivery_id);
         let succeeded_since = logged.as_ref().is_some_and(|d| d.state == "succeeded");
+        // A dead letter of another tenant's event (fanned out before tenant isolation) is never sent again.
         let active = s.subs.get(&dl.subscription_id).is_some_and(|e| {
-            hookline_core::subscription::activity(&e.sub, s.states.get(&e.sub.id).as_ref()).is_active()
+            dl.event.as_ref().is_some_and(|ev| ev.tenant == e.sub.tenant)
+                && hookline_core::subscription::activity(&e.sub, s.states.get(&e.sub.id).as_ref()).is_active()
         });
         if succeeded_since || !active {
             skipped += 1;

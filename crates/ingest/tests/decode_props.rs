@@ -27,6 +27,7 @@ fn check(bytes: &[u8], max: usize, json_only: bool) -> Result<(), TestCaseError>
                 prop_assert!(v.len() <= 256, "{field} longer than 256 bytes");
                 prop_assert!(!v.chars().any(char::is_control), "{field} has control characters: {v:?}");
             }
+            prop_assert!(hookline_core::filter::validate_tenant(&ev.tenant).is_ok(), "decoded an unusable tenant {:?}", ev.tenant);
             prop_assert!(ev.occurred_at_ms >= 0 || !json_only, "negative occurred_at from JSON: {}", ev.occurred_at_ms);
             if !ev.data_json.is_empty() {
                 let text = std::str::from_utf8(&ev.data_json);

@@ -9,6 +9,7 @@ pub mod rebalance;
 pub mod scan;
 pub mod settings;
 pub mod state;
+pub mod subscription_index;
 pub mod table;
 pub mod topics;
 pub mod watermark;

@@ -11,6 +11,7 @@ use tokio::sync::watch;
 use tokio_util::sync::CancellationToken;
 
 use crate::settings::KafkaSettings;
+use crate::subscription_index::SubscriptionIndex;
 use crate::table::{self, TableError, TableHandle};
 use crate::topics::Topics;
 
@@ -87,51 +88,84 @@ impl SubscriptionEntry {
     }
 }
 
-/// Subscriptions by id. Cloning shares it.
+/// Subscriptions by id, with the fan-out index kept in step. Cloning shares it.
 #[derive(Clone, Default)]
 pub struct SubscriptionTable {
-    inner: Arc<RwLock<HashMap<String, Arc<SubscriptionEntry>>>>,
+    inner: Arc<RwLock<Inner>>,
+}
+
+#[derive(Default)]
+struct Inner {
+    by_id: HashMap<String, Arc<SubscriptionEntry>>,
+    index: SubscriptionIndex,
 }
 
 impl SubscriptionTable {
     /// Applies one record of the subscriptions topic (`None` = tombstone = deleted).
     pub fn apply(&self, key: &[u8], value: Option<&[u8]>) {
         let id = String::from_utf8_lossy(key).into_owned();
-        let mut map = self.inner.write().expect("subscription table lock");
+        let mut guard = self.inner.write().expect("subscription table lock");
+        let inner = &mut *guard;
         match value.filter(|v| !v.is_empty()).map(Subscription::decode) {
             None => {
-                map.remove(&id);
+                if let Some(old) = inner.by_id.remove(&id) {
+                    inner.index.remove(&old);
+                }
             }
-            Some(Ok(sub)) => {
-                map.insert(id, Arc::new(SubscriptionEntry::new(sub)));
+            Some(Ok(mut sub)) => {
+                // The record key is the id the table (and a later tombstone) knows it by.
+                sub.id.clone_from(&id);
+                let entry = Arc::new(SubscriptionEntry::new(sub));
+                if let Some(old) = inner.by_id.insert(id, entry.clone()) {
+                    inner.index.remove(&old);
+                }
+                inner.index.insert(&entry);
             }
             Some(Err(e)) => tracing::warn!(subscription = %id, error = %e, "undecodable subscription record ignored"),
         }
     }
 
     pub fn get(&self, id: &str) -> Option<Arc<SubscriptionEntry>> {
-        self.inner.read().expect("subscription table lock").get(id).cloned()
+        self.inner.read().expect("subscription table lock").by_id.get(id).cloned()
     }
 
     pub fn all(&self) -> Vec<Arc<SubscriptionEntry>> {
-        let mut v: Vec<_> = self.inner.read().expect("subscription table lock").values().cloned().collect();
+        let mut v: Vec<_> = self.inner.read().expect("subscription table lock").by_id.values().cloned().collect();
         v.sort_by(|a, b| a.sub.created_at_ms.cmp(&b.sub.created_at_ms).then_with(|| a.sub.id.cmp(&b.sub.id)));
         v
     }
 
-    /// Subscriptions whose event-type filter matches.
-    pub fn matching(&self, event_type: &str) -> Vec<Arc<SubscriptionEntry>> {
-        self.inner
+    /// The subscriptions an event of `tenant` (`""` = none) and `event_type` fans out to, ordered by id: only
+    /// the tenant's own whose filter matches (`hookline_core::filter::delivers`), found through the index.
+    pub fn matching(&self, tenant: &str, event_type: &str) -> Vec<Arc<SubscriptionEntry>> {
+        self.inner.read().expect("subscription table lock").index.matching(tenant, event_type)
+    }
+
+    /// The same answer as [`Self::matching`] by testing every subscription: the reference the index is checked
+    /// against (tests, `hookline bench fanout`).
+    #[doc(hidden)]
+    pub fn matching_linear(&self, tenant: &str, event_type: &str) -> Vec<Arc<SubscriptionEntry>> {
+        let mut v: Vec<_> = self
+            .inner
             .read()
             .expect("subscription table lock")
+            .by_id
             .values()
-            .filter(|e| hookline_core::filter::matches_any(&e.sub.event_types, event_type))
+            .filter(|e| hookline_core::filter::delivers(&e.sub.tenant, &e.sub.event_types, tenant, event_type))
             .cloned()
-            .collect()
+            .collect();
+        v.sort_unstable_by(|a, b| a.sub.id.cmp(&b.sub.id));
+        v
+    }
+
+    /// Tenants the index holds (deleted subscriptions' tenants are forgotten).
+    #[doc(hidden)]
+    pub fn indexed_tenants(&self) -> usize {
+        self.inner.read().expect("subscription table lock").index.tenant_count()
     }
 
     pub fn len(&self) -> usize {
-        self.inner.read().expect("subscription table lock").len()
+        self.inner.read().expect("subscription table lock").by_id.len()
     }
 
     pub fn is_empty(&self) -> bool {

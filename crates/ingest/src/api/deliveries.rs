@@ -73,6 +73,14 @@ pub async fn replay_one(State(s): State<Arc<ApiState>>, Path(id): Path<String>) 
         )
         .with_field("id"));
     };
+    if event.tenant != sub.sub.tenant {
+        // Only a delivery made before tenant isolation can pair them; it is not sent again.
+        return Err(ApiError::new(
+            StatusCode::CONFLICT,
+            "event_unavailable",
+            "the delivery's event belongs to another tenant than its subscription and is not sent again",
+        ));
+    }
     let n = replay::produce(&s, vec![replay::task(event, &entry.subscription_id, entry.attempts_made)])
         .await
         .map_err(ApiError::replay_failed)?;

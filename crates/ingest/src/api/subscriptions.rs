@@ -324,7 +324,7 @@ pub const MAX_METADATA_KEY_BYTES: usize = 100;
 pub const MAX_METADATA_VALUE_BYTES: usize = 1000;
 pub const MAX_POLICY_NAME_BYTES: usize = 100;
 pub const MAX_POLICY_TOML_BYTES: usize = 64 << 10;
-pub const MAX_TENANT_BYTES: usize = 255;
+pub const MAX_TENANT_BYTES: usize = hookline_core::filter::MAX_TENANT_LEN;
 pub const MAX_SECRET_BYTES: usize = 512;
 
 fn at_most(field: &str, value: &str, max: usize) -> Result<(), ApiError> {
@@ -374,6 +374,7 @@ async fn validate(s: &ApiState, sub: &Subscription) -> Result<(), ApiError> {
     for (i, t) in sub.event_types.iter().enumerate() {
         hookline_core::filter::validate(t).map_err(|e| ApiError::field(&format!("event_types[{i}]"), e))?;
     }
+    hookline_core::filter::validate_tenant(&sub.tenant).map_err(|e| ApiError::field("tenant", e))?;
     let pol = policy::resolve(&sub.policy, &sub.policy_toml).map_err(|e| {
         let field = if sub.policy_toml.is_empty() { "policy" } else { "policy_toml" };
         ApiError::field(field, e.to_string())

@@ -8,6 +8,7 @@
 //! is read per thread from `/proc/self/task`. Progress and tables go to stderr, one JSON line to stdout.
 
 mod cluster;
+mod fanout;
 mod isolation;
 mod latency;
 mod memory;
@@ -28,6 +29,7 @@ pub enum Scenario {
     RetryPrecision,
     Isolation,
     Memory,
+    Fanout,
     All,
 }
 
@@ -39,6 +41,7 @@ impl Scenario {
             Scenario::RetryPrecision => "retry-precision",
             Scenario::Isolation => "isolation",
             Scenario::Memory => "memory",
+            Scenario::Fanout => "fanout",
             Scenario::All => "all",
         }
     }
@@ -46,7 +49,8 @@ impl Scenario {
 
 #[derive(clap::Args, Clone)]
 pub struct BenchArgs {
-    /// throughput, latency, retry-precision, isolation, memory, or all (each in turn, one JSON line at the end).
+    /// throughput, latency, retry-precision, isolation, memory, fanout, or all (each in turn, one JSON line at the
+    /// end).
     #[arg(value_enum, required_unless_present = "serve")]
     scenario: Option<Scenario>,
     /// A real Kafka cluster (`host:port,...`) instead of the embedded mock broker. The topics are created under a
@@ -94,6 +98,9 @@ pub struct BenchArgs {
     /// memory: deliveries held in flight.
     #[arg(long, default_value_t = 10_000, value_parser = clap::builder::RangedU64ValueParser::<usize>::new().range(1..=1_000_000))]
     in_flight: usize,
+    /// fanout: subscriptions in the large table (across up to 10,000 tenants), compared with 16.
+    #[arg(long, default_value_t = 200_000)]
+    fanout_subscriptions: usize,
     /// Internal: run one service as a child process (`broker`, `ingest`, `dispatcher`, `retry-scheduler`).
     #[arg(long, hide = true)]
     serve: Option<String>,
@@ -125,6 +132,7 @@ pub fn run(args: BenchArgs) -> anyhow::Result<ExitCode> {
                 Scenario::RetryPrecision,
                 Scenario::Isolation,
                 Scenario::Memory,
+                Scenario::Fanout,
             ],
             s => vec![s],
         };
@@ -139,6 +147,7 @@ pub fn run(args: BenchArgs) -> anyhow::Result<ExitCode> {
                 Scenario::RetryPrecision => retry_precision::run(&args).await?,
                 Scenario::Isolation => isolation::run(&args).await?,
                 Scenario::Memory => memory::run(&args).await?,
+                Scenario::Fanout => fanout::run(&args).await?,
                 Scenario::All => unreachable!(),
             };
             met_all &= met;

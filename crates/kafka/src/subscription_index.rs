@@ -1,0 +1,163 @@
+//! The fan-out index: subscriptions by tenant, then by what their event-type patterns key on (exact names in a
+//! hash map, `prefix.*` by prefix, `*` in a list). A lookup costs one probe per tenant, one for the exact name,
+//! one per dot-prefix of the event type and the `*` list: it does not grow with the number of subscriptions.
+//! Patterns are keyed by `hookline_core::filter::key`, the same function `matches` is defined by, so a lookup
+//! returns exactly what the linear filter (`filter::delivers` over every subscription) would.
+
+use std::collections::HashMap;
+use std::sync::Arc;
+
+use hookline_core::filter::{self, Key};
+
+use crate::state::SubscriptionEntry;
+
+/// One bucket: the subscriptions of one key, in a plain list, as a lookup walks it without chasing a map's slots
+/// (which costs a cache miss each on a large table). Past [`INDEXED`] entries a map of positions keeps removal
+/// O(1), so a change to one of many `*` subscriptions of a tenant does not scan them all.
+#[derive(Default)]
+struct Bucket {
+    items: Vec<Arc<SubscriptionEntry>>,
+    positions: Option<HashMap<Arc<str>, usize>>,
+}
+
+/// Entries from which a bucket keeps a map of positions.
+const INDEXED: usize = 16;
+
+impl Bucket {
+    fn is_empty(&self) -> bool {
+        self.items.is_empty()
+    }
+
+    fn position(&self, id: &str) -> Option<usize> {
+        match &self.positions {
+            Some(p) => p.get(id).copied(),
+            None => self.items.iter().position(|e| e.sub.id == id),
+        }
+    }
+
+    fn insert(&mut self, id: &Arc<str>, entry: &Arc<SubscriptionEntry>) {
+        // A subscription listing the same pattern twice is in the bucket once.
+        if let Some(i) = self.position(id) {
+            self.items[i] = entry.clone();
+            return;
+        }
+        self.items.push(entry.clone());
+        let last = self.items.len() - 1;
+        match &mut self.positions {
+            Some(p) => {
+                p.insert(id.clone(), last);
+            }
+            None if self.items.len() > INDEXED => {
+                let p = self.items.iter().enumerate().map(|(i, e)| (Arc::from(e.sub.id.as_str()), i)).collect();
+                self.positions = Some(p);
+            }
+            None => {}
+        }
+    }
+
+    fn remove(&mut self, id: &str) {
+        let Some(i) = self.position(id) else { return };
+        self.items.swap_remove(i);
+        if let Some(p) = &mut self.positions {
+            p.remove(id);
+            if let Some(moved) = self.items.get(i) {
+                if let Some(slot) = p.get_mut(moved.sub.id.as_str()) {
+                    *slot = i;
+                }
+            }
+        }
+    }
+}
+
+#[derive(Default)]
+struct TenantIndex {
+    exact: HashMap<Box<str>, Bucket>,
+    /// Keyed by the prefix including its final `.`.
+    prefix: HashMap<Box<str>, Bucket>,
+    all: Bucket,
+}
+
+impl TenantIndex {
+    fn is_empty(&self) -> bool {
+        self.exact.is_empty() && self.prefix.is_empty() && self.all.is_empty()
+    }
+}
+
+/// The index; the caller keeps it in step with the table (`insert` each new version, `remove` the old one).
+#[derive(Default)]
+pub struct SubscriptionIndex {
+    /// Keyed by tenant; `""` holds the subscriptions without one.
+    tenants: HashMap<Box<str>, TenantIndex>,
+}
+
+impl SubscriptionIndex {
+    pub fn insert(&mut self, entry: &Arc<SubscriptionEntry>) {
+        let id: Arc<str> = Arc::from(entry.sub.id.as_str());
+        let t = self.tenants.entry(entry.sub.tenant.as_str().into()).or_default();
+        for pattern in &entry.sub.event_types {
+            let bucket = match filter::key(pattern) {
+                Key::All => &mut t.all,
+                Key::Exact(name) => t.exact.entry(name.into()).or_default(),
+                Key::Prefix(prefix) => t.prefix.entry(prefix.into()).or_default(),
+                Key::Never => continue,
+            };
+            bucket.insert(&id, entry);
+        }
+        if t.is_empty() {
+            self.tenants.remove(entry.sub.tenant.as_str());
+        }
+    }
+
+    /// Removes `entry` (the version that was inserted), dropping buckets and tenants that become empty.
+    pub fn remove(&mut self, entry: &SubscriptionEntry) {
+        let id = entry.sub.id.as_str();
+        let Some(t) = self.tenants.get_mut(entry.sub.tenant.as_str()) else { return };
+        for pattern in &entry.sub.event_types {
+            match filter::key(pattern) {
+                Key::All => {
+                    t.all.remove(id);
+                }
+                Key::Exact(name) => remove_from(&mut t.exact, name, id),
+                Key::Prefix(prefix) => remove_from(&mut t.prefix, prefix, id),
+                Key::Never => {}
+            }
+        }
+        if t.is_empty() {
+            self.tenants.remove(entry.sub.tenant.as_str());
+        }
+    }
+
+    /// The subscriptions of `tenant` whose filter matches `event_type`, each once, ordered by id.
+    pub fn matching(&self, tenant: &str, event_type: &str) -> Vec<Arc<SubscriptionEntry>> {
+        let Some(t) = self.tenants.get(tenant) else { return Vec::new() };
+        let buckets = std::iter::once(&t.all)
+            .chain(t.exact.get(event_type))
+            .chain(filter::dot_prefixes(event_type).filter_map(|p| t.prefix.get(p)));
+        let mut out = Vec::new();
+        let mut sources = 0usize;
+        for b in buckets.filter(|b| !b.is_empty()) {
+            sources = sources.saturating_add(1);
+            out.extend(b.items.iter().cloned());
+        }
+        out.sort_unstable_by(|a, b| a.sub.id.cmp(&b.sub.id));
+        // A subscription with several patterns that match sits in several buckets.
+        if sources > 1 {
+            out.dedup_by(|a, b| a.sub.id == b.sub.id);
+        }
+        out
+    }
+
+    /// Tenants with at least one keyed pattern (for tests: deleted ones are forgotten).
+    pub fn tenant_count(&self) -> usize {
+        self.tenants.len()
+    }
+}
+
+fn remove_from(map: &mut HashMap<Box<str>, Bucket>, key: &str, id: &str) {
+    if let Some(b) = map.get_mut(key) {
+        b.remove(id);
+        if b.is_empty() {
+            map.remove(key);
+        }
+    }
+}
