@@ -140,12 +140,12 @@ async fn under_fault(fault: &str, inject: impl FnOnce(&Cluster), lift: impl FnOn
     })
     .await;
     let received_at_inject = p.seen.requests.lock().unwrap().len();
-    inject(p.broker().cluster());
+    inject(&p.broker().cluster());
     let injected_at = Instant::now();
     // The second half is published while the fault is in (it may block until the fault is lifted).
     let publisher = tokio::spawn(publish(p.api, second.to_vec()));
     tokio::time::sleep(HOLD).await;
-    lift(p.broker().cluster());
+    lift(&p.broker().cluster());
     let lifted_at = Instant::now();
     let received_at_lift = p.seen.requests.lock().unwrap().len();
     accepted.extend(publisher.await.expect("publisher"));
