@@ -8,3 +8,4 @@ mod support;
 mod hostile;
 mod faults;
 mod redo;
+mod kafka_tls;

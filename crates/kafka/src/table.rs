@@ -46,8 +46,9 @@ impl QuietEof {
 /// What a TLS or SASL failure reported by librdkafka tells an operator, or `None` for other errors.
 pub fn describe_security_failure(error: &KafkaError, reason: &str) -> Option<String> {
     use rdkafka::types::RDKafkaErrorCode as C;
+    let tls = reason.contains("SSL routines") || reason.contains("SSL handshake");
     match error.rdkafka_error_code()? {
-        C::SSL => Some(format!(
+        C::SSL | C::BrokerTransportFailure if tls || error.rdkafka_error_code() == Some(C::SSL) => Some(format!(
             "the TLS handshake with the broker failed (check kafka.tls.ca_file, kafka.tls.check_hostname, and \
              kafka.tls.cert_file/key_file if the broker requires a client certificate): {reason}"
         )),
@@ -94,8 +95,11 @@ pub(crate) fn fetch_metadata(
 ) -> Result<rdkafka::metadata::Metadata, MetadataError> {
     let deadline = std::time::Instant::now() + limit;
     loop {
-        // Nothing is assigned yet, so this yields no record: it only serves events.
-        let _ = futures::FutureExt::now_or_never(consumer.recv());
+        // Nothing is assigned yet, so this yields no record: it only serves events. One poll serves one event, and
+        // librdkafka queues a log line with every error, so serve a batch.
+        for _ in 0..256 {
+            let _ = futures::FutureExt::now_or_never(consumer.recv());
+        }
         if let Some(failure) = consumer.context().security_failure() {
             return Err(MetadataError::Security(failure));
         }
