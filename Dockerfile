@@ -3,7 +3,8 @@
 # Pick the binary with the container command, e.g. `docker run IMAGE hookline-dispatcher --config /etc/hookline/hookline.toml`.
 #
 # Building needs only cargo and a C toolchain: rdkafka-sys builds librdkafka from source (make, perl/python3 in
-# its configure) and libz-sys builds or links zlib. rust:1-bookworm has all of them.
+# its configure), against Debian's OpenSSL (libssl-dev, pkg-config) for TLS and SASL, and libz-sys builds or links
+# zlib. rust:1-bookworm has all of them; the runtime image needs libssl3.
 
 FROM rust:1-bookworm AS build
 WORKDIR /src
@@ -18,7 +19,7 @@ RUN --mount=type=cache,target=/usr/local/cargo/registry \
 
 FROM debian:bookworm-slim
 RUN apt-get update \
- && apt-get install -y --no-install-recommends ca-certificates \
+ && apt-get install -y --no-install-recommends ca-certificates libssl3 \
  && rm -rf /var/lib/apt/lists/* \
  && groupadd --system --gid 10001 hookline \
  && useradd --system --uid 10001 --gid hookline --home-dir /nonexistent --no-create-home \

@@ -31,7 +31,7 @@ const MANY: usize = 100_000;
 /// duplicates they report) would otherwise depend on each other.
 static SERIAL: tokio::sync::Mutex<()> = tokio::sync::Mutex::const_new(());
 
-type Cluster = MockCluster<'static, DefaultProducerContext>;
+type Cluster<'a> = MockCluster<'a, DefaultProducerContext>;
 
 /// Publishes events concurrently (8 at a time) with its own client; returns the ids the API accepted (202).
 async fn publish(api: std::net::SocketAddr, ids: Vec<String>) -> Vec<String> {
@@ -121,7 +121,7 @@ async fn wait_complete(p: &Pipeline, expected: &HashSet<(String, String)>, path_
 }
 
 /// Runs the stream with `inject` applied mid-stream and `lift` applied `HOLD` later; prints and checks the tally.
-async fn under_fault(fault: &str, inject: impl FnOnce(&Cluster), lift: impl FnOnce(&Cluster)) {
+async fn under_fault(fault: &str, inject: impl FnOnce(&Cluster<'_>), lift: impl FnOnce(&Cluster<'_>)) {
     let _serial = SERIAL.lock().await;
     let started = Instant::now();
     let p = Pipeline::start(4).await;
@@ -140,12 +140,12 @@ async fn under_fault(fault: &str, inject: impl FnOnce(&Cluster), lift: impl FnOn
     })
     .await;
     let received_at_inject = p.seen.requests.lock().unwrap().len();
-    inject(p.broker().cluster());
+    inject(&p.broker().cluster());
     let injected_at = Instant::now();
     // The second half is published while the fault is in (it may block until the fault is lifted).
     let publisher = tokio::spawn(publish(p.api, second.to_vec()));
     tokio::time::sleep(HOLD).await;
-    lift(p.broker().cluster());
+    lift(&p.broker().cluster());
     let lifted_at = Instant::now();
     let received_at_lift = p.seen.requests.lock().unwrap().len();
     accepted.extend(publisher.await.expect("publisher"));

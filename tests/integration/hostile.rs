@@ -380,7 +380,7 @@ async fn hostile_events_are_dead_lettered_with_their_reason_and_bytes_and_never_
     const MAX_EVENT: usize = 48 << 10;
     let p = Pipeline::start_with(1, |c| c.ingest.max_event_bytes = MAX_EVENT).await;
     p.subscribe(json!({"url": p.url("ok"), "event_types": ["*"]})).await;
-    let producer: FutureProducer = hookline_kafka::client::producer(&p.config.kafka, "test-hostile-upstream").unwrap();
+    let producer = hookline_kafka::client::producer(&p.config.kafka, "test-hostile-upstream").unwrap();
     let events = Topics::new("hookline.").events().to_owned();
 
     let deep_data = format!("{{\"id\":\"a\",\"type\":\"t\",\"data\":{}{}}}", "[".repeat(10_000), "]".repeat(10_000));
@@ -580,7 +580,7 @@ async fn a_malformed_record_near_max_event_bytes_is_dead_lettered() {
     let limit = p.config.ingest.max_event_bytes;
     assert_eq!(limit, 960 << 10);
     p.subscribe(json!({"url": p.url("after-big"), "event_types": ["*"]})).await;
-    let mut cfg = hookline_kafka::client::producer_config(&p.config.kafka, "test-big-upstream");
+    let mut cfg = hookline_kafka::client::producer_config(&p.config.kafka, "test-big-upstream").unwrap();
     cfg.set("message.max.bytes", "4000000");
     let producer: FutureProducer = cfg.create().unwrap();
     let events = Topics::new("hookline.").events().to_owned();

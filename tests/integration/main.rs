@@ -9,5 +9,6 @@ mod hostile;
 mod faults;
 mod redo;
 mod hardening;
-mod tracing;
+mod kafka_tls;
 mod tenants;
+mod tracing;

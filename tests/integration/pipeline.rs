@@ -6,7 +6,7 @@ use std::time::Duration;
 
 use hookline_core::policy::{self, Policy};
 use hookline_kafka::Topics;
-use rdkafka::producer::{FutureProducer, FutureRecord};
+use rdkafka::producer::FutureRecord;
 use serde_json::json;
 
 use crate::support::{wait_for, Pipeline};
@@ -129,7 +129,7 @@ async fn terminal_and_exhausted_deliveries_reach_the_dead_letter_topic() {
 async fn malformed_events_are_dead_lettered_without_stalling_the_partition() {
     let p = Pipeline::start(1).await;
     p.subscribe(json!({"url": p.url("ok"), "event_types": ["*"]})).await;
-    let producer: FutureProducer = hookline_kafka::client::producer(&p.config.kafka, "test-upstream").unwrap();
+    let producer = hookline_kafka::client::producer(&p.config.kafka, "test-upstream").unwrap();
     let events = Topics::new("hookline.").events().to_owned();
     for bad in [&b"{not json"[..], b"{\"type\":\"no.id\"}", b"\xff\xfe", b"{\"id\":\"a\",\"type\":7}"] {
         producer.send(FutureRecord::<str, [u8]>::to(&events).key("k").payload(bad), Duration::from_secs(5)).await.unwrap();

@@ -115,6 +115,7 @@ async fn redo_by_the_next_owner(dedupe_window_ms: u64) -> usize {
     let n = requests_for(&p, "ok", "evt_done");
     stop.cancel();
     next.await.unwrap();
+    drop(cluster);
     p.stop().await;
     n
 }

@@ -22,7 +22,7 @@ use opentelemetry_proto::tonic::collector::trace::v1::{ExportTraceServiceRequest
 use opentelemetry_proto::tonic::common::v1::any_value::Value as AnyValue;
 use prost::Message;
 use rdkafka::message::{Header, OwnedHeaders};
-use rdkafka::producer::{FutureProducer, FutureRecord};
+use rdkafka::producer::FutureRecord;
 use serde_json::json;
 
 use crate::pipeline::quick_policy;
@@ -302,7 +302,7 @@ async fn a_kafka_header_is_continued_and_an_invalid_or_missing_traceparent_start
 
     // Published to the events topic with W3C record headers, as an instrumented Kafka producer does.
     let kafka_trace = "0af7651916cd43dd8448eb211c80319c";
-    let producer: FutureProducer = hookline_kafka::client::producer(&p.config.kafka, "test-upstream").unwrap();
+    let producer = hookline_kafka::client::producer(&p.config.kafka, "test-upstream").unwrap();
     let headers = OwnedHeaders::new()
         .insert(Header { key: "traceparent", value: Some(&format!("00-{kafka_trace}-b7ad6b7169203331-01")) })
         .insert(Header { key: "tracestate", value: Some("congo=t61rcWkgMzE") });

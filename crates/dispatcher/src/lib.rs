@@ -29,7 +29,8 @@ use futures::future::BoxFuture;
 use prost::Message as _;
 use rdkafka::consumer::{CommitMode, Consumer, StreamConsumer};
 use rdkafka::error::KafkaError;
-use rdkafka::producer::{DeliveryFuture, FutureProducer, FutureRecord, Producer};
+use hookline_kafka::client::Producer as KafkaProducer;
+use rdkafka::producer::{DeliveryFuture, FutureRecord, Producer};
 use rdkafka::Message;
 use tokio::sync::{mpsc, Semaphore};
 use tokio_util::sync::CancellationToken;
@@ -65,7 +66,7 @@ pub struct Options {
 
 pub(crate) struct Ctx {
     pub topics: Topics,
-    pub producer: FutureProducer,
+    pub producer: KafkaProducer,
     pub subs: SubscriptionTable,
     pub states: EndpointStates,
     pub lanes: Arc<Lanes>,
@@ -222,7 +223,7 @@ pub async fn run(config: Config, shutdown: CancellationToken, options: Options) 
     };
     let (context, mut rebalances) = RebalanceContext::with_revoke_drain("dispatcher", revoke_drain);
     let consumer: StreamConsumer<RebalanceContext> =
-        group_consumer_config(kafka, &config.dispatcher.group_id, &instance).create_with_context(context)?;
+        group_consumer_config(kafka, &config.dispatcher.group_id, &instance)?.create_with_context(context)?;
     consumer.subscribe(&[deliveries])?;
 
     let max_in_flight = config.dispatcher.max_in_flight;

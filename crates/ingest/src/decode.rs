@@ -167,7 +167,7 @@ fn check_name(v: &str, field: &'static str) -> Result<(), Invalid> {
 
 /// The tenant decides which subscriptions an event reaches, so it must be exactly one a subscription can have.
 fn check_tenant(tenant: &str) -> Result<(), Invalid> {
-    hookline_core::filter::validate_tenant(tenant).map_err(|e| invalid("invalid_field", format!("tenant: {e}")))
+    hookline_core::filter::validate_tenant(tenant).map_err(|e| invalid(Reason::EventInvalidField, format!("tenant: {e}")))
 }
 
 /// `2026-01-02T03:04:05Z`, with optional fraction and `±hh:mm` offset, to epoch milliseconds.

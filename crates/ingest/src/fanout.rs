@@ -14,7 +14,8 @@ use hookline_kafka::Topics;
 use prost::Message as _;
 use rdkafka::consumer::{CommitMode, Consumer, StreamConsumer};
 use rdkafka::error::KafkaError;
-use rdkafka::producer::{FutureProducer, FutureRecord};
+use hookline_kafka::client::Producer as FutureProducer;
+use rdkafka::producer::FutureRecord;
 use rdkafka::Message;
 use tokio::sync::{mpsc, Semaphore};
 use tokio_util::sync::CancellationToken;
@@ -38,7 +39,7 @@ pub struct Fanout {
 pub async fn run(f: Arc<Fanout>, config: &hookline_service::Config, client_id: &str) -> Result<(), KafkaError> {
     let (context, mut rebalances) = RebalanceContext::new("ingest");
     let consumer: StreamConsumer<RebalanceContext> =
-        group_consumer_config(&config.kafka, &config.ingest.group_id, client_id).create_with_context(context)?;
+        group_consumer_config(&config.kafka, &config.ingest.group_id, client_id)?.create_with_context(context)?;
     let events = f.topics.events();
     consumer.subscribe(&[events])?;
     let in_flight = Arc::new(Semaphore::new(MAX_IN_FLIGHT));

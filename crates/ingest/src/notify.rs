@@ -262,7 +262,7 @@ pub async fn run(config: &hookline_service::Config, shutdown: CancellationToken)
     let group = format!("{}-notify", config.ingest.group_id);
     let (context, mut rebalances) = RebalanceContext::new("ingest-notify");
     let consumer: StreamConsumer<RebalanceContext> =
-        group_consumer_config(&config.kafka, &group, "hookline-ingest-notify").create_with_context(context)?;
+        group_consumer_config(&config.kafka, &group, "hookline-ingest-notify")?.create_with_context(context)?;
     consumer.subscribe(&[topic])?;
     tracing::info!(%topic, %group, relay = %notifier.smtp.addr, "owner e-mail notifications on");
 

@@ -404,7 +404,7 @@ async fn ops_events_become_owner_emails() {
 
     // Every record, skipped or mailed, is committed: a restart sends nothing again.
     let group = format!("{}-notify", config.ingest.group_id);
-    let check: BaseConsumer = hookline_kafka::client::group_consumer_config(&config.kafka, &group, "notify-test-check").create().unwrap();
+    let check: BaseConsumer = hookline_kafka::client::group_consumer_config(&config.kafka, &group, "notify-test-check").unwrap().create().unwrap();
     let mut tpl = TopicPartitionList::new();
     for p in 0..2 {
         tpl.add_partition(topics.ops(), p);

@@ -1,25 +1,93 @@
-//! librdkafka client settings. Safety-relevant properties are set here, in one place, for every binary.
+//! librdkafka client settings. Safety-relevant properties are set here, in one place, for every binary, and so
+//! are TLS and SASL: every client (producers, group consumers, table readers, scans, the admin client) gets them.
 
-use rdkafka::config::ClientConfig;
-use rdkafka::error::KafkaResult;
+use std::path::Path;
+
+use rdkafka::admin::AdminClient;
+use rdkafka::client::{ClientContext, OAuthToken};
+use rdkafka::config::{ClientConfig, FromClientConfigAndContext};
+use rdkafka::error::{KafkaError, KafkaResult};
 use rdkafka::producer::FutureProducer;
 
-use crate::settings::KafkaSettings;
+use crate::oauth::OAuthClient;
+use crate::settings::{KafkaSettings, SaslMechanism};
 
-fn base(settings: &KafkaSettings, client_id: &str) -> ClientConfig {
+/// The context of hookline's producers and admin clients: OAUTHBEARER tokens from `kafka.oauth.*`, errors to the
+/// log. (Consumers have their own contexts, which do the same: `RebalanceContext`, `QuietEof`.)
+#[derive(Debug, Default, Clone, Copy)]
+pub struct KafkaContext;
+
+impl ClientContext for KafkaContext {
+    const ENABLE_REFRESH_OAUTH_TOKEN: bool = true;
+
+    fn generate_oauth_token(&self, config: Option<&str>) -> Result<OAuthToken, Box<dyn std::error::Error>> {
+        crate::oauth::generate(config)
+    }
+
+    fn error(&self, error: KafkaError, reason: &str) {
+        tracing::error!(%error, reason, "kafka client error");
+    }
+}
+
+/// A producer of hookline records.
+pub type Producer = FutureProducer<KafkaContext>;
+
+fn base(settings: &KafkaSettings, client_id: &str) -> KafkaResult<ClientConfig> {
     let mut c = ClientConfig::new();
     for (k, v) in &settings.properties {
         c.set(k, v);
     }
     c.set("bootstrap.servers", &settings.bootstrap_servers).set("client.id", client_id);
-    c
+    // Secrets are read here, at every client's creation, so a rotated Secret mount is picked up by new clients.
+    security(settings, &mut c).map_err(KafkaError::ClientCreation)?;
+    Ok(c)
+}
+
+fn path_str<'a>(key: &str, path: &'a Path) -> Result<&'a str, String> {
+    path.to_str().ok_or_else(|| format!("{key}: the path {} is not UTF-8", path.display()))
+}
+
+/// `kafka.security_protocol`, `kafka.tls.*`, `kafka.sasl.*` and `kafka.oauth.*` as librdkafka properties.
+pub fn security(settings: &KafkaSettings, c: &mut ClientConfig) -> Result<(), String> {
+    let proto = settings.security_protocol;
+    c.set("security.protocol", proto.as_str());
+    if proto.tls() {
+        let tls = &settings.tls;
+        if let Some(p) = &tls.ca_file {
+            c.set("ssl.ca.location", path_str("kafka.tls.ca_file", p)?);
+        }
+        if let Some(p) = &tls.cert_file {
+            c.set("ssl.certificate.location", path_str("kafka.tls.cert_file", p)?);
+        }
+        if let Some(p) = &tls.key_file {
+            c.set("ssl.key.location", path_str("kafka.tls.key_file", p)?);
+        }
+        if let Some(password) = settings.tls_key_password()? {
+            c.set("ssl.key.password", password.expose());
+        }
+        c.set("ssl.endpoint.identification.algorithm", if tls.check_hostname { "https" } else { "none" });
+    }
+    if let (true, Some(mechanism)) = (proto.sasl(), settings.sasl.mechanism) {
+        c.set("sasl.mechanism", mechanism.as_librdkafka());
+        if mechanism == SaslMechanism::OAuthBearer {
+            c.set("sasl.oauthbearer.config", crate::oauth::encode(&OAuthClient::from_settings(settings)?));
+        } else {
+            if let Some(u) = &settings.sasl.username {
+                c.set("sasl.username", u);
+            }
+            if let Some(password) = settings.sasl_password()? {
+                c.set("sasl.password", password.expose());
+            }
+        }
+    }
+    Ok(())
 }
 
 /// A producer for hookline's records: `acks=all` and idempotence so an acknowledged record is durable and never
 /// duplicated by producer retries; murmur2 so every binary (and the Java clients upstream) agrees on the
 /// partition of a subscription id — that is what co-partitions the work and state topics.
-pub fn producer_config(settings: &KafkaSettings, client_id: &str) -> ClientConfig {
-    let mut c = base(settings, client_id);
+pub fn producer_config(settings: &KafkaSettings, client_id: &str) -> KafkaResult<ClientConfig> {
+    let mut c = base(settings, client_id)?;
     c.set("acks", "all")
         .set("enable.idempotence", "true")
         .set("partitioner", "murmur2_random")
@@ -27,18 +95,25 @@ pub fn producer_config(settings: &KafkaSettings, client_id: &str) -> ClientConfi
         .set("message.max.bytes", settings.message_max_bytes.to_string())
         .set("delivery.timeout.ms", settings.delivery_timeout_ms.to_string())
         .set("compression.type", "lz4");
-    c
+    Ok(c)
 }
 
-pub fn producer(settings: &KafkaSettings, client_id: &str) -> KafkaResult<FutureProducer> {
-    producer_config(settings, client_id).create()
+pub fn producer(settings: &KafkaSettings, client_id: &str) -> KafkaResult<Producer> {
+    producer_config(settings, client_id)?.create_with_context(KafkaContext)
+}
+
+/// An admin client (topic creation) with hookline's connection and security settings.
+pub fn admin(settings: &KafkaSettings, client_id: &str) -> KafkaResult<AdminClient<KafkaContext>> {
+    let admin = AdminClient::from_config_and_context(&base(settings, client_id)?, KafkaContext)?;
+    crate::oauth::prime(admin.inner(), settings)?;
+    Ok(admin)
 }
 
 /// A group consumer that stores offsets only when told to (after an outcome is durable) and auto-commits what was
 /// stored. Reading starts at the earliest record of a partition the group never committed, so nothing accepted
 /// before the first consumer started is skipped.
-pub fn group_consumer_config(settings: &KafkaSettings, group_id: &str, client_id: &str) -> ClientConfig {
-    let mut c = base(settings, client_id);
+pub fn group_consumer_config(settings: &KafkaSettings, group_id: &str, client_id: &str) -> KafkaResult<ClientConfig> {
+    let mut c = base(settings, client_id)?;
     c.set("group.id", group_id)
         .set("enable.auto.commit", "true")
         .set("auto.commit.interval.ms", "500")
@@ -50,12 +125,12 @@ pub fn group_consumer_config(settings: &KafkaSettings, group_id: &str, client_id
         .set("enable.partition.eof", "false")
         // Feeds `hookline_consumer_lag` (see rebalance.rs).
         .set("statistics.interval.ms", "5000");
-    c
+    Ok(c)
 }
 
 /// A consumer that reads whole topics by assignment (no group membership, nothing committed): compacted tables.
-pub fn table_consumer_config(settings: &KafkaSettings, client_id: &str) -> ClientConfig {
-    let mut c = base(settings, client_id);
+pub fn table_consumer_config(settings: &KafkaSettings, client_id: &str) -> KafkaResult<ClientConfig> {
+    let mut c = base(settings, client_id)?;
     // librdkafka requires a group id even for assign-only consumers; nothing is ever committed under it.
     c.set("group.id", format!("{client_id}-table-reader"))
         .set("enable.auto.commit", "false")
@@ -63,5 +138,5 @@ pub fn table_consumer_config(settings: &KafkaSettings, client_id: &str) -> Clien
         .set("auto.offset.reset", "earliest")
         .set("fetch.wait.max.ms", settings.fetch_wait_max_ms.to_string())
         .set("enable.partition.eof", "true");
-    c
+    Ok(c)
 }

@@ -4,6 +4,7 @@
 
 pub mod client;
 pub mod mock;
+pub mod oauth;
 pub mod produce;
 pub mod rebalance;
 pub mod scan;

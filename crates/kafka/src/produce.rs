@@ -4,7 +4,9 @@ use std::time::Duration;
 
 use rdkafka::error::KafkaError;
 use rdkafka::message::OwnedHeaders;
-use rdkafka::producer::{FutureProducer, FutureRecord};
+use rdkafka::producer::FutureRecord;
+
+use crate::client::Producer;
 
 #[derive(Debug, thiserror::Error)]
 #[error("producing to {topic} failed: {source}")]
@@ -19,7 +21,7 @@ const QUEUE_TIMEOUT: Duration = Duration::from_secs(10);
 
 /// Sends one record and waits until it is acknowledged by all in-sync replicas. Returns (partition, offset).
 pub async fn send(
-    producer: &FutureProducer,
+    producer: &Producer,
     topic: &str,
     key: &str,
     payload: &[u8],
@@ -28,7 +30,7 @@ pub async fn send(
 }
 
 pub async fn send_with_headers(
-    producer: &FutureProducer,
+    producer: &Producer,
     topic: &str,
     key: &str,
     payload: &[u8],
@@ -48,7 +50,7 @@ pub async fn send_with_headers(
 }
 
 /// Sends a tombstone (null value) for `key`.
-pub async fn send_tombstone(producer: &FutureProducer, topic: &str, key: &str) -> Result<(), ProduceError> {
+pub async fn send_tombstone(producer: &Producer, topic: &str, key: &str) -> Result<(), ProduceError> {
     let record: FutureRecord<'_, str, [u8]> = FutureRecord::to(topic).key(key);
     match producer.send(record, QUEUE_TIMEOUT).await {
         Ok(_) => Ok(()),

@@ -90,6 +90,19 @@ fn list(tpl: &TopicPartitionList) -> Vec<(String, i32)> {
 }
 
 impl ClientContext for RebalanceContext {
+    const ENABLE_REFRESH_OAUTH_TOKEN: bool = true;
+
+    fn generate_oauth_token(&self, config: Option<&str>) -> Result<rdkafka::client::OAuthToken, Box<dyn std::error::Error>> {
+        crate::oauth::generate(config)
+    }
+
+    fn error(&self, error: rdkafka::error::KafkaError, reason: &str) {
+        match crate::table::describe_security_failure(&error, reason) {
+            Some(failure) => tracing::error!(consumer = self.name, "{failure}"),
+            None => tracing::error!(consumer = self.name, %error, reason, "kafka client error"),
+        }
+    }
+
     /// librdkafka's statistics (every `statistics.interval.ms`): consumer lag per topic kind, for autoscaling on
     /// the dispatcher group's lag and for alerts. Labels stay bounded: the role and the topic kind.
     fn stats(&self, statistics: rdkafka::Statistics) {

@@ -19,6 +19,8 @@ pub enum ScanError {
         #[source]
         source: KafkaError,
     },
+    #[error("reading {topic}: {reason}")]
+    Security { topic: String, reason: String },
     #[error("reading {topic} took longer than {limit:?}; narrow the time range")]
     TooLong { topic: String, limit: Duration },
 }
@@ -45,13 +47,17 @@ where
     F: FnMut(&BorrowedMessage<'_>),
 {
     let err = |source| ScanError::Kafka { topic: topic.to_owned(), source };
-    let mut config = crate::client::table_consumer_config(settings, "hookline-scan");
+    let mut config = crate::client::table_consumer_config(settings, "hookline-scan").map_err(err)?;
     config.set("enable.partition.eof", "false");
-    let consumer: Arc<StreamConsumer<QuietEof>> = Arc::new(config.create_with_context(QuietEof).map_err(err)?);
+    let consumer: Arc<StreamConsumer<QuietEof>> = Arc::new(config.create_with_context(QuietEof::default()).map_err(err)?);
     let (c, t, by_time) = (consumer.clone(), topic.to_owned(), settings.offsets_by_time);
     // Where each partition starts and ends, asked once (blocking calls, off the runtime's threads).
-    let plan = tokio::task::spawn_blocking(move || -> Result<Vec<(i32, i64, i64)>, KafkaError> {
-        let md = c.fetch_metadata(Some(&t), Duration::from_secs(10))?;
+    let plan = tokio::task::spawn_blocking(move || -> Result<Vec<(i32, i64, i64)>, ScanError> {
+        let md = crate::table::fetch_metadata(&c, &t, Duration::from_secs(10)).map_err(|e| match e {
+            crate::table::MetadataError::Kafka(source) => ScanError::Kafka { topic: t.clone(), source },
+            crate::table::MetadataError::Security(reason) => ScanError::Security { topic: t.clone(), reason },
+        })?;
+        let kafka = |source| ScanError::Kafka { topic: t.clone(), source };
         let parts: Vec<i32> = md
             .topics()
             .iter()
@@ -61,12 +67,12 @@ where
             .collect();
         let mut plan = Vec::new();
         for p in parts {
-            let (low, high) = c.fetch_watermarks(&t, p, Duration::from_secs(10))?;
+            let (low, high) = c.fetch_watermarks(&t, p, Duration::from_secs(10)).map_err(kafka)?;
             let mut start = low;
             if let (Some(since), true) = (since_ms, by_time) {
                 let mut tpl = TopicPartitionList::new();
-                tpl.add_partition_offset(&t, p, Offset::Offset(since))?;
-                let found = c.offsets_for_times(tpl, Duration::from_secs(10))?;
+                tpl.add_partition_offset(&t, p, Offset::Offset(since)).map_err(kafka)?;
+                let found = c.offsets_for_times(tpl, Duration::from_secs(10)).map_err(kafka)?;
                 start = match found.find_partition(&t, p).map(|e| e.offset()) {
                     Some(Offset::Offset(o)) => o,
                     _ => high, // nothing at or after `since`
@@ -79,8 +85,7 @@ where
         Ok(plan)
     })
     .await
-    .expect("scan planning does not panic")
-    .map_err(err)?;
+    .expect("scan planning does not panic")?;
     if plan.is_empty() {
         return Ok(0);
     }

@@ -1,10 +1,11 @@
 //! The `[kafka]` table of the config file.
 
 use std::collections::BTreeMap;
+use std::path::{Path, PathBuf};
 
 use serde::{Deserialize, Serialize};
 
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[derive(Clone, PartialEq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields, default)]
 pub struct KafkaSettings {
     /// `host:port,host:port`.
@@ -17,8 +18,16 @@ pub struct KafkaSettings {
     /// Partitions of the `events` input topic.
     pub event_partitions: i32,
     pub replication_factor: i32,
-    /// Passed to librdkafka as is (SASL, SSL, tuning): `"security.protocol" = "SASL_SSL"`.
-    /// hookline's own safety settings (acks, idempotence, partitioner, offset storing) cannot be overridden here.
+    /// How clients talk to the brokers: `plaintext`, `ssl` (TLS), `sasl_plaintext` or `sasl_ssl` (SASL over TLS).
+    pub security_protocol: SecurityProtocol,
+    /// TLS to the brokers (`ssl`, `sasl_ssl`): CA bundle, client certificate for mTLS, hostname check.
+    pub tls: TlsSettings,
+    /// SASL authentication (`sasl_plaintext`, `sasl_ssl`).
+    pub sasl: SaslSettings,
+    /// OAUTHBEARER tokens from an OIDC provider (client credentials), with `sasl.mechanism = "oauthbearer"`.
+    pub oauth: OAuthSettings,
+    /// Passed to librdkafka as is (tuning): `"socket.keepalive.enable" = "true"`. hookline's own safety settings
+    /// (acks, idempotence, partitioner, offset storing) and what the keys above set cannot be given here.
     pub properties: BTreeMap<String, String>,
     /// How long a producer keeps retrying a record before reporting failure.
     pub delivery_timeout_ms: u64,
@@ -47,6 +56,10 @@ impl Default for KafkaSettings {
             partitions: 12,
             event_partitions: 12,
             replication_factor: 3,
+            security_protocol: SecurityProtocol::default(),
+            tls: TlsSettings::default(),
+            sasl: SaslSettings::default(),
+            oauth: OAuthSettings::default(),
             properties: BTreeMap::new(),
             delivery_timeout_ms: 120_000,
             linger_ms: 2,
@@ -71,6 +84,314 @@ pub const PROTECTED_PROPERTIES: &[&str] = &[
     "session.timeout.ms",
     "heartbeat.interval.ms",
 ];
+
+/// `security.protocol`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum SecurityProtocol {
+    #[default]
+    Plaintext,
+    Ssl,
+    SaslPlaintext,
+    SaslSsl,
+}
+
+impl SecurityProtocol {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Self::Plaintext => "plaintext",
+            Self::Ssl => "ssl",
+            Self::SaslPlaintext => "sasl_plaintext",
+            Self::SaslSsl => "sasl_ssl",
+        }
+    }
+
+    pub fn tls(self) -> bool {
+        matches!(self, Self::Ssl | Self::SaslSsl)
+    }
+
+    pub fn sasl(self) -> bool {
+        matches!(self, Self::SaslPlaintext | Self::SaslSsl)
+    }
+}
+
+/// `sasl.mechanism`. GSSAPI (Kerberos) is not built in.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+pub enum SaslMechanism {
+    #[serde(rename = "plain")]
+    Plain,
+    #[serde(rename = "scram-sha-256")]
+    ScramSha256,
+    #[serde(rename = "scram-sha-512")]
+    ScramSha512,
+    #[serde(rename = "oauthbearer")]
+    OAuthBearer,
+}
+
+impl SaslMechanism {
+    /// librdkafka's name.
+    pub fn as_librdkafka(self) -> &'static str {
+        match self {
+            Self::Plain => "PLAIN",
+            Self::ScramSha256 => "SCRAM-SHA-256",
+            Self::ScramSha512 => "SCRAM-SHA-512",
+            Self::OAuthBearer => "OAUTHBEARER",
+        }
+    }
+}
+
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct TlsSettings {
+    /// PEM bundle of the CAs that sign the brokers' certificates. Unset: the system's CA store.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub ca_file: Option<PathBuf>,
+    /// PEM client certificate (chain) for mTLS; needs `key_file`.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub cert_file: Option<PathBuf>,
+    /// PEM private key of `cert_file`.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub key_file: Option<PathBuf>,
+    /// A file holding the password of an encrypted `key_file`.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub key_password_file: Option<PathBuf>,
+    /// Whether the broker's certificate must name the host the client connects to. Turn off only for a broker
+    /// whose certificate cannot be fixed: anyone with a certificate from the same CA could then pose as it.
+    pub check_hostname: bool,
+}
+
+impl Default for TlsSettings {
+    fn default() -> Self {
+        Self { ca_file: None, cert_file: None, key_file: None, key_password_file: None, check_hostname: true }
+    }
+}
+
+#[derive(Debug, Clone, PartialEq, Default, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct SaslSettings {
+    /// `plain`, `scram-sha-256`, `scram-sha-512` or `oauthbearer`.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub mechanism: Option<SaslMechanism>,
+    /// For `plain` and `scram-*`.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub username: Option<String>,
+    /// A file holding the password (a trailing newline is ignored). Read whenever a client is created.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub password_file: Option<PathBuf>,
+    /// The name of an environment variable holding the password (not the password).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub password_env: Option<String>,
+}
+
+#[derive(Debug, Clone, PartialEq, Default, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct OAuthSettings {
+    /// The OIDC provider's token endpoint: `https://idp.example.com/oauth2/token` (http only to a loopback
+    /// address).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub token_endpoint: Option<String>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub client_id: Option<String>,
+    /// A file holding the client secret. Read at every token fetch, so a rotated secret is picked up.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub client_secret_file: Option<PathBuf>,
+    /// Space-separated scopes to ask for; unset: none.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub scope: Option<String>,
+}
+
+/// Properties that the `kafka.security_protocol`, `kafka.tls.*`, `kafka.sasl.*` and `kafka.oauth.*` keys set, and
+/// properties that would put a secret inline in the config: refused in `kafka.properties`, with the key to use.
+const SECURITY_PROPERTIES: &[(&str, &str)] = &[
+    ("security.protocol", "kafka.security_protocol"),
+    ("ssl.ca.location", "kafka.tls.ca_file"),
+    ("ssl.ca.pem", "kafka.tls.ca_file"),
+    ("ssl.certificate.location", "kafka.tls.cert_file"),
+    ("ssl.certificate.pem", "kafka.tls.cert_file"),
+    ("ssl.key.location", "kafka.tls.key_file"),
+    ("ssl.key.pem", "kafka.tls.key_file"),
+    ("ssl.key.password", "kafka.tls.key_password_file"),
+    ("ssl.keystore.location", "kafka.tls.cert_file and kafka.tls.key_file (PEM)"),
+    ("ssl.keystore.password", "kafka.tls.cert_file and kafka.tls.key_file (PEM)"),
+    ("ssl.endpoint.identification.algorithm", "kafka.tls.check_hostname"),
+    ("sasl.mechanism", "kafka.sasl.mechanism"),
+    ("sasl.mechanisms", "kafka.sasl.mechanism"),
+    ("sasl.username", "kafka.sasl.username"),
+    ("sasl.password", "kafka.sasl.password_file or kafka.sasl.password_env"),
+    ("sasl.oauthbearer.config", "kafka.oauth.*"),
+    ("sasl.oauthbearer.method", "kafka.oauth.*"),
+    ("sasl.oauthbearer.client.id", "kafka.oauth.client_id"),
+    ("sasl.oauthbearer.client.secret", "kafka.oauth.client_secret_file"),
+    ("sasl.oauthbearer.token.endpoint.url", "kafka.oauth.token_endpoint"),
+    ("sasl.oauthbearer.scope", "kafka.oauth.scope"),
+    ("enable.sasl.oauthbearer.unsecure.jwt", "kafka.oauth.*"),
+];
+
+/// A file named by a key must be readable when the service starts, not at the first reconnect.
+fn readable(key: &str, path: &Path) -> Result<(), String> {
+    std::fs::File::open(path).map(drop).map_err(|e| format!("{key}: cannot read {}: {e}", path.display()))
+}
+
+impl KafkaSettings {
+    /// The SASL password, from `kafka.sasl.password_file` or the variable `kafka.sasl.password_env` names.
+    pub fn sasl_password(&self) -> Result<Option<Secret>, String> {
+        if let Some(path) = &self.sasl.password_file {
+            return read_secret("kafka.sasl.password_file", path).map(Some);
+        }
+        if let Some(var) = &self.sasl.password_env {
+            return match std::env::var(var) {
+                Ok(v) if !v.is_empty() => Ok(Some(Secret(v))),
+                Ok(_) => Err(format!("kafka.sasl.password_env: the variable {var} is empty")),
+                Err(_) => Err(format!("kafka.sasl.password_env: the variable {var} is not set")),
+            };
+        }
+        Ok(None)
+    }
+
+    /// The password of the TLS key, from `kafka.tls.key_password_file`.
+    pub fn tls_key_password(&self) -> Result<Option<Secret>, String> {
+        self.tls.key_password_file.as_deref().map(|p| read_secret("kafka.tls.key_password_file", p)).transpose()
+    }
+
+    fn validate_security(&self) -> Result<(), String> {
+        let proto = self.security_protocol;
+        let tls = &self.tls;
+        let tls_keys = [
+            ("kafka.tls.ca_file", tls.ca_file.as_deref()),
+            ("kafka.tls.cert_file", tls.cert_file.as_deref()),
+            ("kafka.tls.key_file", tls.key_file.as_deref()),
+            ("kafka.tls.key_password_file", tls.key_password_file.as_deref()),
+        ];
+        for (key, path) in tls_keys {
+            let Some(path) = path else { continue };
+            if !proto.tls() {
+                return Err(format!(
+                    "{key}: set, but kafka.security_protocol = \"{}\" does not use TLS (use \"ssl\" or \"sasl_ssl\")",
+                    proto.as_str()
+                ));
+            }
+            readable(key, path)?;
+        }
+        match (&tls.cert_file, &tls.key_file) {
+            (Some(_), None) => return Err("kafka.tls.key_file: required with kafka.tls.cert_file (mTLS needs the certificate's key)".into()),
+            (None, Some(_)) => return Err("kafka.tls.cert_file: required with kafka.tls.key_file".into()),
+            _ => {}
+        }
+        if tls.key_password_file.is_some() && tls.key_file.is_none() {
+            return Err("kafka.tls.key_password_file: set without kafka.tls.key_file".into());
+        }
+        self.tls_key_password()?;
+
+        let sasl = &self.sasl;
+        let oauth = &self.oauth;
+        let Some(mechanism) = sasl.mechanism else {
+            if proto.sasl() {
+                return Err(format!(
+                    "kafka.sasl.mechanism: required with kafka.security_protocol = \"{}\" (plain, scram-sha-256, scram-sha-512 or oauthbearer)",
+                    proto.as_str()
+                ));
+            }
+            if sasl.username.is_some() || sasl.password_file.is_some() || sasl.password_env.is_some() {
+                return Err("kafka.sasl.mechanism: kafka.sasl.username or a password is set, but no mechanism".into());
+            }
+            if *oauth != OAuthSettings::default() {
+                return Err("kafka.oauth: set, but kafka.sasl.mechanism is not \"oauthbearer\"".into());
+            }
+            return Ok(());
+        };
+        if !proto.sasl() {
+            return Err(format!(
+                "kafka.sasl.mechanism: set, but kafka.security_protocol = \"{}\" does not use SASL (use \"sasl_ssl\" or \"sasl_plaintext\")",
+                proto.as_str()
+            ));
+        }
+        if mechanism == SaslMechanism::OAuthBearer {
+            if sasl.username.is_some() || sasl.password_file.is_some() || sasl.password_env.is_some() {
+                return Err("kafka.sasl.username: not used with kafka.sasl.mechanism = \"oauthbearer\" (tokens come from kafka.oauth.*); remove the username and password".into());
+            }
+            return crate::oauth::OAuthClient::from_settings(self).and_then(|c| c.check_secret());
+        }
+        if *oauth != OAuthSettings::default() {
+            return Err("kafka.oauth: set, but kafka.sasl.mechanism is not \"oauthbearer\"".into());
+        }
+        if sasl.username.as_deref().is_none_or(|u| u.trim().is_empty()) {
+            return Err(format!("kafka.sasl.username: required with kafka.sasl.mechanism = \"{}\"", mechanism.as_librdkafka().to_ascii_lowercase()));
+        }
+        match (&sasl.password_file, &sasl.password_env) {
+            (Some(_), Some(_)) => return Err("kafka.sasl.password_file: set together with kafka.sasl.password_env; keep one".into()),
+            (None, None) => {
+                return Err(format!(
+                    "kafka.sasl.password_file: required (or kafka.sasl.password_env) with kafka.sasl.mechanism = \"{}\"",
+                    mechanism.as_librdkafka().to_ascii_lowercase()
+                ))
+            }
+            _ => {}
+        }
+        self.sasl_password().map(drop)
+    }
+}
+
+/// A secret read from a file or the environment. Its Debug and Display never show it.
+#[derive(Clone, PartialEq, Eq)]
+pub struct Secret(String);
+
+impl Secret {
+    pub fn new(value: String) -> Self {
+        Self(value)
+    }
+
+    pub fn expose(&self) -> &str {
+        &self.0
+    }
+}
+
+impl std::fmt::Debug for Secret {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("[redacted]")
+    }
+}
+
+/// Reads a one-line secret file; the trailing newline editors and `echo` add is not part of it.
+pub(crate) fn read_secret(key: &str, path: &Path) -> Result<Secret, String> {
+    let text = std::fs::read_to_string(path).map_err(|e| format!("{key}: cannot read {}: {e}", path.display()))?;
+    let value = text.strip_suffix('\n').map(|t| t.strip_suffix('\r').unwrap_or(t)).unwrap_or(&text);
+    if value.is_empty() {
+        return Err(format!("{key}: {} is empty", path.display()));
+    }
+    Ok(Secret(value.to_owned()))
+}
+
+/// Property values whose key looks secret are shown as `[redacted]`: a config dump in a log never carries one.
+impl std::fmt::Debug for KafkaSettings {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        let properties: BTreeMap<&str, &str> = self
+            .properties
+            .iter()
+            .map(|(k, v)| {
+                let secret = ["password", "secret", "pem", "jaas", "token"].iter().any(|w| k.contains(w));
+                (k.as_str(), if secret { "[redacted]" } else { v.as_str() })
+            })
+            .collect();
+        f.debug_struct("KafkaSettings")
+            .field("bootstrap_servers", &self.bootstrap_servers)
+            .field("topic_prefix", &self.topic_prefix)
+            .field("partitions", &self.partitions)
+            .field("event_partitions", &self.event_partitions)
+            .field("replication_factor", &self.replication_factor)
+            .field("security_protocol", &self.security_protocol)
+            .field("tls", &self.tls)
+            .field("sasl", &self.sasl)
+            .field("oauth", &self.oauth)
+            .field("properties", &properties)
+            .field("delivery_timeout_ms", &self.delivery_timeout_ms)
+            .field("linger_ms", &self.linger_ms)
+            .field("message_max_bytes", &self.message_max_bytes)
+            .field("fetch_wait_max_ms", &self.fetch_wait_max_ms)
+            .field("offsets_by_time", &self.offsets_by_time)
+            .field("session_timeout_ms", &self.session_timeout_ms)
+            .finish()
+    }
+}
 
 impl KafkaSettings {
     pub fn validate(&self) -> Result<(), String> {
@@ -104,6 +425,234 @@ impl KafkaSettings {
                 "kafka.properties.{k}: hookline sets this itself (at-least-once delivery depends on it); remove it{instead}"
             ));
         }
-        Ok(())
+        if let Some((k, instead)) = self.properties.keys().find_map(|k| SECURITY_PROPERTIES.iter().find(|(p, _)| p == k)) {
+            return Err(format!(
+                "kafka.properties.{k}: not accepted here; use {instead} (TLS and SASL have their own keys, and secrets \
+                 come from files or the environment, never inline)"
+            ));
+        }
+        self.validate_security()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::client::group_consumer_config;
+
+    /// A file with `contents` in a directory of this test process.
+    fn file(name: &str, contents: &str) -> PathBuf {
+        let dir = std::env::temp_dir().join(format!("hookline-kafka-settings-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let path = dir.join(name);
+        std::fs::write(&path, contents).unwrap();
+        path
+    }
+
+    fn parse(text: &str) -> KafkaSettings {
+        toml::from_str(text).unwrap_or_else(|e| panic!("{text}: {e}"))
+    }
+
+    fn invalid(s: &KafkaSettings) -> String {
+        s.validate().expect_err("must be refused")
+    }
+
+    fn scram() -> KafkaSettings {
+        let mut s = KafkaSettings { security_protocol: SecurityProtocol::SaslSsl, ..Default::default() };
+        s.sasl.mechanism = Some(SaslMechanism::ScramSha512);
+        s.sasl.username = Some("svc-hookline".into());
+        s.sasl.password_file = Some(file("scram-password", "s3cret-pw\n"));
+        s
+    }
+
+    #[test]
+    fn the_default_is_plaintext_and_valid() {
+        let s = KafkaSettings::default();
+        assert_eq!(s.security_protocol, SecurityProtocol::Plaintext);
+        s.validate().unwrap();
+        let c = group_consumer_config(&s, "g", "c").unwrap();
+        assert_eq!(c.get("security.protocol"), Some("plaintext"));
+        assert_eq!(c.get("sasl.mechanism"), None);
+    }
+
+    #[test]
+    fn sasl_ssl_with_scram_maps_to_librdkafka_properties() {
+        let ca = file("ca.pem", "not checked until a handshake");
+        let pw = file("pw", "s3cret-pw\r\n");
+        let s = parse(&format!(
+            "security_protocol = \"sasl_ssl\"\n[tls]\nca_file = {ca:?}\n[sasl]\nmechanism = \"scram-sha-256\"\nusername = \"svc\"\npassword_file = {pw:?}\n"
+        ));
+        s.validate().unwrap();
+        let c = group_consumer_config(&s, "g", "c").unwrap();
+        assert_eq!(c.get("security.protocol"), Some("sasl_ssl"));
+        assert_eq!(c.get("ssl.ca.location"), ca.to_str());
+        assert_eq!(c.get("ssl.endpoint.identification.algorithm"), Some("https"));
+        assert_eq!(c.get("sasl.mechanism"), Some("SCRAM-SHA-256"));
+        assert_eq!(c.get("sasl.username"), Some("svc"));
+        assert_eq!(c.get("sasl.password"), Some("s3cret-pw"), "the file's line ending is not part of the password");
+    }
+
+    #[test]
+    fn mtls_and_hostname_check_map_to_librdkafka_properties() {
+        let mut s = KafkaSettings { security_protocol: SecurityProtocol::Ssl, ..Default::default() };
+        s.tls.cert_file = Some(file("client.pem", "cert"));
+        s.tls.key_file = Some(file("client.key", "key"));
+        s.tls.key_password_file = Some(file("client.key.pw", "keypw\n"));
+        s.tls.check_hostname = false;
+        s.validate().unwrap();
+        let c = crate::client::producer_config(&s, "p").unwrap();
+        assert_eq!(c.get("security.protocol"), Some("ssl"));
+        assert_eq!(c.get("ssl.certificate.location"), s.tls.cert_file.as_deref().and_then(Path::to_str));
+        assert_eq!(c.get("ssl.key.location"), s.tls.key_file.as_deref().and_then(Path::to_str));
+        assert_eq!(c.get("ssl.key.password"), Some("keypw"));
+        assert_eq!(c.get("ssl.endpoint.identification.algorithm"), Some("none"));
+        assert_eq!(c.get("sasl.mechanism"), None);
+    }
+
+    #[test]
+    fn the_password_can_come_from_the_environment() {
+        let var = format!("HOOKLINE_TEST_KAFKA_PW_{}", std::process::id());
+        let mut s = scram();
+        s.sasl.password_file = None;
+        s.sasl.password_env = Some(var.clone());
+        assert!(invalid(&s).contains(&format!("kafka.sasl.password_env: the variable {var} is not set")), "{}", invalid(&s));
+        std::env::set_var(&var, "from-env");
+        s.validate().unwrap();
+        let c = group_consumer_config(&s, "g", "c").unwrap();
+        assert_eq!(c.get("sasl.password"), Some("from-env"));
+        std::env::remove_var(&var);
+    }
+
+    #[test]
+    fn oauthbearer_carries_its_settings_to_the_token_hook() {
+        let mut s = KafkaSettings { security_protocol: SecurityProtocol::SaslSsl, ..Default::default() };
+        s.sasl.mechanism = Some(SaslMechanism::OAuthBearer);
+        s.oauth = OAuthSettings {
+            token_endpoint: Some("https://idp.example.com/oauth2/token".into()),
+            client_id: Some("hookline".into()),
+            client_secret_file: Some(file("client-secret", "cs\n")),
+            scope: Some("kafka".into()),
+        };
+        s.validate().unwrap();
+        let c = group_consumer_config(&s, "g", "c").unwrap();
+        assert_eq!(c.get("sasl.mechanism"), Some("OAUTHBEARER"));
+        let carried: crate::oauth::OAuthClient = serde_json::from_str(c.get("sasl.oauthbearer.config").unwrap()).unwrap();
+        assert_eq!(carried, crate::oauth::OAuthClient::from_settings(&s).unwrap());
+        assert!(!c.get("sasl.oauthbearer.config").unwrap().contains("cs"), "the secret itself stays in its file");
+    }
+
+    #[test]
+    fn inconsistent_security_settings_are_refused_naming_the_key() {
+        let mut s = scram();
+        s.security_protocol = SecurityProtocol::Ssl;
+        assert!(invalid(&s).starts_with("kafka.sasl.mechanism: set, but kafka.security_protocol = \"ssl\""), "{}", invalid(&s));
+
+        let mut s = scram();
+        s.sasl.mechanism = None;
+        assert!(invalid(&s).starts_with("kafka.sasl.mechanism: required with kafka.security_protocol = \"sasl_ssl\""), "{}", invalid(&s));
+
+        let mut s = scram();
+        s.sasl.username = None;
+        assert!(invalid(&s).starts_with("kafka.sasl.username: required"), "{}", invalid(&s));
+
+        let mut s = scram();
+        s.sasl.password_file = None;
+        assert!(invalid(&s).starts_with("kafka.sasl.password_file: required"), "{}", invalid(&s));
+
+        let mut s = scram();
+        s.sasl.password_env = Some("X".into());
+        assert!(invalid(&s).contains("together with kafka.sasl.password_env"), "{}", invalid(&s));
+
+        let mut s = scram();
+        s.sasl.password_file = Some(PathBuf::from("/nonexistent/hookline/pw"));
+        assert!(invalid(&s).starts_with("kafka.sasl.password_file: cannot read /nonexistent/hookline/pw"), "{}", invalid(&s));
+
+        let mut s = scram();
+        s.sasl.password_file = Some(file("empty-pw", "\n"));
+        assert!(invalid(&s).contains("is empty"), "{}", invalid(&s));
+
+        let mut s = KafkaSettings::default();
+        s.tls.ca_file = Some(file("ca2.pem", "x"));
+        assert!(invalid(&s).starts_with("kafka.tls.ca_file: set, but kafka.security_protocol = \"plaintext\" does not use TLS"), "{}", invalid(&s));
+
+        let mut s = KafkaSettings { security_protocol: SecurityProtocol::Ssl, ..Default::default() };
+        s.tls.ca_file = Some(PathBuf::from("/nonexistent/ca.pem"));
+        assert!(invalid(&s).starts_with("kafka.tls.ca_file: cannot read /nonexistent/ca.pem"), "{}", invalid(&s));
+
+        let mut s = KafkaSettings { security_protocol: SecurityProtocol::Ssl, ..Default::default() };
+        s.tls.cert_file = Some(file("c.pem", "x"));
+        assert!(invalid(&s).starts_with("kafka.tls.key_file: required with kafka.tls.cert_file"), "{}", invalid(&s));
+
+        let mut s = KafkaSettings { security_protocol: SecurityProtocol::Ssl, ..Default::default() };
+        s.tls.key_file = Some(file("k.pem", "x"));
+        assert!(invalid(&s).starts_with("kafka.tls.cert_file: required with kafka.tls.key_file"), "{}", invalid(&s));
+
+        let mut s = KafkaSettings::default();
+        s.oauth.client_id = Some("x".into());
+        assert!(invalid(&s).starts_with("kafka.oauth: set, but kafka.sasl.mechanism is not \"oauthbearer\""), "{}", invalid(&s));
+    }
+
+    #[test]
+    fn oauth_settings_are_checked() {
+        let base = || {
+            let mut s = KafkaSettings { security_protocol: SecurityProtocol::SaslSsl, ..Default::default() };
+            s.sasl.mechanism = Some(SaslMechanism::OAuthBearer);
+            s.oauth.token_endpoint = Some("https://idp.example.com/token".into());
+            s.oauth.client_id = Some("hookline".into());
+            s.oauth.client_secret_file = Some(file("cs2", "x"));
+            s
+        };
+        base().validate().unwrap();
+        let mut s = base();
+        s.oauth.token_endpoint = None;
+        assert!(invalid(&s).starts_with("kafka.oauth.token_endpoint: required"), "{}", invalid(&s));
+        s.oauth.token_endpoint = Some("http://idp.example.com/token".into());
+        assert!(invalid(&s).starts_with("kafka.oauth.token_endpoint: must be an https:// URL"), "{}", invalid(&s));
+        s.oauth.token_endpoint = Some("http://127.0.0.1:8080/token".into());
+        s.validate().unwrap();
+        let mut s = base();
+        s.oauth.client_id = None;
+        assert!(invalid(&s).starts_with("kafka.oauth.client_id: required"), "{}", invalid(&s));
+        let mut s = base();
+        s.oauth.client_secret_file = Some(PathBuf::from("/nonexistent/cs"));
+        assert!(invalid(&s).starts_with("kafka.oauth.client_secret_file: cannot read"), "{}", invalid(&s));
+        let mut s = base();
+        s.sasl.username = Some("u".into());
+        assert!(invalid(&s).starts_with("kafka.sasl.username: not used with kafka.sasl.mechanism = \"oauthbearer\""), "{}", invalid(&s));
+    }
+
+    #[test]
+    fn security_properties_are_refused_pointing_at_the_keys() {
+        for (prop, key) in [
+            ("sasl.password", "kafka.sasl.password_file"),
+            ("security.protocol", "kafka.security_protocol"),
+            ("ssl.key.password", "kafka.tls.key_password_file"),
+            ("sasl.oauthbearer.client.secret", "kafka.oauth.client_secret_file"),
+        ] {
+            let mut s = KafkaSettings::default();
+            s.properties.insert(prop.into(), "x".into());
+            let e = invalid(&s);
+            assert!(e.starts_with(&format!("kafka.properties.{prop}: not accepted here; use {key}")), "{e}");
+        }
+        let mut s = KafkaSettings::default();
+        s.properties.insert("socket.keepalive.enable".into(), "true".into());
+        s.validate().unwrap();
+    }
+
+    #[test]
+    fn a_debug_dump_shows_no_secret() {
+        let mut s = scram();
+        s.properties.insert("ssl.keystore.password".into(), "hunter2".into());
+        let dump = format!("{s:?}");
+        assert!(!dump.contains("hunter2") && !dump.contains("s3cret-pw"), "{dump}");
+        assert!(dump.contains("[redacted]") && dump.contains("svc-hookline"), "{dump}");
+        assert_eq!(format!("{:?}", s.sasl_password().unwrap().unwrap()), "[redacted]");
+    }
+
+    #[test]
+    fn unknown_mechanisms_and_protocols_are_parse_errors() {
+        assert!(toml::from_str::<KafkaSettings>("security_protocol = \"SASL_SSL\"").is_err());
+        assert!(toml::from_str::<KafkaSettings>("[sasl]\nmechanism = \"gssapi\"").is_err());
+        assert!(toml::from_str::<KafkaSettings>("[tls]\nca_path = \"/x\"").is_err());
     }
 }

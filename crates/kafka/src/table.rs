@@ -24,20 +24,93 @@ pub enum TableError {
         #[source]
         source: KafkaError,
     },
+    /// TLS or SASL failed: retrying cannot help until the configuration (or the broker's) is fixed.
+    #[error("reading topic {topic}: {reason}")]
+    Security { topic: String, reason: String },
 }
 
-/// Reaching the end of a partition is how a table reader knows it caught up, not an error worth logging.
-pub struct QuietEof;
+/// The context of table readers and scans. Reaching the end of a partition is how a table reader knows it caught
+/// up, not an error worth logging. TLS and SASL failures are kept for the error the caller sees.
+#[derive(Default)]
+pub struct QuietEof {
+    failure: Mutex<Option<String>>,
+}
+
+impl QuietEof {
+    /// The last TLS or SASL failure librdkafka reported, with the keys that configure it.
+    pub fn security_failure(&self) -> Option<String> {
+        self.failure.lock().expect("failure lock").clone()
+    }
+}
+
+/// What a TLS or SASL failure reported by librdkafka tells an operator, or `None` for other errors.
+pub fn describe_security_failure(error: &KafkaError, reason: &str) -> Option<String> {
+    use rdkafka::types::RDKafkaErrorCode as C;
+    let tls = reason.contains("SSL routines") || reason.contains("SSL handshake");
+    match error.rdkafka_error_code()? {
+        C::SSL | C::BrokerTransportFailure if tls || error.rdkafka_error_code() == Some(C::SSL) => Some(format!(
+            "the TLS handshake with the broker failed (check kafka.tls.ca_file, kafka.tls.check_hostname, and \
+             kafka.tls.cert_file/key_file if the broker requires a client certificate): {reason}"
+        )),
+        C::Authentication | C::SaslAuthenticationFailed => {
+            Some(format!("SASL authentication with the broker failed (check kafka.sasl.* or kafka.oauth.*): {reason}"))
+        }
+        _ => None,
+    }
+}
 
 impl rdkafka::ClientContext for QuietEof {
+    const ENABLE_REFRESH_OAUTH_TOKEN: bool = true;
+
+    fn generate_oauth_token(&self, config: Option<&str>) -> Result<rdkafka::client::OAuthToken, Box<dyn std::error::Error>> {
+        crate::oauth::generate(config)
+    }
+
     fn error(&self, error: KafkaError, reason: &str) {
-        if error.rdkafka_error_code() != Some(rdkafka::types::RDKafkaErrorCode::PartitionEOF) {
-            tracing::error!(%error, reason, "kafka client error");
+        if error.rdkafka_error_code() == Some(rdkafka::types::RDKafkaErrorCode::PartitionEOF) {
+            return;
         }
+        if let Some(failure) = describe_security_failure(&error, reason) {
+            *self.failure.lock().expect("failure lock") = Some(failure);
+        }
+        tracing::error!(%error, reason, "kafka client error");
     }
 }
 
 impl rdkafka::consumer::ConsumerContext for QuietEof {}
+
+/// Why [`fetch_metadata`] failed.
+pub(crate) enum MetadataError {
+    Kafka(KafkaError),
+    Security(String),
+}
+
+/// The metadata of `topic`, asked in short waits with the consumer's event queue served in between: that runs the
+/// OAuth token refresh (a consumer never polled has no token, so it cannot connect) and turns a TLS or SASL
+/// failure into an error at once instead of a timeout after `limit`. Blocking: call it off the runtime's workers.
+pub(crate) fn fetch_metadata(
+    consumer: &StreamConsumer<QuietEof>,
+    topic: &str,
+    limit: Duration,
+) -> Result<rdkafka::metadata::Metadata, MetadataError> {
+    let deadline = std::time::Instant::now() + limit;
+    loop {
+        // Nothing is assigned yet, so this yields no record: it only serves events. One poll serves one event, and
+        // librdkafka queues a log line with every error, so serve a batch.
+        for _ in 0..256 {
+            let _ = futures::FutureExt::now_or_never(consumer.recv());
+        }
+        if let Some(failure) = consumer.context().security_failure() {
+            return Err(MetadataError::Security(failure));
+        }
+        let left = deadline.saturating_duration_since(std::time::Instant::now());
+        match consumer.fetch_metadata(Some(topic), left.min(Duration::from_millis(250))) {
+            Ok(md) => return Ok(md),
+            Err(e) if left <= Duration::from_millis(250) => return Err(MetadataError::Kafka(e)),
+            Err(_) => {}
+        }
+    }
+}
 
 #[derive(Default)]
 struct Positions {
@@ -105,14 +178,17 @@ where
     let topic = topic.to_owned();
     let kafka = |source| TableError::Kafka { topic: topic.clone(), source };
     let consumer: StreamConsumer<QuietEof> =
-        table_consumer_config(settings, client_id).create_with_context(QuietEof).map_err(kafka)?;
+        table_consumer_config(settings, client_id).map_err(kafka)?.create_with_context(QuietEof::default()).map_err(kafka)?;
     let consumer = Arc::new(consumer);
     let partitions = {
         let (c, t) = (consumer.clone(), topic.clone());
-        tokio::task::spawn_blocking(move || c.fetch_metadata(Some(&t), Duration::from_secs(10)))
+        tokio::task::spawn_blocking(move || fetch_metadata(&c, &t, Duration::from_secs(10)))
             .await
             .expect("metadata lookup does not panic")
-            .map_err(kafka)?
+            .map_err(|e| match e {
+                MetadataError::Kafka(source) => TableError::Kafka { topic: topic.clone(), source },
+                MetadataError::Security(reason) => TableError::Security { topic: topic.clone(), reason },
+            })?
             .topics()
             .iter()
             .find(|t| t.name() == topic)

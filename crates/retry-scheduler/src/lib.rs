@@ -23,7 +23,8 @@ use hookline_service::{health, telemetry, Config, Readiness};
 use prost::Message as _;
 use rdkafka::consumer::{CommitMode, Consumer, StreamConsumer};
 use rdkafka::error::KafkaError;
-use rdkafka::producer::{FutureProducer, Producer};
+use hookline_kafka::client::Producer as FutureProducer;
+use rdkafka::producer::Producer;
 use rdkafka::{Message, TopicPartitionList};
 use tokio::sync::mpsc;
 use tokio::time::Instant;
@@ -94,7 +95,7 @@ pub async fn run(config: Config, shutdown: CancellationToken, options: Options) 
 
     let (context, mut rebalances) = RebalanceContext::new("retry-scheduler");
     let consumer: StreamConsumer<RebalanceContext> =
-        group_consumer_config(&config.kafka, &config.retry_scheduler.group_id, &instance).create_with_context(context)?;
+        group_consumer_config(&config.kafka, &config.retry_scheduler.group_id, &instance)?.create_with_context(context)?;
     let mut inputs: Vec<&str> = TIERS.iter().map(|t| topics.retry(t)).collect();
     inputs.push(topics.held());
     consumer.subscribe(&inputs)?;

@@ -1,7 +1,7 @@
 //! One TOML file shared by all binaries, with environment overrides: `HOOKLINE_<SECTION>__<KEY>=value`
 //! (e.g. `HOOKLINE_KAFKA__BOOTSTRAP_SERVERS=kafka:9092`, `HOOKLINE_DISPATCHER__MAX_IN_FLIGHT=5000`). Values are
 //! read as TOML when they parse as a number, boolean or array, otherwise as a string. Under
-//! `kafka.properties`, `_` in the key stands for `.` (`HOOKLINE_KAFKA__PROPERTIES__SASL_USERNAME`).
+//! `kafka.properties`, `_` in the key stands for `.` (`HOOKLINE_KAFKA__PROPERTIES__SOCKET_KEEPALIVE_ENABLE`).
 //! Unknown keys are errors, in the file and in the environment.
 
 use std::net::SocketAddr;
@@ -566,7 +566,9 @@ mod tests {
             env(&[
                 ("HOOKLINE_KAFKA__BOOTSTRAP_SERVERS", "b:2,c:3"),
                 ("HOOKLINE_DISPATCHER__MAX_IN_FLIGHT", "77"),
-                ("HOOKLINE_KAFKA__PROPERTIES__SASL_USERNAME", "svc"),
+                ("HOOKLINE_KAFKA__PROPERTIES__SOCKET_KEEPALIVE_ENABLE", "yes"),
+                ("HOOKLINE_KAFKA__SECURITY_PROTOCOL", "ssl"),
+                ("HOOKLINE_KAFKA__TLS__CHECK_HOSTNAME", "false"),
                 ("HOOKLINE_CONFIG", "ignored: no section separator"),
                 ("OTHER__X", "ignored"),
             ]),
@@ -574,7 +576,9 @@ mod tests {
         .unwrap();
         assert_eq!(c.kafka.bootstrap_servers, "b:2,c:3");
         assert_eq!(c.dispatcher.max_in_flight, 77);
-        assert_eq!(c.kafka.properties.get("sasl.username").map(String::as_str), Some("svc"));
+        assert_eq!(c.kafka.properties.get("socket.keepalive.enable").map(String::as_str), Some("yes"));
+        assert_eq!(c.kafka.security_protocol, hookline_kafka::settings::SecurityProtocol::Ssl);
+        assert!(!c.kafka.tls.check_hostname, "nested [kafka.tls] keys take env overrides too");
     }
 
     #[test]

@@ -48,6 +48,38 @@ topic_prefix = {{ .Values.kafka.topicPrefix | quote }}
 partitions = {{ int .Values.kafka.partitions }}
 event_partitions = {{ int .Values.kafka.eventPartitions }}
 replication_factor = {{ int .Values.kafka.replicationFactor }}
+security_protocol = {{ .Values.kafka.securityProtocol | default "plaintext" | quote }}
+{{- $k := .Values.kafka }}
+{{- if has ($k.securityProtocol | default "plaintext") (list "ssl" "sasl_ssl") }}
+
+[kafka.tls]
+check_hostname = {{ $k.tls.checkHostname }}
+{{- if $k.tls.secretName }}
+ca_file = "/var/run/hookline/kafka-tls/ca.crt"
+{{- if $k.tls.clientCertificate }}
+cert_file = "/var/run/hookline/kafka-tls/tls.crt"
+key_file = "/var/run/hookline/kafka-tls/tls.key"
+{{- end }}
+{{- end }}
+{{- end }}
+{{- if has ($k.securityProtocol | default "plaintext") (list "sasl_plaintext" "sasl_ssl") }}
+
+[kafka.sasl]
+mechanism = {{ $k.sasl.mechanism | quote }}
+{{- if eq $k.sasl.mechanism "oauthbearer" }}
+
+[kafka.oauth]
+token_endpoint = {{ $k.oauth.tokenEndpoint | quote }}
+client_id = {{ $k.oauth.clientId | quote }}
+client_secret_file = "/var/run/hookline/secrets/kafka-oauth-client-secret"
+{{- with $k.oauth.scope }}
+scope = {{ . | quote }}
+{{- end }}
+{{- else }}
+username = {{ $k.sasl.username | quote }}
+password_file = "/var/run/hookline/secrets/kafka-sasl-password"
+{{- end }}
+{{- end }}
 
 [kafka.properties]
 {{- range $k, $v := .Values.kafka.properties }}
@@ -95,12 +127,32 @@ blocked_hostnames = {{ .Values.egress.blockedHostnames | toJson }}
       key: api-tokens
       optional: true
 {{- end }}
-- name: HOOKLINE_KAFKA__PROPERTIES__SASL_PASSWORD
-  valueFrom:
-    secretKeyRef:
-      name: {{ include "hookline.secretName" .root }}
-      key: kafka-sasl-password
-      optional: true
+{{- end -}}
+
+{{/* Kafka credentials as files (volumeMounts / volumes of every hookline pod): (dict "root" $) */}}
+{{- define "hookline.kafkaMounts" -}}
+- name: secrets
+  mountPath: /var/run/hookline/secrets
+  readOnly: true
+{{- if .root.Values.kafka.tls.secretName }}
+- name: kafka-tls
+  mountPath: /var/run/hookline/kafka-tls
+  readOnly: true
+{{- end }}
+{{- end -}}
+{{- define "hookline.kafkaVolumes" -}}
+- name: secrets
+  secret:
+    secretName: {{ include "hookline.secretName" .root }}
+    optional: true
+    items:
+      - {key: kafka-sasl-password, path: kafka-sasl-password}
+      - {key: kafka-oauth-client-secret, path: kafka-oauth-client-secret}
+{{- with .root.Values.kafka.tls.secretName }}
+- name: kafka-tls
+  secret:
+    secretName: {{ . }}
+{{- end }}
 {{- end -}}
 
 {{/*
@@ -177,10 +229,12 @@ spec:
             - name: config
               mountPath: /etc/hookline
               readOnly: true
+            {{- include "hookline.kafkaMounts" (dict "root" $root) | nindent 12 }}
       volumes:
         - name: config
           configMap:
             name: {{ include "hookline.fullname" $root }}
+        {{- include "hookline.kafkaVolumes" (dict "root" $root) | nindent 8 }}
       {{- with .v.nodeSelector }}
       nodeSelector:
         {{- toYaml . | nindent 8 }}

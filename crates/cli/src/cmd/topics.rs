@@ -7,8 +7,7 @@ use std::time::Duration;
 use anyhow::Context;
 use hookline_kafka::topics::Cleanup;
 use hookline_kafka::Topics;
-use rdkafka::admin::{AdminClient, AdminOptions, NewTopic, TopicReplication};
-use rdkafka::client::DefaultClientContext;
+use rdkafka::admin::{AdminOptions, NewTopic, TopicReplication};
 use rdkafka::types::RDKafkaErrorCode;
 
 use super::output::{duration_ms, table, Format};
@@ -100,12 +99,7 @@ fn topics_table(rows: &[TopicRow]) -> String {
 }
 
 async fn create(config: &hookline_service::Config, timeout: Duration) -> anyhow::Result<ExitCode> {
-    let mut client_config = rdkafka::ClientConfig::new();
-    for (k, v) in &config.kafka.properties {
-        client_config.set(k, v);
-    }
-    client_config.set("bootstrap.servers", &config.kafka.bootstrap_servers);
-    let admin: AdminClient<DefaultClientContext> = client_config.create().context("creating the Kafka admin client")?;
+    let admin = hookline_kafka::client::admin(&config.kafka, "hookline-topics").context("creating the Kafka admin client")?;
     let specs = Topics::new(config.kafka.topic_prefix.clone()).all();
     let retention: Vec<Option<String>> = specs.iter().map(|s| s.retention_ms.map(|r| r.to_string())).collect();
     let new_topics: Vec<NewTopic<'_>> = specs

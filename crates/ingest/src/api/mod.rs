@@ -23,7 +23,7 @@ use hookline_core::egress::EgressSettings;
 use hookline_kafka::state::{EndpointStates, SubscriptionTable};
 use hookline_kafka::table::TableHandle;
 use hookline_kafka::Topics;
-use rdkafka::producer::FutureProducer;
+use hookline_kafka::client::Producer as FutureProducer;
 use serde::de::DeserializeOwned;
 use serde_json::json;
 use subtle::ConstantTimeEq;

@@ -20,7 +20,7 @@ use hookline_service::Config;
 use http_body_util::{BodyExt, Full};
 use hyper_util::client::legacy::{connect::HttpConnector, Client};
 use hyper_util::rt::TokioExecutor;
-use rdkafka::producer::FutureProducer;
+use hookline_kafka::client::Producer as FutureProducer;
 use serde_json::{json, Value};
 use tokio_util::sync::CancellationToken;
 
@@ -312,10 +312,11 @@ impl Cluster {
 
     /// A producer for the `events` topic with hookline's own client settings and the given linger.
     pub fn producer(&self, linger_ms: u64) -> anyhow::Result<FutureProducer> {
-        let mut c = hookline_kafka::client::producer_config(&self.config.kafka, "hookline-bench");
+        use rdkafka::config::FromClientConfigAndContext;
+        let mut c = hookline_kafka::client::producer_config(&self.config.kafka, "hookline-bench")?;
         c.set("linger.ms", linger_ms.to_string());
         c.set("queue.buffering.max.messages", "1000000");
-        Ok(c.create()?)
+        Ok(FutureProducer::from_config_and_context(&c, hookline_kafka::client::KafkaContext)?)
     }
 
     /// Publishes a warm-up event (type `bench.warm`, which every bench subscription also matches) every 500 ms
@@ -437,13 +438,8 @@ pub fn cpu_per_1k(a: &CpuSnapshot, b: &CpuSnapshot, units: f64, keys: &[&str]) -
     Value::Object(m)
 }
 
-fn admin(config: &Config) -> anyhow::Result<rdkafka::admin::AdminClient<rdkafka::client::DefaultClientContext>> {
-    let mut c = rdkafka::ClientConfig::new();
-    for (k, v) in &config.kafka.properties {
-        c.set(k, v);
-    }
-    c.set("bootstrap.servers", &config.kafka.bootstrap_servers);
-    Ok(c.create()?)
+fn admin(config: &Config) -> anyhow::Result<rdkafka::admin::AdminClient<hookline_kafka::client::KafkaContext>> {
+    Ok(hookline_kafka::client::admin(&config.kafka, "hookline-bench-admin")?)
 }
 
 async fn create_topics(config: &Config) -> anyhow::Result<()> {
