@@ -31,8 +31,13 @@ pub struct Aborted;
 /// Runs inside the subscription's lane (see `lanes.rs`), so it is the only place that waits for an endpoint.
 pub async fn deliver(ctx: Arc<Ctx>, task: DeliveryTask, partition: i32) -> Result<(), Aborted> {
     tracing::debug!(delivery = %task.delivery_id, partition, "task received");
-    if !ctx.states.ready(partition).await {
-        // The partition was revoked before its state was synced: the next owner delivers it.
+    let ready = tokio::select! {
+        r = ctx.states.ready(partition) => r,
+        // Shutting down before the partition was synced: the drain must not wait for a sync that may never finish.
+        _ = ctx.shutdown.cancelled() => false,
+    };
+    if !ready {
+        // The partition was revoked (or the process stops) before its state was synced: the next owner delivers it.
         return Err(Aborted);
     }
     // A redo (after a rebalance, or a task produced twice) of an attempt whose outcome is already written: done.

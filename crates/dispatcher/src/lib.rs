@@ -404,7 +404,12 @@ fn on_rebalance(ev: RebalanceEvent, ctx: &Arc<Ctx>, reader: &TableHandle, topic:
                             let concluded = ctx.outcomes.learn(&ctx.kafka, ctx.topics.attempts(), p, now_ms()).await.map_err(|e| e.to_string())?;
                             Ok::<_, String>((leases, concluded))
                         };
-                        match synced.await {
+                        let synced = tokio::select! {
+                            r = synced => r,
+                            // A sync still running at shutdown is abandoned: nothing of the partition was sent.
+                            _ = ctx.shutdown.cancelled() => return,
+                        };
+                        match synced {
                             Ok((leases, concluded)) => {
                                 tracing::debug!(partition = p, leases, concluded, "partition synced");
                                 ctx.states.synced(p);
@@ -412,7 +417,10 @@ fn on_rebalance(ev: RebalanceEvent, ctx: &Arc<Ctx>, reader: &TableHandle, topic:
                             }
                             Err(e) => {
                                 tracing::warn!(partition = p, error = %e, "syncing partition state; retrying");
-                                tokio::time::sleep(Duration::from_millis(500)).await;
+                                tokio::select! {
+                                    _ = tokio::time::sleep(Duration::from_millis(500)) => {}
+                                    _ = ctx.shutdown.cancelled() => return,
+                                }
                             }
                         }
                     }
