@@ -32,6 +32,8 @@ pub struct Aborted;
 pub async fn deliver(ctx: Arc<Ctx>, task: DeliveryTask, partition: i32) -> Result<(), Aborted> {
     tracing::debug!(delivery = %task.delivery_id, partition, "task received");
     let ready = tokio::select! {
+        // A synced partition's task runs even during the drain, as before: only a wait for a sync gives up.
+        biased;
         r = ctx.states.ready(partition) => r,
         // Shutting down before the partition was synced: the drain must not wait for a sync that may never finish.
         _ = ctx.shutdown.cancelled() => false,
