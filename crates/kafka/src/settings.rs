@@ -440,9 +440,12 @@ mod tests {
     use super::*;
     use crate::client::group_consumer_config;
 
-    /// A file with `contents` in a directory of this test process.
+    /// A file with `contents` in a directory of its own.
     fn file(name: &str, contents: &str) -> PathBuf {
-        let dir = std::env::temp_dir().join(format!("hookline-kafka-settings-{}", std::process::id()));
+        // A directory per call: tests run in parallel and would otherwise rewrite each other's files mid-read.
+        static CALLS: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
+        let n = CALLS.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        let dir = std::env::temp_dir().join(format!("hookline-kafka-settings-{}-{n}", std::process::id()));
         std::fs::create_dir_all(&dir).unwrap();
         let path = dir.join(name);
         std::fs::write(&path, contents).unwrap();
