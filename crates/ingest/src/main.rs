@@ -13,8 +13,11 @@ struct Args {
     config: Option<PathBuf>,
 }
 
-#[tokio::main]
-async fn main() -> std::process::ExitCode {
+fn main() -> std::process::ExitCode {
+    hookline_service::shutdown::run_main(serve())
+}
+
+async fn serve() -> std::process::ExitCode {
     let args = Args::parse();
     // Printed as one `error: …` line (no backtrace, whatever RUST_BACKTRACE says): these are the user's mistakes.
     let config = match hookline_service::Config::load(args.config.as_deref(), std::env::vars()) {
