@@ -78,7 +78,10 @@ impl Endpoint {
 fn secret_file(contents: &str) -> PathBuf {
     let dir = std::env::temp_dir().join(format!("hookline-kafka-oauth-{}", std::process::id()));
     std::fs::create_dir_all(&dir).unwrap();
-    let path = dir.join(format!("secret-{}", contents.len()));
+    // A file per call: tests run in parallel, and rewriting a shared one let another test read it empty.
+    static CALLS: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
+    let n = CALLS.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+    let path = dir.join(format!("secret-{n}"));
     std::fs::write(&path, contents).unwrap();
     path
 }
