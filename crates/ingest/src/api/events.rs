@@ -17,22 +17,8 @@ pub async fn publish(
     headers: HeaderMap,
     body: Result<Bytes, axum::extract::rejection::BytesRejection>,
 ) -> Result<(StatusCode, Json<Value>), ApiError> {
-    let body = body.map_err(|e| {
-        ApiError::new(StatusCode::PAYLOAD_TOO_LARGE, "body_too_large", format!("the request body could not be read: {}", e.body_text()))
-            .with_field("body")
-    })?;
-    let is_json = headers
-        .get(axum::http::header::CONTENT_TYPE)
-        .and_then(|v| v.to_str().ok())
-        .is_some_and(|v| v.split(';').next().is_some_and(|m| m.trim().eq_ignore_ascii_case("application/json")));
-    if !is_json {
-        return Err(ApiError::new(
-            StatusCode::UNSUPPORTED_MEDIA_TYPE,
-            "unsupported_media_type",
-            "send the event as JSON with `Content-Type: application/json`",
-        )
-        .with_field("Content-Type"));
-    }
+    let body = body.map_err(super::body_unreadable)?;
+    super::require_json(&headers, "send the event as JSON with `Content-Type: application/json`")?;
     let mut event = decode::decode(&body, s.max_event_bytes, true).map_err(|e| {
         let status = if e.reason == "oversize" { StatusCode::PAYLOAD_TOO_LARGE } else { StatusCode::UNPROCESSABLE_ENTITY };
         ApiError::new(status, e.reason, e.detail).with_field(e.field.unwrap_or("body"))

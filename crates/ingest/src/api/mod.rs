@@ -205,6 +205,25 @@ impl IntoResponse for ApiError {
     }
 }
 
+/// A 415 naming `Content-Type` unless the request says its body is JSON (parameters such as `charset` allowed).
+pub(crate) fn require_json(headers: &axum::http::HeaderMap, message: &'static str) -> Result<(), ApiError> {
+    let is_json = headers
+        .get(header::CONTENT_TYPE)
+        .and_then(|v| v.to_str().ok())
+        .and_then(|v| v.split(';').next())
+        .is_some_and(|m| m.trim().eq_ignore_ascii_case("application/json"));
+    if is_json {
+        return Ok(());
+    }
+    Err(ApiError::new(StatusCode::UNSUPPORTED_MEDIA_TYPE, "unsupported_media_type", message).with_field("Content-Type"))
+}
+
+/// A body that could not be read: over the request limit (or cut off).
+pub(crate) fn body_unreadable(e: axum::extract::rejection::BytesRejection) -> ApiError {
+    ApiError::new(StatusCode::PAYLOAD_TOO_LARGE, "body_too_large", format!("the request body could not be read: {}", e.body_text()))
+        .with_field("body")
+}
+
 /// `Query<T>` whose rejections are JSON errors naming the parameter.
 pub struct ApiQuery<T>(pub T);
 
@@ -228,24 +247,8 @@ impl<S: Send + Sync, T: DeserializeOwned> FromRequest<S> for ApiJson<T> {
     type Rejection = ApiError;
 
     async fn from_request(req: Request, state: &S) -> Result<Self, Self::Rejection> {
-        let is_json = req
-            .headers()
-            .get(header::CONTENT_TYPE)
-            .and_then(|v| v.to_str().ok())
-            .and_then(|v| v.split(';').next())
-            .is_some_and(|m| m.trim().eq_ignore_ascii_case("application/json"));
-        if !is_json {
-            return Err(ApiError::new(
-                StatusCode::UNSUPPORTED_MEDIA_TYPE,
-                "unsupported_media_type",
-                "send the body as JSON with `Content-Type: application/json`",
-            )
-            .with_field("Content-Type"));
-        }
-        let bytes = axum::body::Bytes::from_request(req, state).await.map_err(|e| {
-            ApiError::new(StatusCode::PAYLOAD_TOO_LARGE, "body_too_large", format!("the request body could not be read: {}", e.body_text()))
-                .with_field("body")
-        })?;
+        require_json(req.headers(), "send the body as JSON with `Content-Type: application/json`")?;
+        let bytes = axum::body::Bytes::from_request(req, state).await.map_err(body_unreadable)?;
         let mut de = serde_json::Deserializer::from_slice(&bytes);
         let value = serde_path_to_error::deserialize(&mut de).map_err(ApiError::body)?;
         de.end().map_err(|e| {
