@@ -350,6 +350,7 @@ pub async fn run(config: Config, shutdown: CancellationToken, options: Options) 
     if let Err(e) = consumer.commit_consumer_state(CommitMode::Sync) {
         tracing::debug!(error = %e, "final commit");
     }
+    hookline_kafka::client::close_consumer(consumer, hookline_kafka::client::LEAVE_GROUP_WITHIN, "dispatcher").await;
     let _ = ctx.producer.flush(Duration::from_secs(10));
     reader_stop.cancel();
     ctx.tracer.flush().await;

@@ -131,6 +131,7 @@ pub async fn run(f: Arc<Fanout>, config: &hookline_service::Config, client_id: &
         }
     }
     let _ = consumer.commit_consumer_state(CommitMode::Sync);
+    hookline_kafka::client::close_consumer(consumer, hookline_kafka::client::LEAVE_GROUP_WITHIN, "ingest").await;
     Ok(())
 }
 

@@ -357,6 +357,7 @@ pub async fn run(config: &hookline_service::Config, shutdown: CancellationToken)
     if let Err(e) = consumer.commit_consumer_state(CommitMode::Sync) {
         tracing::debug!(error = %e, "notify: final commit (nothing stored?)");
     }
+    hookline_kafka::client::close_consumer(consumer, hookline_kafka::client::LEAVE_GROUP_WITHIN, "notify").await;
     tracing::info!("owner e-mail notifications stopped");
     Ok(())
 }

@@ -219,6 +219,7 @@ pub async fn run(config: Config, shutdown: CancellationToken, options: Options) 
         }
     }
     let _ = consumer.commit_consumer_state(CommitMode::Sync);
+    hookline_kafka::client::close_consumer(consumer, hookline_kafka::client::LEAVE_GROUP_WITHIN, "retry-scheduler").await;
     let _ = sched.producer.flush(Duration::from_secs(10));
     reader_stop.cancel();
     sched.tracer.flush().await;
