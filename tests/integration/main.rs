@@ -8,6 +8,7 @@ mod support;
 mod hostile;
 mod faults;
 mod redo;
+mod panics;
 mod hardening;
 mod kafka_tls;
 mod tenants;

@@ -47,6 +47,9 @@ pub enum DeadLetterReason {
     InvalidPolicy,
     /// An internal record (delivery task, retry envelope) that does not decode.
     InvalidTask,
+    /// Handling a delivery panicked (a bug in hookline): it is dead-lettered with the panic's message, so its
+    /// partition goes on and the delivery can be redriven once the bug is fixed.
+    InternalError,
     /// Input events that could not be read (written by ingest, with no delivery).
     EventEmpty,
     EventInvalidJson,
@@ -58,13 +61,14 @@ pub enum DeadLetterReason {
 }
 
 impl DeadLetterReason {
-    pub const ALL: [DeadLetterReason; 13] = [
+    pub const ALL: [DeadLetterReason; 14] = [
         Self::TerminalOutcome,
         Self::RetriesExhausted,
         Self::LeaseExpired,
         Self::Oversize,
         Self::InvalidPolicy,
         Self::InvalidTask,
+        Self::InternalError,
         Self::EventEmpty,
         Self::EventInvalidJson,
         Self::EventInvalidProtobuf,
@@ -83,6 +87,7 @@ impl DeadLetterReason {
             Self::Oversize | Self::EventOversize => "oversize",
             Self::InvalidPolicy => "invalid_policy",
             Self::InvalidTask => "invalid_task",
+            Self::InternalError => "internal_error",
             Self::EventEmpty => "empty",
             Self::EventInvalidJson => "invalid_json",
             Self::EventInvalidProtobuf => "invalid_protobuf",
@@ -94,7 +99,10 @@ impl DeadLetterReason {
 
     /// Whether the dead letter is a delivery's (it carries the event and can be redriven).
     pub fn is_delivery(self) -> bool {
-        matches!(self, Self::TerminalOutcome | Self::RetriesExhausted | Self::LeaseExpired | Self::Oversize | Self::InvalidPolicy)
+        matches!(
+            self,
+            Self::TerminalOutcome | Self::RetriesExhausted | Self::LeaseExpired | Self::Oversize | Self::InvalidPolicy | Self::InternalError
+        )
     }
 
     /// The reasons a delivery's dead letter can carry: what a redrive can filter on.

@@ -6,6 +6,7 @@ use std::time::Duration;
 
 use futures::future::join_all;
 use hookline_core::model::{delivery_id, DeadLetter, DeliveryTask, Event, TaskOrigin};
+use hookline_kafka::budget::Budget;
 use hookline_kafka::client::group_consumer_config;
 use hookline_kafka::rebalance::{RebalanceContext, RebalanceEvent};
 use hookline_kafka::state::SubscriptionTable;
@@ -17,13 +18,14 @@ use rdkafka::error::KafkaError;
 use hookline_kafka::client::Producer as FutureProducer;
 use rdkafka::producer::FutureRecord;
 use rdkafka::Message;
-use tokio::sync::{mpsc, Semaphore};
+use tokio::sync::mpsc;
 use tokio_util::sync::CancellationToken;
 
 use crate::decode;
 
-/// Events being fanned out at once (each may produce many tasks).
-const MAX_IN_FLIGHT: usize = 4_096;
+/// Delivery tasks being produced at once, over every event in flight: an event matching 10,000 subscriptions
+/// counts 10,000 (bounding events instead let memory grow with the fan-out).
+const MAX_TASKS_IN_FLIGHT: usize = 65_536;
 
 pub struct Fanout {
     pub topics: Topics,
@@ -42,7 +44,9 @@ pub async fn run(f: Arc<Fanout>, config: &hookline_service::Config, client_id: &
         group_consumer_config(&config.kafka, &config.ingest.group_id, client_id)?.create_with_context(context)?;
     let events = f.topics.events();
     consumer.subscribe(&[events])?;
-    let in_flight = Arc::new(Semaphore::new(MAX_IN_FLIGHT));
+    // Spent, the fan-out pauses its partitions and keeps polling (see `Budget`).
+    let in_flight = Budget::new(MAX_TASKS_IN_FLIGHT);
+    let mut paused = false;
     let (done_tx, mut done_rx) = mpsc::unbounded_channel::<(i32, i64)>();
     let mut marks = Watermarks::new();
     let store = |consumer: &StreamConsumer<RebalanceContext>, p: i32, w: i64| store(consumer, events, p, w);
@@ -51,6 +55,10 @@ pub async fn run(f: Arc<Fanout>, config: &hookline_service::Config, client_id: &
             biased;
             _ = f.shutdown.cancelled() => break,
             Some(ev) = rebalances.recv() => {
+                if paused && matches!(ev, RebalanceEvent::Assigned(_)) {
+                    // Newly assigned partitions start unpaused.
+                    set_paused(&consumer, true);
+                }
                 match ev {
                     RebalanceEvent::Revoked(parts) => for (t, p) in parts { marks.forget(&t, p); },
                     RebalanceEvent::Assigned(_) if !f.readiness.is_ready() => {
@@ -63,11 +71,11 @@ pub async fn run(f: Arc<Fanout>, config: &hookline_service::Config, client_id: &
             Some((p, o)) = done_rx.recv() => {
                 if let Some(w) = marks.complete(events, p, o) { store(&consumer, p, w); }
             }
-            next = async {
-                let permit = in_flight.clone().acquire_owned().await.expect("never closed");
-                (permit, consumer.recv().await)
-            } => {
-                let (permit, received) = next;
+            _ = in_flight.at_most(in_flight.resume_level()), if paused => {
+                paused = false;
+                set_paused(&consumer, false);
+            }
+            received = consumer.recv() => {
                 let m = match received {
                     Ok(m) => m,
                     Err(e) => { tracing::warn!(error = %e, "events consumer error"); continue; }
@@ -109,6 +117,12 @@ pub async fn run(f: Arc<Fanout>, config: &hookline_service::Config, client_id: &
                         vec![enqueue(&f.producer, f.topics.dlq(), String::new(), dl.encode_to_vec())]
                     }
                 };
+                // Taken whatever is left (the event is in hand); the partitions pause once the budget is spent.
+                let permit = in_flight.take(work.len());
+                if !paused && in_flight.is_spent() {
+                    paused = true;
+                    set_paused(&consumer, true);
+                }
                 let done = done_tx.clone();
                 let shutdown = f.shutdown.clone();
                 let producer = f.producer.clone();
@@ -124,7 +138,7 @@ pub async fn run(f: Arc<Fanout>, config: &hookline_service::Config, client_id: &
         }
     }
     // Drain what is in flight, then commit.
-    let _ = tokio::time::timeout(Duration::from_secs(10), in_flight.acquire_many(MAX_IN_FLIGHT as u32)).await;
+    let _ = tokio::time::timeout(Duration::from_secs(10), in_flight.at_most(0)).await;
     while let Ok((p, o)) = done_rx.try_recv() {
         if let Some(w) = marks.complete(events, p, o) {
             store(&consumer, p, w);
@@ -133,6 +147,14 @@ pub async fn run(f: Arc<Fanout>, config: &hookline_service::Config, client_id: &
     let _ = consumer.commit_consumer_state(CommitMode::Sync);
     hookline_kafka::client::close_consumer(consumer, hookline_kafka::client::LEAVE_GROUP_WITHIN, "ingest").await;
     Ok(())
+}
+
+/// Pauses or resumes fetching from every assigned partition; the consumer is polled all the same.
+fn set_paused(consumer: &StreamConsumer<RebalanceContext>, pause: bool) {
+    if let Err(e) = hookline_kafka::budget::set_paused(consumer, pause) {
+        tracing::warn!(error = %e, pause, "pausing or resuming the events partitions failed");
+    }
+    metrics::gauge!("hookline_fanout_paused").set(if pause { 1.0 } else { 0.0 });
 }
 
 /// The W3C trace context record headers, when present.
