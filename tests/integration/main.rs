@@ -9,6 +9,7 @@ mod hostile;
 mod faults;
 mod redo;
 mod panics;
+mod fencing;
 mod hardening;
 mod kafka_tls;
 mod tenants;

@@ -95,7 +95,7 @@ pub async fn deliver(ctx: Arc<Ctx>, task: DeliveryTask, partition: i32) -> Resul
     if policy.in_flight == InFlightRule::Count {
         return Box::pin(leased_attempt(&ctx, task, &entry, &policy, partition)).await;
     }
-    Box::pin(attempt(&ctx, task, &entry, &policy)).await
+    Box::pin(attempt(&ctx, task, &entry, &policy, partition)).await
 }
 
 /// An attempt under a lease (`in_flight = "count"`): an attempt an earlier owner left in flight counts; otherwise
@@ -106,7 +106,7 @@ async fn leased_attempt(ctx: &Ctx, task: DeliveryTask, entry: &SubscriptionEntry
     let topic = ctx.topics.inflight();
     let key = task.delivery_id.clone();
     if let Some(lease) = ctx.leases.take(&key, absolute) {
-        lost_attempt(ctx, task, entry, policy, lease).await?;
+        lost_attempt(ctx, task, entry, policy, lease, partition).await?;
     } else {
         let lease = hookline_core::model::AttemptRecord {
             delivery_id: task.delivery_id.clone(),
@@ -118,13 +118,20 @@ async fn leased_attempt(ctx: &Ctx, task: DeliveryTask, entry: &SubscriptionEntry
             ..Default::default()
         };
         ctx.produce_to_partition(topic, partition, &key, Some(&lease.encode_to_vec())).await?;
-        attempt(ctx, task, entry, policy).await?;
+        attempt(ctx, task, entry, policy, partition).await?;
     }
     ctx.produce_to_partition(topic, partition, &key, None).await
 }
 
 /// The earlier owner died during this attempt: it counts as a failed attempt whose outcome is unknown.
-async fn lost_attempt(ctx: &Ctx, mut task: DeliveryTask, entry: &SubscriptionEntry, policy: &Policy, lease: crate::leases::Lease) -> Result<(), Aborted> {
+async fn lost_attempt(
+    ctx: &Ctx,
+    mut task: DeliveryTask,
+    entry: &SubscriptionEntry,
+    policy: &Policy,
+    lease: crate::leases::Lease,
+    partition: i32,
+) -> Result<(), Aborted> {
     let attempt_no = task.attempts_made + 1;
     let now = now_ms();
     if task.first_attempt_at_ms == 0 {
@@ -169,7 +176,7 @@ async fn lost_attempt(ctx: &Ctx, mut task: DeliveryTask, entry: &SubscriptionEnt
             rec
         }
     };
-    update_health(ctx, entry, policy, HealthEvent::CountedFailure, now).await?;
+    update_health(ctx, partition, entry, policy, HealthEvent::CountedFailure, now).await?;
     conclude(ctx, &task, rec).await
 }
 
@@ -253,7 +260,7 @@ enum AfterTry {
     Done,
 }
 
-async fn attempt(ctx: &Ctx, mut task: DeliveryTask, entry: &SubscriptionEntry, policy: &Policy) -> Result<(), Aborted> {
+async fn attempt(ctx: &Ctx, mut task: DeliveryTask, entry: &SubscriptionEntry, policy: &Policy, partition: i32) -> Result<(), Aborted> {
     let attempt_no = task.attempts_made + 1;
     let event = task.event.as_ref();
     let body = match request::body(policy, event.unwrap_or(&Event::default())) {
@@ -292,7 +299,7 @@ async fn attempt(ctx: &Ctx, mut task: DeliveryTask, entry: &SubscriptionEntry, p
         // as long as the delivery waits for the endpoint.
         let result = Box::pin(send_once(ctx, &task, entry, policy, attempt_no, body, started, span.as_ref())).await;
         tracing::debug!(delivery = %task.delivery_id, outcome = %result.outcome, reason = %result.reason, "try finished");
-        match Box::pin(conclude_try(ctx, &task, entry, policy, attempt_no, try_no, started, result, span)).await? {
+        match Box::pin(conclude_try(ctx, partition, &task, entry, policy, attempt_no, try_no, started, result, span)).await? {
             AfterTry::TryAgain(wait_ms) => {
                 tokio::select! {
                     _ = tokio::time::sleep(Duration::from_millis(wait_ms)) => {}
@@ -311,6 +318,7 @@ async fn attempt(ctx: &Ctx, mut task: DeliveryTask, entry: &SubscriptionEntry, p
 #[allow(clippy::too_many_arguments)]
 async fn conclude_try(
     ctx: &Ctx,
+    partition: i32,
     task: &DeliveryTask,
     entry: &SubscriptionEntry,
     policy: &Policy,
@@ -385,7 +393,7 @@ async fn conclude_try(
         _ if decision.counts_toward_disable => HealthEvent::CountedFailure,
         _ => HealthEvent::UncountedFailure,
     };
-    Box::pin(update_health(ctx, entry, policy, event, ended)).await?;
+    Box::pin(update_health(ctx, partition, entry, policy, event, ended)).await?;
     conclude(ctx, task, rec).await?;
     Ok(AfterTry::Done)
 }
@@ -483,6 +491,7 @@ async fn follow_ups(ctx: &Ctx, task: &DeliveryTask, policy: &Policy, reason: &st
 /// Applies the attempt to the endpoint's counters; writes the state when it changed and reports transitions.
 async fn update_health(
     ctx: &Ctx,
+    partition: i32,
     entry: &SubscriptionEntry,
     policy: &Policy,
     event: HealthEvent,
@@ -490,7 +499,7 @@ async fn update_health(
 ) -> Result<(), Aborted> {
     let id = &entry.sub.id;
     let topic = ctx.topics.endpoint_state();
-    let (pending, transition, snapshot) = ctx.states.update(id, |st: &mut EndpointState| {
+    let (pending, transition, snapshot) = ctx.states.update(id, partition, |st: &mut EndpointState| {
         let before = (st.consecutive_failures, st.condition, st.generation, st.first_failure_at_ms);
         if entry.sub.resume_generation > st.generation {
             health::resume(st, entry.sub.resume_generation);

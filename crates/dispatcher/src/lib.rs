@@ -22,7 +22,7 @@ use hookline_kafka::budget::Budget;
 use hookline_kafka::client::{group_consumer_config, producer};
 use hookline_kafka::produce;
 use hookline_kafka::rebalance::{RebalanceContext, RebalanceEvent, RevokeDrain};
-use hookline_kafka::state::{EndpointStates, StateTables, SubscriptionTable};
+use hookline_kafka::state::{EndpointStates, StateTables, SubscriptionTable, FENCE_KEY};
 use hookline_kafka::table::{TableError, TableHandle};
 use hookline_kafka::watermark::{store, SharedWatermarks};
 use hookline_kafka::Topics;
@@ -472,13 +472,14 @@ fn on_rebalance(ev: RebalanceEvent, ctx: &Arc<Ctx>, reader: &TableHandle, topic:
                 });
             }
             for p in parts {
-                states.assign(p);
+                let assignment = states.assign(p);
                 // Before delivering: apply everything earlier owners wrote to this partition's endpoint state, read
                 // the leases they left in flight, and learn which attempts they already concluded (not redone).
                 let (ctx, reader) = (ctx.clone(), reader.clone());
                 tracing::debug!(partition = p, "assigned");
                 tokio::spawn(async move {
-                    loop {
+                    // Revoked (and maybe assigned again) meanwhile: that assignment has a sync of its own.
+                    while ctx.states.is_current(assignment) {
                         let synced = async {
                             let end = reader.end_offset(p).await.map_err(|e| e.to_string())?;
                             reader.wait_for(p, end).await;
@@ -493,8 +494,19 @@ fn on_rebalance(ev: RebalanceEvent, ctx: &Arc<Ctx>, reader: &TableHandle, topic:
                         };
                         match synced {
                             Ok((leases, concluded)) => {
-                                tracing::debug!(partition = p, leases, concluded, "partition synced");
-                                ctx.states.synced(p);
+                                // Fence the partition before writing to it: states a former owner writes from now
+                                // on carry an older epoch and are ignored by every reader.
+                                let epoch = ctx.states.next_epoch(p);
+                                let fence = hookline_core::model::EndpointState { owner_epoch: epoch, ..Default::default() }.encode_to_vec();
+                                let topic = ctx.topics.endpoint_state();
+                                if !ctx.states.is_current(assignment)
+                                    || ctx.produce_to_partition(topic, p, FENCE_KEY, Some(&fence)).await.is_err()
+                                {
+                                    return;
+                                }
+                                if ctx.states.synced(assignment, epoch) {
+                                    tracing::debug!(partition = p, leases, concluded, epoch, "partition synced and fenced");
+                                }
                                 return;
                             }
                             Err(e) => {
