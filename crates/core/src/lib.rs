@@ -3,10 +3,12 @@
 
 pub mod egress;
 pub mod engine;
+pub mod custom_headers;
 pub mod filter;
 pub mod health;
 pub mod model;
 pub mod outcome;
+pub mod payload_filter;
 pub mod policy;
 pub mod request;
 pub mod retry_after;
