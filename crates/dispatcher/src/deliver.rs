@@ -467,7 +467,7 @@ async fn send_once(
     };
     drop(secrets);
     // The headers move into the request (no copy kept while the request is out).
-    ctx.sender.send_owned(&entry.egress_key, policy, &entry.sub.url, headers, body).await
+    ctx.sender.send_owned(&entry.egress_key, policy, &entry.sub.url, headers, &entry.headers, body).await
 }
 
 async fn follow_ups(ctx: &Ctx, task: &DeliveryTask, policy: &Policy, reason: &str, now: i64) -> Result<(), Aborted> {
@@ -576,7 +576,7 @@ mod tests {
         assert!(output_size(&deliver) <= 1_200, "deliver: {} bytes", output_size(&deliver));
         let sender = crate::sender::Sender::new(Default::default(), Arc::new(crate::connector::SystemResolver));
         let policy = hookline_core::policy::builtin("standard").unwrap();
-        let send = sender.send_owned("k", &policy, "http://127.0.0.1:1/", Default::default(), Bytes::new());
+        let send = sender.send_owned("k", &policy, "http://127.0.0.1:1/", Default::default(), &[], Bytes::new());
         assert!(std::mem::size_of_val(&send) <= 2_000, "send: {} bytes", std::mem::size_of_val(&send));
     }
 

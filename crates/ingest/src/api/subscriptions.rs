@@ -42,6 +42,10 @@ pub struct CreateSubscription {
     owner_email: Option<String>,
     #[serde(default)]
     tenant: Option<String>,
+    #[serde(default)]
+    headers: Option<HashMap<String, String>>,
+    #[serde(default)]
+    filter: Option<Value>,
 }
 
 #[derive(Deserialize)]
@@ -55,6 +59,16 @@ pub struct UpdateSubscription {
     metadata: Option<HashMap<String, String>>,
     enabled: Option<bool>,
     owner_email: Option<String>,
+    /// Replaces every custom header (`{}` removes them all).
+    headers: Option<HashMap<String, String>>,
+    /// Replaces the payload filter; `null` removes it.
+    #[serde(default, deserialize_with = "present")]
+    filter: Option<Value>,
+}
+
+/// A field that is present, even as `null` (which a plain `Option` would read as absent).
+fn present<'de, D: serde::Deserializer<'de>>(d: D) -> Result<Option<Value>, D::Error> {
+    Value::deserialize(d).map(Some)
 }
 
 #[derive(Deserialize)]
@@ -78,7 +92,9 @@ fn idempotency_key(headers: &HeaderMap) -> Result<Option<String>, ApiError> {
 /// A digest of everything a create request asks for (the secret only as its own digest).
 fn fingerprint(req: &CreateSubscription) -> String {
     let metadata: std::collections::BTreeMap<_, _> = req.metadata.iter().flatten().collect();
+    let headers: Option<std::collections::BTreeMap<_, _>> = req.headers.as_ref().map(|h| h.iter().collect());
     let canonical = json!({
+        "headers": headers, "filter": req.filter,
         "url": req.url, "event_types": req.event_types, "policy": req.policy, "policy_toml": req.policy_toml,
         "secret": req.secret.as_deref().map(|x| hookline_core::model::sha256_hex(x.as_bytes())),
         "description": req.description, "metadata": metadata, "enabled": req.enabled,
@@ -121,6 +137,8 @@ pub async fn create(
         updated_at_ms: now,
         tenant: req.tenant.unwrap_or_default(),
         owner_email: req.owner_email.unwrap_or_default(),
+        headers: req.headers.unwrap_or_default(),
+        filter_json: stored_filter(req.filter.as_ref())?,
         ..Default::default()
     };
     let secret = match req.secret {
@@ -209,6 +227,12 @@ pub async fn update(
     }
     if let Some(v) = req.owner_email {
         sub.owner_email = v;
+    }
+    if let Some(v) = req.headers {
+        sub.headers = v;
+    }
+    if let Some(v) = req.filter {
+        sub.filter_json = stored_filter(Some(&v))?;
     }
     if let Some(enabled) = req.enabled {
         // Gauge: `PATCH {"enabled": true}` switches an endpoint back on and clears `disabled_reason`.
@@ -327,6 +351,20 @@ pub const MAX_POLICY_TOML_BYTES: usize = 64 << 10;
 pub const MAX_TENANT_BYTES: usize = hookline_core::filter::MAX_TENANT_LEN;
 pub const MAX_SECRET_BYTES: usize = 512;
 
+/// A payload filter as stored: parsed (a 422 naming the place in the filter, e.g. `filter.all[1].path`) and
+/// written back canonically; `None` or `null` = no filter.
+fn stored_filter(filter: Option<&Value>) -> Result<String, ApiError> {
+    match filter {
+        None | Some(Value::Null) => Ok(String::new()),
+        Some(v) => {
+            let parsed = hookline_core::payload_filter::Filter::parse(v).map_err(|e| ApiError::field(&e.location, e.message))?;
+            let text = parsed.to_json().to_string();
+            at_most("filter", &text, hookline_core::payload_filter::MAX_FILTER_BYTES)?;
+            Ok(text)
+        }
+    }
+}
+
 fn at_most(field: &str, value: &str, max: usize) -> Result<(), ApiError> {
     if value.len() > max {
         return Err(ApiError::field(field, format!("at most {max} bytes, got {}", value.len())));
@@ -378,6 +416,10 @@ async fn validate(s: &ApiState, sub: &Subscription) -> Result<(), ApiError> {
     let pol = policy::resolve(&sub.policy, &sub.policy_toml).map_err(|e| {
         let field = if sub.policy_toml.is_empty() { "policy" } else { "policy_toml" };
         ApiError::field(field, e.to_string())
+    })?;
+    hookline_core::custom_headers::validate(&sub.headers, &pol).map_err(|e| {
+        let field = if e.name.is_empty() { "headers".to_owned() } else { format!("headers.{}", e.name) };
+        ApiError::field(&field, e.message)
     })?;
     let guard = EgressGuard::new(&s.egress, &pol.egress).map_err(|e| ApiError::field("policy_toml", e.to_string()))?;
     let target = guard.check_url(&sub.url).map_err(|r| ApiError::field("url", r.reason))?;
@@ -442,9 +484,21 @@ fn view(s: &ApiState, e: &SubscriptionEntry) -> Value {
         "endpoint_condition": hookline_core::vocabulary::endpoint_condition(st.condition),
         "owner_email": sub.owner_email,
         "tenant": sub.tenant,
+        // Values are write-only (they often carry credentials), as the secret is.
+        "header_names": header_names(sub),
+        "filter": match &e.filter {
+            Ok(Some(f)) => f.to_json(),
+            _ => Value::Null,
+        },
         "created_at_ms": sub.created_at_ms,
         "updated_at_ms": sub.updated_at_ms,
     })
+}
+
+fn header_names(sub: &Subscription) -> Vec<&str> {
+    let mut v: Vec<&str> = sub.headers.keys().map(String::as_str).collect();
+    v.sort_unstable();
+    v
 }
 
 fn hex_id() -> String {
