@@ -117,3 +117,137 @@ async fn payload_filters_route_an_event_only_to_the_subscription_it_matches() {
     assert_eq!(ids("big"), ["evt_big", "evt_after"]);
     p.stop().await;
 }
+
+/// What the verifying receiver answers to a challenge on one path.
+#[derive(Clone, Copy, PartialEq, Eq, Debug)]
+enum Answer {
+    Echo,
+    Ignore,
+    Fail,
+}
+
+#[derive(Default)]
+struct Verifier {
+    answers: std::sync::Mutex<std::collections::HashMap<String, Answer>>,
+    /// (path, body, headers) of every request, challenges and deliveries alike.
+    seen: std::sync::Mutex<Vec<(String, serde_json::Value, axum::http::HeaderMap)>>,
+    changed: tokio::sync::Notify,
+}
+
+async fn verifier(
+    axum::extract::State(v): axum::extract::State<std::sync::Arc<Verifier>>,
+    axum::extract::Path(path): axum::extract::Path<String>,
+    headers: axum::http::HeaderMap,
+    body: bytes::Bytes,
+) -> (axum::http::StatusCode, String) {
+    let json: serde_json::Value = serde_json::from_slice(&body).unwrap_or_default();
+    v.seen.lock().unwrap().push((path.clone(), json.clone(), headers));
+    v.changed.notify_waiters();
+    if json["type"] != hookline_core::verification::CHALLENGE_TYPE {
+        return (axum::http::StatusCode::NO_CONTENT, String::new());
+    }
+    let answer = v.answers.lock().unwrap().get(&path).copied().unwrap_or(Answer::Ignore);
+    match answer {
+        Answer::Echo => (axum::http::StatusCode::OK, json!({"challenge": json["challenge"]}).to_string()),
+        Answer::Ignore => (axum::http::StatusCode::OK, "ok".into()),
+        Answer::Fail => (axum::http::StatusCode::INTERNAL_SERVER_ERROR, String::new()),
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn verification_holds_deliveries_until_the_endpoint_echoes_the_challenge() {
+    let p = Pipeline::start(2).await;
+    let v = std::sync::Arc::new(Verifier::default());
+    let app = axum::Router::new().route("/{path}", axum::routing::post(verifier)).with_state(v.clone());
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = listener.local_addr().unwrap();
+    tokio::spawn(async move { axum::serve(listener, app).await });
+    let url = |path: &str| format!("http://{addr}/{path}");
+    let deliveries_to = |path: &str| -> Vec<String> {
+        v.seen.lock().unwrap().iter()
+            .filter(|(p, b, _)| p == path && b["type"] != hookline_core::verification::CHALLENGE_TYPE)
+            .map(|(_, b, _)| b["id"].as_str().unwrap_or("").to_owned())
+            .collect()
+    };
+    // Held deliveries, as the dispatcher parks them.
+    let held = std::sync::Arc::new(std::sync::Mutex::new(Vec::<String>::new()));
+    let held_changed = std::sync::Arc::new(tokio::sync::Notify::new());
+    {
+        let (held, changed) = (held.clone(), held_changed.clone());
+        hookline_kafka::table::spawn(&p.config.kafka, hookline_kafka::Topics::new("hookline.").held(), "held-collector", move |_, _, val| {
+            if let Some(t) = val.and_then(|b| <hookline_core::model::DeliveryTask as prost::Message>::decode(b).ok()) {
+                held.lock().unwrap().push(t.event.map(|e| e.id).unwrap_or_default());
+                changed.notify_waiters();
+            }
+        }, p.shutdown.clone()).await.unwrap();
+    }
+
+    // `inactive = "cancel"`: a pending endpoint's deliveries are held all the same (they wait for it).
+    let toml = quick_policy(&[0.2], |pol| {
+        pol.inactive = hookline_core::policy::InactiveAction::Cancel;
+        pol.verification = Some(hookline_core::policy::Verification { timeout_ms: 3000 });
+    });
+    v.answers.lock().unwrap().insert("ep".into(), Answer::Ignore);
+    let (id, secret) = p
+        .subscribe(json!({"url": url("ep"), "event_types": ["*"], "policy_toml": toml, "headers": {"X-Api-Key": "k"}}))
+        .await;
+    let (_, view) = p.call("GET", &format!("/v1/subscriptions/{id}"), None).await;
+    assert_eq!(view["state"], "pending_verification", "{view}");
+    assert_eq!(view["verification"], "pending");
+    assert!(view["verification_error"].as_str().unwrap().contains("without echoing"), "{view}");
+
+    // The challenge: signed like a delivery, with the custom headers, carrying a token.
+    let (_, body, headers) = v.seen.lock().unwrap()[0].clone();
+    assert_eq!(body["type"], "hookline.endpoint_verification");
+    assert_eq!(body["subscription_id"], id.as_str());
+    assert_eq!(body["challenge"].as_str().unwrap().len(), 64);
+    assert_eq!(headers["x-api-key"], "k");
+    let pairs: Vec<(String, String)> = headers.iter().map(|(k, v)| (k.as_str().to_owned(), v.to_str().unwrap().to_owned())).collect();
+    let raw = serde_json::to_vec(&body).unwrap();
+    let now_ms = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).unwrap().as_millis() as i64;
+    hookline_core::sign::verify_standard(&[secret.as_str()], pairs.as_slice(), &raw, now_ms, 300).expect("the challenge is signed");
+
+    // Not verified: the event is held, not sent and not cancelled.
+    p.publish("evt_v1", "thing.happened").await;
+    crate::support::wait_for(&held_changed, LIMIT, "the delivery held", || held.lock().unwrap().iter().any(|e| e == "evt_v1")).await;
+    assert!(deliveries_to("ep").is_empty());
+    assert!(p.attempts_of(&id).is_empty(), "no attempt, no cancellation: {:?}", p.attempts_of(&id));
+
+    // The endpoint now echoes; a retried challenge verifies it and the held delivery arrives.
+    v.answers.lock().unwrap().insert("ep".into(), Answer::Echo);
+    let (status, view) = p.call("POST", &format!("/v1/subscriptions/{id}/verify"), None).await;
+    assert_eq!(status, 200, "{view}");
+    assert_eq!(view["verification"], "verified", "{view}");
+    assert_eq!(view["state"], "active");
+    assert_eq!(view["verification_error"], serde_json::Value::Null);
+    assert!(view["verified_at_ms"].as_i64().unwrap() > 0);
+    let attempts = p.wait_final_of(&id, 1, LIMIT).await;
+    assert_eq!(attempts.iter().filter(|a| !a.final_state.is_empty()).next().unwrap().final_state, "succeeded");
+    assert_eq!(deliveries_to("ep"), ["evt_v1"]);
+
+    // A change that keeps the verified URL sends no challenge.
+    let challenges = |path: &str| v.seen.lock().unwrap().iter().filter(|(p, b, _)| p == path && b["type"] == "hookline.endpoint_verification").count();
+    let (status, view) = p.call("PATCH", &format!("/v1/subscriptions/{id}"), Some(json!({"description": "renamed"}))).await;
+    assert_eq!(status, 200, "{view}");
+    assert_eq!(view["verification"], "verified");
+    assert_eq!(challenges("ep"), 2);
+
+    // A URL change is challenged again; an endpoint answering 500 stays pending and says why.
+    v.answers.lock().unwrap().insert("moved".into(), Answer::Fail);
+    let (status, view) = p.call("PATCH", &format!("/v1/subscriptions/{id}"), Some(json!({"url": url("moved")}))).await;
+    assert_eq!(status, 200, "{view}");
+    assert_eq!(view["state"], "pending_verification", "{view}");
+    assert!(view["verification_error"].as_str().unwrap().contains("HTTP 500"), "{view}");
+    assert_eq!(challenges("moved"), 1);
+
+    // A policy without `[verification]`: nothing to verify.
+    let (plain, _) = p.subscribe(json!({"url": url("plain"), "event_types": ["none.*"]})).await;
+    let (status, v2) = p.call("POST", &format!("/v1/subscriptions/{plain}/verify"), None).await;
+    assert_eq!(status, 409, "{v2}");
+    assert_eq!(v2["error"]["code"], "verification_not_required");
+    assert_eq!(v2["verification"], serde_json::Value::Null);
+    let (_, pv) = p.call("GET", &format!("/v1/subscriptions/{plain}"), None).await;
+    assert_eq!(pv["verification"], "not_required");
+    assert_eq!(challenges("plain"), 0);
+    p.stop().await;
+}

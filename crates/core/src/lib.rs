@@ -16,6 +16,7 @@ pub mod sign;
 pub mod simulate;
 pub mod subscription;
 pub mod trace;
+pub mod verification;
 pub mod vocabulary;
 
 pub use engine::{decide, decide_lost_attempt, due_at_ms, Decision, FinalState, Next, Progress, Verdict, Wait};

@@ -182,7 +182,9 @@ async fn inactive(
     now: i64,
 ) -> Result<(), Aborted> {
     let why = format!("subscription {} ({})", act.word(), act.reason().unwrap_or(""));
-    match policy.inactive {
+    // An endpoint not verified yet has not refused anything: its deliveries wait for it, whatever `inactive` says.
+    let action = if matches!(act, Activity::PendingVerification) { InactiveAction::Hold } else { policy.inactive };
+    match action {
         InactiveAction::Hold => {
             let mut held = task.clone();
             held.origin = TaskOrigin::Held as i32;

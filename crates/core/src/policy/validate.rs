@@ -48,6 +48,14 @@ pub fn validate(p: &Policy) -> Result<(), PolicyError> {
         v.push("name", "must not be empty");
     }
     schedule(p, &mut v);
+    if let Some(ver) = &p.verification {
+        if !(1..=super::document::MAX_VERIFICATION_TIMEOUT_MS).contains(&ver.timeout_ms) {
+            v.push(
+                "verification.timeout_ms",
+                format!("must be from 1 to {} (the API waits for the challenge), got {}", super::document::MAX_VERIFICATION_TIMEOUT_MS, ver.timeout_ms),
+            );
+        }
+    }
     if p.attempt.timeout_ms == 0 {
         v.push("attempt.timeout_ms", "must be greater than 0");
     } else if p.attempt.timeout_ms > MAX_TIMEOUT_MS {

@@ -150,7 +150,11 @@ pub async fn create(
         None => hookline_core::sign::generate_secret(&mut rand::rng()),
     };
     sub.secrets = vec![Secret { value: secret.clone(), expires_at_ms: 0 }];
-    validate(&s, &sub).await?;
+    let pol = validate(&s, &sub).await?;
+    // Written once, with the challenge's result: until then the subscription does not exist, so nothing is sent.
+    if super::verify::needs_challenge(&mut sub, None, &pol) {
+        super::verify::challenge(&s, &mut sub, &pol).await;
+    }
     write(&s, &sub).await?;
     let mut view = view(&s, &SubscriptionEntry::new(sub));
     // The only time the secret is shown (and on a retry with the same Idempotency-Key).
@@ -243,7 +247,11 @@ pub async fn update(
         sub.enabled = enabled;
     }
     sub.updated_at_ms = crate::now_ms();
-    validate(&s, &sub).await?;
+    let pol = validate(&s, &sub).await?;
+    // A new URL is challenged before it is saved: until it passes, deliveries wait (held) rather than reach it.
+    if super::verify::needs_challenge(&mut sub, Some(&entry.sub), &pol) {
+        super::verify::challenge(&s, &mut sub, &pol).await;
+    }
     write(&s, &sub).await?;
     Ok(Json(view(&s, &SubscriptionEntry::new(sub))))
 }
@@ -329,7 +337,7 @@ pub async fn rotate_secret(
     Ok(Json(v))
 }
 
-fn find(s: &ApiState, id: &str) -> Result<Arc<SubscriptionEntry>, ApiError> {
+pub(super) fn find(s: &ApiState, id: &str) -> Result<Arc<SubscriptionEntry>, ApiError> {
     s.subs
         .get(id)
         .ok_or_else(|| ApiError::new(StatusCode::NOT_FOUND, "not_found", format!("no subscription {id}")).with_field("id"))
@@ -404,7 +412,8 @@ fn bounds(sub: &Subscription) -> Result<(), ApiError> {
     Ok(())
 }
 
-async fn validate(s: &ApiState, sub: &Subscription) -> Result<(), ApiError> {
+/// Checks a subscription about to be saved; returns its policy.
+async fn validate(s: &ApiState, sub: &Subscription) -> Result<policy::Policy, ApiError> {
     bounds(sub)?;
     if sub.event_types.is_empty() {
         return Err(ApiError::field("event_types", "at least one event type (or \"*\") is required"));
@@ -433,10 +442,10 @@ async fn validate(s: &ApiState, sub: &Subscription) -> Result<(), ApiError> {
             .collect(),
     };
     guard.check_resolved(&target, &addrs).map_err(|r| ApiError::field("url", r.reason))?;
-    Ok(())
+    Ok(pol)
 }
 
-async fn write(s: &ApiState, sub: &Subscription) -> Result<(), ApiError> {
+pub(super) async fn write(s: &ApiState, sub: &Subscription) -> Result<(), ApiError> {
     let (p, o) = produce(s, &sub.id, Some(sub.encode_to_vec())).await?;
     s.subs_reader.wait_for(p, o + 1).await;
     Ok(())
@@ -457,7 +466,7 @@ async fn produce(s: &ApiState, id: &str, value: Option<Vec<u8>>) -> Result<(i32,
 }
 
 /// The API's view: never the secret.
-fn view(s: &ApiState, e: &SubscriptionEntry) -> Value {
+pub(super) fn view(s: &ApiState, e: &SubscriptionEntry) -> Value {
     let sub = &e.sub;
     let state = s.states.get(&sub.id);
     let act = activity(sub, state.as_ref());
@@ -486,6 +495,9 @@ fn view(s: &ApiState, e: &SubscriptionEntry) -> Value {
         "tenant": sub.tenant,
         // Values are write-only (they often carry credentials), as the secret is.
         "header_names": header_names(sub),
+        "verification": hookline_core::vocabulary::verification_state(sub.verification),
+        "verification_error": (!sub.verification_error.is_empty()).then_some(&sub.verification_error),
+        "verified_at_ms": (sub.verified_at_ms > 0).then_some(sub.verified_at_ms),
         "filter": match &e.filter {
             Ok(Some(f)) => f.to_json(),
             _ => Value::Null,
