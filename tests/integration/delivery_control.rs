@@ -251,3 +251,42 @@ async fn verification_holds_deliveries_until_the_endpoint_echoes_the_challenge()
     assert_eq!(challenges("plain"), 0);
     p.stop().await;
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_rate_limited_endpoint_never_gets_more_than_its_burst_rule() {
+    let p = Pipeline::start(2).await;
+    let (status, v) = p.call("POST", "/v1/subscriptions", Some(json!({"url": p.url("limited"), "event_types": ["*"], "burst": 5}))).await;
+    assert_eq!(status, 422, "{v}");
+    assert_eq!(v["error"]["field"], "burst", "{v}");
+    let (status, v) = p.call("POST", "/v1/subscriptions", Some(json!({"url": p.url("limited"), "event_types": ["*"], "rate_limit_per_s": 10_001}))).await;
+    assert_eq!(status, 422, "{v}");
+    assert_eq!(v["error"]["field"], "rate_limit_per_s", "{v}");
+
+    let (id, _) = p.subscribe(json!({"url": p.url("limited"), "event_types": ["*"], "rate_limit_per_s": 10, "burst": 5})).await;
+    let (_, view) = p.call("GET", &format!("/v1/subscriptions/{id}"), None).await;
+    assert_eq!(view["rate_limit"], json!({"per_s": 10, "burst": 5}), "{view}");
+    const N: usize = 200;
+    for i in 0..N {
+        p.publish(&format!("evt_rl{i}"), "thing.happened").await;
+    }
+    let attempts = p.wait_final_of(&id, N, Duration::from_secs(240)).await;
+    // Held back, never failed: one successful attempt per delivery and nothing counted against the endpoint.
+    assert!(attempts.iter().all(|a| a.verdict == "success"), "{:?}", attempts.iter().find(|a| a.verdict != "success"));
+    assert_eq!(attempts.len(), N);
+    let (_, view) = p.call("GET", &format!("/v1/subscriptions/{id}"), None).await;
+    assert_eq!(view["consecutive_failures"], 0);
+
+    let mut at: Vec<std::time::Instant> = p.requests_to("limited").iter().map(|r| r.at).collect();
+    assert_eq!(at.len(), N);
+    at.sort();
+    // In any window of w seconds: at most burst + 10 * w requests (w = 1 s and 2 s, each window starting at a request).
+    for (i, start) in at.iter().enumerate() {
+        for (w, max) in [(Duration::from_secs(1), 5 + 10), (Duration::from_secs(2), 5 + 20)] {
+            let n = at[i..].iter().take_while(|t| **t < *start + w).count();
+            assert!(n <= max, "{n} requests in the {w:?} from request {i} (at most {max})");
+        }
+    }
+    let span = at[N - 1] - at[0];
+    assert!(span >= Duration::from_millis(19_000), "200 at 10/s after a burst of 5 take 19.5 s, took {span:?}");
+    p.stop().await;
+}

@@ -10,6 +10,7 @@ pub mod model;
 pub mod outcome;
 pub mod payload_filter;
 pub mod policy;
+pub mod rate_limit;
 pub mod request;
 pub mod retry_after;
 pub mod sign;

@@ -70,6 +70,8 @@ pub struct SubscriptionEntry {
     /// The payload filter: `Ok(None)` = none; `Err` = a stored filter that does not parse, which matches nothing
     /// (the API refuses such a filter on save, so only a record written by other means can hold one).
     pub filter: Result<Option<PayloadFilter>, String>,
+    /// The per-endpoint rate limit in force (the subscription's fields over its policy's defaults).
+    pub rate_limit: Option<hookline_core::rate_limit::RateLimit>,
 }
 
 impl SubscriptionEntry {
@@ -91,7 +93,11 @@ impl SubscriptionEntry {
                 e.to_string()
             })
         };
-        Self { sub, policy, egress_key, headers, filter }
+        let rate_limit = match &policy {
+            Ok(p) => hookline_core::rate_limit::effective(sub.rate_limit_per_s, sub.burst, p),
+            Err(_) => None,
+        };
+        Self { sub, policy, egress_key, headers, filter, rate_limit }
     }
 
     /// Whether the payload filter lets `ev` (whose data was parsed once into `data`) through.

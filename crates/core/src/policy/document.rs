@@ -39,6 +39,18 @@ pub struct Policy {
     /// When present, an endpoint must answer a challenge before it gets deliveries (on create and on URL change).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub verification: Option<Verification>,
+    /// Default per-endpoint rate limit of subscriptions under this policy (their own fields win).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub rate_limit: Option<RateLimitDefaults>,
+}
+
+/// `[rate_limit]`: requests per second to one endpoint, with a burst (default: one second's worth).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct RateLimitDefaults {
+    pub per_s: u32,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub burst: Option<u32>,
 }
 
 /// The endpoint verification challenge: a signed POST carrying a random token the endpoint must echo.

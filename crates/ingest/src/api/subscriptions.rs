@@ -46,6 +46,10 @@ pub struct CreateSubscription {
     headers: Option<HashMap<String, String>>,
     #[serde(default)]
     filter: Option<Value>,
+    #[serde(default)]
+    rate_limit_per_s: Option<u32>,
+    #[serde(default)]
+    burst: Option<u32>,
 }
 
 #[derive(Deserialize)]
@@ -64,6 +68,9 @@ pub struct UpdateSubscription {
     /// Replaces the payload filter; `null` removes it.
     #[serde(default, deserialize_with = "present")]
     filter: Option<Value>,
+    /// 0 = back to the policy's default (or none).
+    rate_limit_per_s: Option<u32>,
+    burst: Option<u32>,
 }
 
 /// A field that is present, even as `null` (which a plain `Option` would read as absent).
@@ -94,7 +101,7 @@ fn fingerprint(req: &CreateSubscription) -> String {
     let metadata: std::collections::BTreeMap<_, _> = req.metadata.iter().flatten().collect();
     let headers: Option<std::collections::BTreeMap<_, _>> = req.headers.as_ref().map(|h| h.iter().collect());
     let canonical = json!({
-        "headers": headers, "filter": req.filter,
+        "headers": headers, "filter": req.filter, "rate_limit_per_s": req.rate_limit_per_s, "burst": req.burst,
         "url": req.url, "event_types": req.event_types, "policy": req.policy, "policy_toml": req.policy_toml,
         "secret": req.secret.as_deref().map(|x| hookline_core::model::sha256_hex(x.as_bytes())),
         "description": req.description, "metadata": metadata, "enabled": req.enabled,
@@ -139,6 +146,8 @@ pub async fn create(
         owner_email: req.owner_email.unwrap_or_default(),
         headers: req.headers.unwrap_or_default(),
         filter_json: stored_filter(req.filter.as_ref())?,
+        rate_limit_per_s: req.rate_limit_per_s.unwrap_or(0),
+        burst: req.burst.unwrap_or(0),
         ..Default::default()
     };
     let secret = match req.secret {
@@ -237,6 +246,12 @@ pub async fn update(
     }
     if let Some(v) = req.filter {
         sub.filter_json = stored_filter(Some(&v))?;
+    }
+    if let Some(v) = req.rate_limit_per_s {
+        sub.rate_limit_per_s = v;
+    }
+    if let Some(v) = req.burst {
+        sub.burst = v;
     }
     if let Some(enabled) = req.enabled {
         // Gauge: `PATCH {"enabled": true}` switches an endpoint back on and clears `disabled_reason`.
@@ -430,6 +445,7 @@ async fn validate(s: &ApiState, sub: &Subscription) -> Result<policy::Policy, Ap
         let field = if e.name.is_empty() { "headers".to_owned() } else { format!("headers.{}", e.name) };
         ApiError::field(&field, e.message)
     })?;
+    hookline_core::rate_limit::validate(sub.rate_limit_per_s, sub.burst, &pol).map_err(|(field, e)| ApiError::field(field, e))?;
     let guard = EgressGuard::new(&s.egress, &pol.egress).map_err(|e| ApiError::field("policy_toml", e.to_string()))?;
     let target = guard.check_url(&sub.url).map_err(|r| ApiError::field("url", r.reason))?;
     // Resolved now as well as on every attempt: a name that points inside is refused when it is saved.
@@ -495,6 +511,10 @@ pub(super) fn view(s: &ApiState, e: &SubscriptionEntry) -> Value {
         "tenant": sub.tenant,
         // Values are write-only (they often carry credentials), as the secret is.
         "header_names": header_names(sub),
+        "rate_limit_per_s": (sub.rate_limit_per_s > 0).then_some(sub.rate_limit_per_s),
+        "burst": (sub.burst > 0).then_some(sub.burst),
+        // What the dispatcher enforces: these fields over the policy's `[rate_limit]` defaults.
+        "rate_limit": e.rate_limit.map(|r| json!({"per_s": r.per_s, "burst": r.burst})),
         "verification": hookline_core::vocabulary::verification_state(sub.verification),
         "verification_error": (!sub.verification_error.is_empty()).then_some(&sub.verification_error),
         "verified_at_ms": (sub.verified_at_ms > 0).then_some(sub.verified_at_ms),
