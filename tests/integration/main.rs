@@ -14,3 +14,4 @@ mod hardening;
 mod kafka_tls;
 mod tenants;
 mod tracing;
+mod delivery_control;

@@ -31,6 +31,18 @@ pub fn endpoint_condition(raw: i32) -> &'static str {
     }
 }
 
+/// The words of a subscription's `verification`.
+pub const VERIFICATION_STATES: [&str; 3] = ["not_required", "pending", "verified"];
+
+/// The API's word for a subscription's `verification` field.
+pub fn verification_state(raw: i32) -> &'static str {
+    match crate::model::VerificationState::try_from(raw) {
+        Ok(crate::model::VerificationState::Pending) => "pending",
+        Ok(crate::model::VerificationState::Verified) => "verified",
+        Ok(crate::model::VerificationState::Unspecified) | Err(_) => "not_required",
+    }
+}
+
 /// Why a record was dead-lettered: the `reason` of every `DeadLetter` and the `reason` label of
 /// `hookline_dead_lettered_total`.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]

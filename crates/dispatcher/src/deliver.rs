@@ -92,6 +92,8 @@ pub async fn deliver(ctx: Arc<Ctx>, task: DeliveryTask, partition: i32) -> Resul
         return Box::pin(schedule(&ctx, task, wait, now)).await;
     }
 
+    // Before a lease is written: a shutdown while waiting for the turn leaves no attempt behind.
+    Box::pin(rate_turn(&ctx, &task.subscription_id, &entry)).await?;
     if policy.in_flight == InFlightRule::Count {
         return Box::pin(leased_attempt(&ctx, task, &entry, &policy, partition)).await;
     }
@@ -189,7 +191,9 @@ async fn inactive(
     now: i64,
 ) -> Result<(), Aborted> {
     let why = format!("subscription {} ({})", act.word(), act.reason().unwrap_or(""));
-    match policy.inactive {
+    // An endpoint not verified yet has not refused anything: its deliveries wait for it, whatever `inactive` says.
+    let action = if matches!(act, Activity::PendingVerification) { InactiveAction::Hold } else { policy.inactive };
+    match action {
         InactiveAction::Hold => {
             let mut held = task.clone();
             held.origin = TaskOrigin::Held as i32;
@@ -253,6 +257,22 @@ async fn schedule(ctx: &Ctx, mut task: DeliveryTask, wait_ms: u64, now: i64) -> 
     ctx.produce(ctx.topics.retry(tier), &key, &env).await
 }
 
+/// Waits for the endpoint's next turn under its rate limit, shared by all its deliveries (each try takes one,
+/// micro-retries too). Waiting is not an attempt and counts toward nothing. The lane keeps its slot meanwhile, so a
+/// limited endpoint drains like a slow one: once its lane is deep, its backlog parks on the ladder (`spill`).
+async fn rate_turn(ctx: &Ctx, subscription_id: &str, entry: &SubscriptionEntry) -> Result<(), Aborted> {
+    let Some(limit) = entry.rate_limit else { return Ok(()) };
+    let wait = ctx.rates.reserve(subscription_id, limit);
+    if wait.is_zero() {
+        return Ok(());
+    }
+    metrics::counter!("hookline_rate_limit_waits_total").increment(1);
+    tokio::select! {
+        _ = tokio::time::sleep(wait) => Ok(()),
+        _ = ctx.shutdown.cancelled() => Err(Aborted),
+    }
+}
+
 /// What an attempt does after a try's outcome is recorded.
 enum AfterTry {
     /// A micro-retry: try again after this many ms, within the same attempt.
@@ -284,6 +304,9 @@ async fn attempt(ctx: &Ctx, mut task: DeliveryTask, entry: &SubscriptionEntry, p
     let mut body = Some(body);
     let mut try_no = 1;
     loop {
+        if try_no > 1 {
+            Box::pin(rate_turn(ctx, &task.subscription_id, entry)).await?;
+        }
         let started = now_ms();
         if task.first_attempt_at_ms == 0 {
             task.first_attempt_at_ms = started;
@@ -475,7 +498,7 @@ async fn send_once(
     };
     drop(secrets);
     // The headers move into the request (no copy kept while the request is out).
-    ctx.sender.send_owned(&entry.egress_key, policy, &entry.sub.url, headers, body).await
+    ctx.sender.send_owned(&entry.egress_key, policy, &entry.sub.url, headers, &entry.headers, body).await
 }
 
 async fn follow_ups(ctx: &Ctx, task: &DeliveryTask, policy: &Policy, reason: &str, now: i64) -> Result<(), Aborted> {
@@ -585,7 +608,7 @@ mod tests {
         assert!(output_size(&deliver) <= 1_200, "deliver: {} bytes", output_size(&deliver));
         let sender = crate::sender::Sender::new(Default::default(), Arc::new(crate::connector::SystemResolver));
         let policy = hookline_core::policy::builtin("standard").unwrap();
-        let send = sender.send_owned("k", &policy, "http://127.0.0.1:1/", Default::default(), Bytes::new());
+        let send = sender.send_owned("k", &policy, "http://127.0.0.1:1/", Default::default(), &[], Bytes::new());
         assert!(std::mem::size_of_val(&send) <= 2_000, "send: {} bytes", std::mem::size_of_val(&send));
     }
 

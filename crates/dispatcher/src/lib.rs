@@ -9,6 +9,7 @@ mod deliver;
 pub mod lanes;
 mod leases;
 mod outcomes;
+mod rate;
 mod records;
 pub mod sender;
 mod stalls;
@@ -78,6 +79,8 @@ pub(crate) struct Ctx {
     pub leases: leases::Leases,
     pub outcomes: Arc<outcomes::OutcomeLedger>,
     pub stalls: Arc<stalls::Stalls>,
+    /// Per-endpoint rate limits (subscriptions with `rate_limit_per_s` or a policy `[rate_limit]`).
+    pub rates: rate::Rates,
     pub kafka: hookline_kafka::KafkaSettings,
     pub sender: Sender,
     pub shutdown: CancellationToken,
@@ -206,6 +209,7 @@ pub async fn run(config: Config, shutdown: CancellationToken, options: Options) 
         leases: leases::Leases::default(),
         outcomes: outcomes::OutcomeLedger::new(config.dispatcher.dedupe_window_ms, config.dispatcher.dedupe_max_entries),
         stalls: stalls::Stalls::new(),
+        rates: rate::Rates::default(),
         kafka: kafka.clone(),
         sender: Sender::new(config.egress.clone(), resolver),
         shutdown: shutdown.clone(),

@@ -317,6 +317,8 @@ async function loadSub() {
     ['Event types', sub.event_types.join(', ')],
     ['Policy', sub.policy + (sub.policy_error ? ` — invalid: ${sub.policy_error}` : '')],
     ['State', sub.disabled_reason ? `${sub.state}: ${sub.disabled_reason}` : sub.state],
+    ['Verification', sub.verification_error ? `${sub.verification}: ${sub.verification_error}` : (sub.verification || 'not_required')],
+    ['Rate limit', sub.rate_limit ? `${sub.rate_limit.per_s}/s, burst ${sub.rate_limit.burst}` : 'none'],
     ['Consecutive failures', String(sub.consecutive_failures)],
     ['Last success', sub.last_success_at_ms ? `${fmtTime(sub.last_success_at_ms)} (${ago(sub.last_success_at_ms)})` : 'never'],
     ['Failing since', sub.first_failure_at_ms ? fmtTime(sub.first_failure_at_ms) : '–'],

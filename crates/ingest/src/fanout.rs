@@ -5,6 +5,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use futures::future::join_all;
+use hookline_core::payload_filter::{Data, EventFields};
 use hookline_core::model::{delivery_id, DeadLetter, DeliveryTask, Event, TaskOrigin};
 use hookline_kafka::budget::Budget;
 use hookline_kafka::client::group_consumer_config;
@@ -188,7 +189,15 @@ fn enqueue(producer: &FutureProducer, topic: &str, key: String, payload: Vec<u8>
 
 fn fan_out(f: &Fanout, ev: Event) -> Vec<Pending> {
     // Only the event's own tenant's subscriptions (none of another tenant's, even for the same type).
-    let targets = f.subs.matching(&ev.tenant, &ev.r#type);
+    let mut targets = f.subs.matching(&ev.tenant, &ev.r#type);
+    // Payload filters after the type match; the data is parsed once per event, and only if some target filters.
+    if targets.iter().any(|e| !matches!(e.filter, Ok(None))) {
+        let data = Data::parse(&ev.data_json);
+        let fields = EventFields::of(&ev, &data);
+        let before = targets.len();
+        targets.retain(|e| e.filter_matches(&fields));
+        metrics::counter!("hookline_deliveries_filtered_total").increment((before - targets.len()) as u64);
+    }
     metrics::counter!("hookline_deliveries_fanned_out_total").increment(targets.len() as u64);
     let deliveries = f.topics.deliveries();
     let event = EncodedEvent::new(&ev);

@@ -109,6 +109,7 @@ pub async fn run(config: Config, shutdown: CancellationToken, options: Options) 
         tokens: config.ingest.api_tokens.clone(),
         max_event_bytes: config.ingest.max_event_bytes,
         egress: config.egress.clone(),
+        challenger: api::verify::Challenger::new(config.egress.clone()),
         log,
         kafka: config.kafka.clone(),
         tracer: tracer.clone(),

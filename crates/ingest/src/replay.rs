@@ -75,6 +75,13 @@ pub async fn since(s: &ApiState, entry: &SubscriptionEntry, since_ms: i64, until
         if !hookline_core::filter::delivers(&entry.sub.tenant, &entry.sub.event_types, &ev.tenant, &ev.r#type) {
             return;
         }
+        // And its payload filter, as the fan-out applies it.
+        if !matches!(entry.filter, Ok(None)) {
+            let data = hookline_core::payload_filter::Data::parse(&ev.data_json);
+            if !entry.filter_matches(&hookline_core::payload_filter::EventFields::of(&ev, &data)) {
+                return;
+            }
+        }
         if ev.accepted_at_ms == 0 {
             ev.accepted_at_ms = written;
         }

@@ -5,6 +5,7 @@ use std::collections::HashMap;
 use std::sync::{Arc, Mutex, RwLock};
 
 use hookline_core::model::{EndpointState, Subscription};
+use hookline_core::payload_filter::Filter as PayloadFilter;
 use hookline_core::policy::{self, Policy};
 use prost::Message;
 use tokio::sync::watch;
@@ -75,6 +76,13 @@ pub struct SubscriptionEntry {
     pub policy: Result<Arc<Policy>, String>,
     /// Identifies the policy's egress rules, so HTTP clients can be shared between subscriptions with equal rules.
     pub egress_key: String,
+    /// The subscription's custom headers, checked and converted once here; every attempt appends them.
+    pub headers: Vec<(http::HeaderName, http::HeaderValue)>,
+    /// The payload filter: `Ok(None)` = none; `Err` = a stored filter that does not parse, which matches nothing
+    /// (the API refuses such a filter on save, so only a record written by other means can hold one).
+    pub filter: Result<Option<PayloadFilter>, String>,
+    /// The per-endpoint rate limit in force (the subscription's fields over its policy's defaults).
+    pub rate_limit: Option<hookline_core::rate_limit::RateLimit>,
 }
 
 impl SubscriptionEntry {
@@ -84,7 +92,32 @@ impl SubscriptionEntry {
             Ok(p) => format!("{:?}", p.egress),
             Err(_) => String::new(),
         };
-        Self { sub, policy, egress_key }
+        let headers = match &policy {
+            Ok(p) if !sub.headers.is_empty() => prepared_headers(&sub, p),
+            _ => Vec::new(),
+        };
+        let filter = if sub.filter_json.is_empty() {
+            Ok(None)
+        } else {
+            PayloadFilter::parse_str(&sub.filter_json).map(Some).map_err(|e| {
+                tracing::warn!(subscription = %sub.id, error = %e, "stored payload filter does not parse; it matches nothing");
+                e.to_string()
+            })
+        };
+        let rate_limit = match &policy {
+            Ok(p) => hookline_core::rate_limit::effective(sub.rate_limit_per_s, sub.burst, p),
+            Err(_) => None,
+        };
+        Self { sub, policy, egress_key, headers, filter, rate_limit }
+    }
+
+    /// Whether the payload filter lets `ev` (whose data was parsed once into `data`) through.
+    pub fn filter_matches(&self, fields: &hookline_core::payload_filter::EventFields<'_>) -> bool {
+        match &self.filter {
+            Ok(None) => true,
+            Ok(Some(f)) => f.matches(fields),
+            Err(_) => false,
+        }
     }
 
     /// Secrets that sign now: the newest, plus older ones still inside their rotation overlap.
@@ -97,6 +130,18 @@ impl SubscriptionEntry {
             .map(|(_, s)| s.value.clone())
             .collect()
     }
+}
+
+/// The custom headers as the request carries them; one that no longer passes the rules under the subscription's
+/// policy (the policy changed under it) is left out and logged, so the platform's own headers always win.
+fn prepared_headers(sub: &Subscription, policy: &Policy) -> Vec<(http::HeaderName, http::HeaderValue)> {
+    let (kept, dropped) = hookline_core::custom_headers::prepare(&sub.headers, policy);
+    for d in dropped {
+        tracing::warn!(subscription = %sub.id, header = %d.name, reason = %d.message, "custom header not sent");
+    }
+    kept.into_iter()
+        .filter_map(|(n, v)| Some((http::HeaderName::from_bytes(n.as_bytes()).ok()?, http::HeaderValue::from_str(&v).ok()?)))
+        .collect()
 }
 
 /// Subscriptions by id, with the fan-out index kept in step. Cloning shares it.
