@@ -3,6 +3,7 @@
 
 pub mod egress;
 pub mod engine;
+pub mod dead_letter;
 pub mod filter;
 pub mod health;
 pub mod model;
@@ -13,6 +14,7 @@ pub mod retry_after;
 pub mod sign;
 pub mod simulate;
 pub mod subscription;
+pub mod time;
 pub mod trace;
 pub mod vocabulary;
 
