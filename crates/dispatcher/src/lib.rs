@@ -78,6 +78,8 @@ pub(crate) struct Ctx {
     pub shutdown: CancellationToken,
     /// Off unless `telemetry.otlp_endpoint` is set (then: a span per try, `traceparent` on the request).
     pub tracer: hookline_service::traces::Tracer,
+    /// How dead letters are written (`dlq.format`).
+    pub dlq_format: hookline_core::dead_letter::DlqFormat,
 }
 
 impl Ctx {
@@ -89,13 +91,19 @@ impl Ctx {
     /// KiB) for its whole life, also while it only waits for the endpoint's answer.
     pub fn produce<'a>(&'a self, topic: &'a str, key: &'a str, msg: &impl prost::Message) -> BoxFuture<'a, Result<(), Aborted>> {
         let payload = msg.encode_to_vec();
-        Box::pin(async move { self.produce_bytes(topic, key, &payload).await })
+        Box::pin(async move { self.produce_bytes(topic, key, &payload, None).await })
     }
 
-    async fn produce_bytes(&self, topic: &str, key: &str, payload: &[u8]) -> Result<(), Aborted> {
+    /// Writes a dead letter to `dlq` in the configured format, with its headers, until acknowledged.
+    pub fn produce_dead_letter<'a>(&'a self, key: &'a str, dl: &hookline_core::model::DeadLetter) -> BoxFuture<'a, Result<(), Aborted>> {
+        let (payload, headers) = hookline_kafka::dead_letters::record(dl, self.dlq_format);
+        Box::pin(async move { self.produce_bytes(self.topics.dlq(), key, &payload, Some(&headers)).await })
+    }
+
+    async fn produce_bytes(&self, topic: &str, key: &str, payload: &[u8], headers: Option<&rdkafka::message::OwnedHeaders>) -> Result<(), Aborted> {
         let _write = self.stalls.write();
         loop {
-            match produce::send(&self.producer, topic, key, payload).await {
+            match produce::send_with_headers(&self.producer, topic, key, payload, headers.cloned()).await {
                 Ok(_) => {
                     self.stalls.acked();
                     return Ok(());
@@ -152,7 +160,7 @@ impl Ctx {
                     return Ok(());
                 }
             }
-            self.produce_bytes(topic, key, payload).await
+            self.produce_bytes(topic, key, payload, None).await
         })
     }
 }
@@ -205,6 +213,7 @@ pub async fn run(config: Config, shutdown: CancellationToken, options: Options) 
         sender: Sender::new(config.egress.clone(), resolver),
         shutdown: shutdown.clone(),
         tracer: hookline_service::traces::Tracer::new(&config.telemetry, "dispatcher"),
+        dlq_format: config.dlq.format,
     });
 
     tokio::spawn(ctx.stalls.clone().detect_freezes(reader_stop.clone()));
@@ -275,7 +284,7 @@ pub async fn run(config: Config, shutdown: CancellationToken, options: Options) 
                                 reason: hookline_core::vocabulary::DeadLetterReason::InvalidTask.as_str().into(), detail, raw: raw.into(), source_topic: topic,
                                 source_partition: p, source_offset: o, at_ms: now_ms(), ..Default::default()
                             };
-                            if ctx.produce(ctx.topics.dlq(), "", &dl).await.is_ok() {
+                            if ctx.produce_dead_letter("", &dl).await.is_ok() {
                                 metrics::counter!("hookline_dead_lettered_total", "reason" => hookline_core::vocabulary::DeadLetterReason::InvalidTask.as_str()).increment(1);
                                 let _ = done.send((p, o));
                             }

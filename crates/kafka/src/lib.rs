@@ -3,6 +3,7 @@
 //! acknowledgement, and the embedded mock broker for dev mode and tests.
 
 pub mod client;
+pub mod dead_letters;
 pub mod mock;
 pub mod oauth;
 pub mod produce;

@@ -23,6 +23,16 @@ pub struct Config {
     pub retry_scheduler: RetrySchedulerSettings,
     pub egress: EgressSettings,
     pub notify: NotifySettings,
+    pub dlq: DlqSettings,
+}
+
+/// The dead-letter topic's record format (`[dlq]`).
+#[derive(Debug, Clone, Copy, Serialize, Deserialize, Default)]
+#[serde(deny_unknown_fields, default)]
+pub struct DlqSettings {
+    /// `protobuf` (the `DeadLetter` message) or `json` (the `hookline.dead_letter.v1` document,
+    /// docs/dead-letters.md). Readers take both, so it can be changed at any time.
+    pub format: hookline_core::dead_letter::DlqFormat,
 }
 
 #[derive(Debug, Clone, Serialize, Deserialize)]
