@@ -562,6 +562,19 @@ mod tests {
     }
 
     #[test]
+    fn dlq_format_is_read_from_file_and_env_and_a_wrong_one_names_the_key() {
+        use hookline_core::dead_letter::DlqFormat;
+        assert_eq!(Config::from_toml_with_env("", "t", env(&[])).unwrap().dlq.format, DlqFormat::Protobuf);
+        assert_eq!(Config::from_toml_with_env("[dlq]\nformat = \"json\"\n", "t", env(&[])).unwrap().dlq.format, DlqFormat::Json);
+        let c = Config::from_toml_with_env("", "t", env(&[("HOOKLINE_DLQ__FORMAT", "json")])).unwrap();
+        assert_eq!(c.dlq.format, DlqFormat::Json);
+        let e = Config::from_toml_with_env("[dlq]\nformat = \"avro\"\n", "t", env(&[])).unwrap_err().to_string();
+        assert!(e.contains("format") && e.contains("json"), "{e}");
+        let e = Config::from_toml_with_env("", "t", env(&[("HOOKLINE_DLQ__FORMAT", "xml")])).unwrap_err().to_string();
+        assert!(e.contains("HOOKLINE_DLQ__FORMAT"), "{e}");
+    }
+
+    #[test]
     fn defaults_are_valid() {
         let c = Config::from_toml_with_env("", "t", env(&[])).unwrap();
         assert_eq!(c.kafka.topic_prefix, "hookline.");
