@@ -148,3 +148,24 @@ async fn protobuf_dead_letters_carry_the_same_headers() {
     assert_eq!(p.requests_to("f").len(), 2);
     p.stop().await;
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_large_unreadable_event_still_gets_a_json_dead_letter_that_fits_a_record() {
+    let p = Pipeline::start_with(1, |c| c.dlq.format = DlqFormat::Json).await;
+    // Not JSON, just under the event limit: its base64 in a JSON document would not fit a Kafka record whole.
+    let big = vec![b'{'; 900_000];
+    let producer = hookline_kafka::client::producer(&p.config.kafka, "dlq-test").expect("producer");
+    hookline_kafka::produce::send(&producer, "hookline.events", "k", &big).await.expect("produced");
+    let dlq = p.dlq.clone();
+    wait_for(&p.dlq.changed, LIMIT, "the dead letter", || !dlq.items.lock().unwrap().is_empty()).await;
+    let records = read_dlq(&p).await;
+    assert_eq!(records.len(), 1);
+    let r = &records[0];
+    assert_eq!(r.headers["hookline-format"], "json");
+    assert!(r.value.len() <= p.config.kafka.message_max_bytes, "{}", r.value.len());
+    let doc: Value = serde_json::from_slice(&r.value).unwrap();
+    assert_eq!(doc["reason"], "invalid_json");
+    assert!(doc["detail"].as_str().unwrap().contains("of 900000 bytes in the JSON dead letter"), "{}", doc["detail"]);
+    assert_eq!(doc["source"]["offset"], 0);
+    p.stop().await;
+}

@@ -96,6 +96,36 @@ pub fn encode(dl: &DeadLetter, format: DlqFormat) -> Vec<u8> {
     }
 }
 
+/// The value of `dl`'s record in `format`, at most `max_bytes` long when that can be done without losing what
+/// matters, and the format it is in. A JSON document is larger than the protobuf (field names; base64 is 4/3
+/// of the bytes), so one that does not fit keeps only the start of an unreadable input's `raw` (the detail says
+/// so; `source` points at the whole record); a delivery's dead letter whose event does not fit as JSON is written
+/// as protobuf instead (which always fits: the event fitted a delivery task), its `hookline-format` header says so,
+/// and nothing of the event is lost for a redrive.
+pub fn encode_within(dl: &DeadLetter, format: DlqFormat, max_bytes: usize) -> (Vec<u8>, DlqFormat, Option<DeadLetter>) {
+    if format == DlqFormat::Protobuf {
+        return (encode(dl, format), format, None);
+    }
+    let json = encode(dl, DlqFormat::Json);
+    if json.len() <= max_bytes {
+        return (json, DlqFormat::Json, None);
+    }
+    if !dl.raw.is_empty() {
+        // Every 3 raw bytes dropped shorten the document by 4; the detail grows by a few dozen.
+        let excess = json.len() - max_bytes + 128;
+        let drop = excess.div_ceil(4).saturating_mul(3);
+        let keep = dl.raw.len().saturating_sub(drop);
+        let mut cut = dl.clone();
+        cut.raw = dl.raw.slice(..keep);
+        cut.detail.push_str(&format!("; raw truncated to its first {keep} of {} bytes in the JSON dead letter", dl.raw.len()));
+        let json = encode(&cut, DlqFormat::Json);
+        if json.len() <= max_bytes {
+            return (json, DlqFormat::Json, Some(cut));
+        }
+    }
+    (encode(dl, DlqFormat::Protobuf), DlqFormat::Protobuf, None)
+}
+
 /// Reads a dead letter of either format: by its `hookline-format` header when the record has one, otherwise by
 /// its content (a JSON document starts with `{`, which no `DeadLetter` protobuf does: its first byte is a field
 /// tag, and field 15 — tag byte 0x78 — is the highest that fits in one byte).
@@ -441,6 +471,28 @@ mod tests {
         assert!(matches!(decode(&pb, Some(b"avro")), Err(DecodeError::Format(_))));
         let h = headers(&dl, DlqFormat::Protobuf);
         assert!(h.contains(&("hookline-tenant", "acme".into())) && h.contains(&("hookline-event-type", "order.paid".into())), "{h:?}");
+    }
+
+    #[test]
+    fn a_document_too_large_for_a_record_is_cut_or_written_as_protobuf() {
+        let input = DeadLetter { reason: "invalid_json".into(), raw: vec![b'x'; 30_000].into(), source_topic: "hookline.events".into(), ..Default::default() };
+        let (value, format, cut) = encode_within(&input, DlqFormat::Json, 30_000);
+        assert_eq!(format, DlqFormat::Json);
+        assert!(value.len() <= 30_000, "{}", value.len());
+        let back = decode(&value, None).unwrap();
+        assert!(back.raw.len() > 20_000 && back.raw.len() < 30_000 && back.raw.iter().all(|b| *b == b'x'), "{}", back.raw.len());
+        assert!(back.detail.contains("raw truncated to its first") && back.detail.contains("of 30000 bytes"), "{}", back.detail);
+        assert_eq!(cut.unwrap().raw.len(), back.raw.len());
+
+        // A delivery's event is never cut: the record is protobuf, whole.
+        let big = delivery_dl(&vec![0xffu8; 30_000]);
+        let (value, format, cut) = encode_within(&big, DlqFormat::Json, 32_000);
+        assert_eq!((format, cut), (DlqFormat::Protobuf, None));
+        assert_eq!(decode(&value, None).unwrap(), big);
+        // What fits stays JSON, untouched.
+        let small = delivery_dl(b"{}");
+        let (value, format, _) = encode_within(&small, DlqFormat::Json, 32_000);
+        assert_eq!((format, decode(&value, Some(b"json")).unwrap()), (DlqFormat::Json, small));
     }
 
     #[test]

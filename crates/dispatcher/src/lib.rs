@@ -78,8 +78,8 @@ pub(crate) struct Ctx {
     pub shutdown: CancellationToken,
     /// Off unless `telemetry.otlp_endpoint` is set (then: a span per try, `traceparent` on the request).
     pub tracer: hookline_service::traces::Tracer,
-    /// How dead letters are written (`dlq.format`).
-    pub dlq_format: hookline_core::dead_letter::DlqFormat,
+    /// How dead letters are written (`dlq.format`, within the record size).
+    pub dlq: hookline_kafka::dead_letters::DeadLetterWriter,
 }
 
 impl Ctx {
@@ -96,7 +96,7 @@ impl Ctx {
 
     /// Writes a dead letter to `dlq` in the configured format, with its headers, until acknowledged.
     pub fn produce_dead_letter<'a>(&'a self, key: &'a str, dl: &hookline_core::model::DeadLetter) -> BoxFuture<'a, Result<(), Aborted>> {
-        let (payload, headers) = hookline_kafka::dead_letters::record(dl, self.dlq_format);
+        let (payload, headers) = self.dlq.record(dl);
         Box::pin(async move { self.produce_bytes(self.topics.dlq(), key, &payload, Some(&headers)).await })
     }
 
@@ -213,7 +213,7 @@ pub async fn run(config: Config, shutdown: CancellationToken, options: Options) 
         sender: Sender::new(config.egress.clone(), resolver),
         shutdown: shutdown.clone(),
         tracer: hookline_service::traces::Tracer::new(&config.telemetry, "dispatcher"),
-        dlq_format: config.dlq.format,
+        dlq: hookline_kafka::dead_letters::DeadLetterWriter::new(config.dlq.format, &config.kafka),
     });
 
     tokio::spawn(ctx.stalls.clone().detect_freezes(reader_stop.clone()));

@@ -35,8 +35,8 @@ pub struct Fanout {
     pub tracer: hookline_service::traces::Tracer,
     /// Set at the first assignment: until the group has assigned the events topic, nothing is fanned out.
     pub readiness: hookline_service::Readiness,
-    /// How dead letters of unreadable events are written (`dlq.format`).
-    pub dlq_format: hookline_core::dead_letter::DlqFormat,
+    /// How dead letters of unreadable events are written (`dlq.format`, within the record size).
+    pub dlq: hookline_kafka::dead_letters::DeadLetterWriter,
 }
 
 pub async fn run(f: Arc<Fanout>, config: &hookline_service::Config, client_id: &str) -> Result<(), KafkaError> {
@@ -109,7 +109,7 @@ pub async fn run(f: Arc<Fanout>, config: &hookline_service::Config, client_id: &
                             let (tp, ts) = trace_headers(&m);
                             f.tracer.dead_letter_of_record(&dl, tp, ts);
                         }
-                        let (value, headers) = hookline_kafka::dead_letters::record(&dl, f.dlq_format);
+                        let (value, headers) = f.dlq.record(&dl);
                         vec![enqueue_with_headers(&f.producer, f.topics.dlq(), String::new(), value, Some(headers))]
                     }
                 };

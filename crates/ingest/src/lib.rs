@@ -138,7 +138,7 @@ pub async fn run(config: Config, shutdown: CancellationToken, options: Options) 
         shutdown: shutdown.clone(),
         tracer: tracer.clone(),
         readiness: readiness.clone(),
-        dlq_format: config.dlq.format,
+        dlq: hookline_kafka::dead_letters::DeadLetterWriter::new(config.dlq.format, &config.kafka),
     });
     // Owner e-mail for the ops topic, when `notify.smtp_addr` is set.
     let notifier = config.notify.smtp_addr.is_some().then(|| {

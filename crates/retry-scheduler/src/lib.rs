@@ -74,8 +74,8 @@ struct Scheduler {
     paused: HashMap<Tp, bool>,
     /// Off unless `telemetry.otlp_endpoint` is set (then: a span per release).
     tracer: Tracer,
-    /// How dead letters of unreadable tasks are written (`dlq.format`).
-    dlq_format: hookline_core::dead_letter::DlqFormat,
+    /// How dead letters of unreadable tasks are written (`dlq.format`, within the record size).
+    dlq: hookline_kafka::dead_letters::DeadLetterWriter,
 }
 
 pub async fn run(config: Config, shutdown: CancellationToken, options: Options) -> Result<(), SchedulerError> {
@@ -114,7 +114,7 @@ pub async fn run(config: Config, shutdown: CancellationToken, options: Options) 
         held_count: HashMap::new(),
         paused: HashMap::new(),
         tracer: Tracer::new(&config.telemetry, "retry-scheduler"),
-        dlq_format: config.dlq.format,
+        dlq: hookline_kafka::dead_letters::DeadLetterWriter::new(config.dlq.format, &config.kafka),
     };
     let (done_tx, mut done_rx) = mpsc::unbounded_channel::<(String, i32, i64)>();
     let mut marks = Watermarks::new();
@@ -331,7 +331,7 @@ impl Scheduler {
             ..Default::default()
         };
         metrics::counter!("hookline_dead_lettered_total", "reason" => hookline_core::vocabulary::DeadLetterReason::InvalidTask.as_str()).increment(1);
-        let (value, headers) = hookline_kafka::dead_letters::record(&dl, self.dlq_format);
+        let (value, headers) = self.dlq.record(&dl);
         self.forward_with_headers(self.topics.dlq(), String::new(), value, Some(headers), key, done);
     }
 
