@@ -2,6 +2,7 @@
 //! with receivers on 127.0.0.1:0.
 
 mod api;
+mod dead_letters;
 mod lifecycle;
 mod pipeline;
 mod support;

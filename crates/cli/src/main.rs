@@ -29,6 +29,9 @@ enum Command {
     /// Test a subscription's payload filter against an event, without a network.
     #[command(subcommand)]
     Filter(cmd::filter::FilterCmd),
+    /// Read the dead-letter topic: the newest dead letters, filtered, readable or as JSON documents.
+    #[command(subcommand)]
+    Dlq(cmd::dlq::DlqCmd),
     /// Check a captured webhook request's signature and say exactly why it fails.
     Verify(cmd::verify::VerifyArgs),
     /// Ask the egress guard about URLs without sending anything.
@@ -49,6 +52,7 @@ fn main() -> ExitCode {
         Command::Topics(c) => cmd::topics::run(c),
         Command::Policy(c) => cmd::policy::run(c),
         Command::Filter(c) => cmd::filter::run(c),
+        Command::Dlq(c) => cmd::dlq::run(c),
         Command::Verify(args) => cmd::verify::run(args),
         Command::Egress(c) => cmd::egress::run(c),
         Command::Bench(args) => cmd::bench::run(args),

@@ -4,6 +4,7 @@
 pub mod egress;
 pub mod engine;
 pub mod custom_headers;
+pub mod dead_letter;
 pub mod filter;
 pub mod health;
 pub mod model;
@@ -16,6 +17,7 @@ pub mod retry_after;
 pub mod sign;
 pub mod simulate;
 pub mod subscription;
+pub mod time;
 pub mod trace;
 pub mod verification;
 pub mod vocabulary;

@@ -70,7 +70,7 @@ pub async fn deliver(ctx: Arc<Ctx>, task: DeliveryTask, partition: i32) -> Resul
                 let detail = format!("the subscription's policy is invalid: {e}");
                 let rec = records::closing_record(&task, "invalid_policy", detail.clone(), "dead", "dead", now, &entry.sub.policy);
                 let dl = records::dead_letter(&task, DeadLetterReason::InvalidPolicy.as_str(), detail, "dead", "dead", task.attempts_made, String::new(), now);
-                ctx.produce(ctx.topics.dlq(), &task.subscription_id, &dl).await?;
+                ctx.produce_dead_letter(&task.subscription_id, &dl).await?;
                 ctx.tracer.dead_letter(&dl, None);
                 conclude(&ctx, &task, rec).await?;
                 metrics::counter!("hookline_dead_lettered_total", "reason" => DeadLetterReason::InvalidPolicy.as_str()).increment(1);
@@ -168,7 +168,7 @@ async fn lost_attempt(
             let mut last = task.clone();
             last.attempts_made = attempt_no;
             let dl = records::dead_letter(&last, DeadLetterReason::LeaseExpired.as_str(), reason.clone(), final_word(state), &word, task.prior_attempts + attempt_no, "lease_expired".into(), now);
-            ctx.produce(ctx.topics.dlq(), &task.subscription_id, &dl).await?;
+            ctx.produce_dead_letter(&task.subscription_id, &dl).await?;
             ctx.tracer.dead_letter(&dl, None);
             metrics::counter!("hookline_deliveries_total", "outcome" => final_word(state)).increment(1);
             metrics::counter!("hookline_dead_lettered_total", "reason" => DeadLetterReason::LeaseExpired.as_str()).increment(1);
@@ -291,7 +291,7 @@ async fn attempt(ctx: &Ctx, mut task: DeliveryTask, entry: &SubscriptionEntry, p
             let word = policy.status_word(FinalState::Dead).to_owned();
             let rec = records::closing_record(&task, "oversize", detail.clone(), "dead", &word, now, &policy.name);
             let dl = records::dead_letter(&task, DeadLetterReason::Oversize.as_str(), detail, "dead", &word, task.attempts_made, "oversize".into(), now);
-            ctx.produce(ctx.topics.dlq(), &task.subscription_id, &dl).await?;
+            ctx.produce_dead_letter(&task.subscription_id, &dl).await?;
             ctx.tracer.dead_letter(&dl, None);
             conclude(ctx, &task, rec).await?;
             metrics::counter!("hookline_dead_lettered_total", "reason" => DeadLetterReason::Oversize.as_str()).increment(1);
@@ -399,7 +399,8 @@ async fn conclude_try(
                 let mut last = task.clone();
                 last.attempts_made = attempt_no;
                 let dl = records::dead_letter(&last, reason, result.reason.clone(), final_word(state), &word, task.prior_attempts + attempt_no, result.outcome.token(), ended);
-                ctx.produce(ctx.topics.dlq(), &task.subscription_id, &dl).await?;
+                let dl = records::with_last_try(dl, &result);
+                ctx.produce_dead_letter(&task.subscription_id, &dl).await?;
                 ctx.tracer.dead_letter(&dl, span.as_ref());
                 metrics::counter!("hookline_dead_lettered_total", "reason" => reason).increment(1);
                 if state == FinalState::Dead {

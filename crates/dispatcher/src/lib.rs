@@ -86,6 +86,8 @@ pub(crate) struct Ctx {
     pub shutdown: CancellationToken,
     /// Off unless `telemetry.otlp_endpoint` is set (then: a span per try, `traceparent` on the request).
     pub tracer: hookline_service::traces::Tracer,
+    /// How dead letters are written (`dlq.format`, within the record size).
+    pub dlq: hookline_kafka::dead_letters::DeadLetterWriter,
 }
 
 impl Ctx {
@@ -97,13 +99,19 @@ impl Ctx {
     /// KiB) for its whole life, also while it only waits for the endpoint's answer.
     pub fn produce<'a>(&'a self, topic: &'a str, key: &'a str, msg: &impl prost::Message) -> BoxFuture<'a, Result<(), Aborted>> {
         let payload = msg.encode_to_vec();
-        Box::pin(async move { self.produce_bytes(topic, key, &payload).await })
+        Box::pin(async move { self.produce_bytes(topic, key, &payload, None).await })
     }
 
-    async fn produce_bytes(&self, topic: &str, key: &str, payload: &[u8]) -> Result<(), Aborted> {
+    /// Writes a dead letter to `dlq` in the configured format, with its headers, until acknowledged.
+    pub fn produce_dead_letter<'a>(&'a self, key: &'a str, dl: &hookline_core::model::DeadLetter) -> BoxFuture<'a, Result<(), Aborted>> {
+        let (payload, headers) = self.dlq.record(dl);
+        Box::pin(async move { self.produce_bytes(self.topics.dlq(), key, &payload, Some(&headers)).await })
+    }
+
+    async fn produce_bytes(&self, topic: &str, key: &str, payload: &[u8], headers: Option<&rdkafka::message::OwnedHeaders>) -> Result<(), Aborted> {
         let _write = self.stalls.write();
         loop {
-            match produce::send(&self.producer, topic, key, payload).await {
+            match produce::send_with_headers(&self.producer, topic, key, payload, headers.cloned()).await {
                 Ok(_) => {
                     self.stalls.acked();
                     return Ok(());
@@ -160,7 +168,7 @@ impl Ctx {
                     return Ok(());
                 }
             }
-            self.produce_bytes(topic, key, payload).await
+            self.produce_bytes(topic, key, payload, None).await
         })
     }
 }
@@ -214,6 +222,7 @@ pub async fn run(config: Config, shutdown: CancellationToken, options: Options) 
         sender: Sender::new(config.egress.clone(), resolver),
         shutdown: shutdown.clone(),
         tracer: hookline_service::traces::Tracer::new(&config.telemetry, "dispatcher"),
+        dlq: hookline_kafka::dead_letters::DeadLetterWriter::new(config.dlq.format, &config.kafka),
     });
 
     tokio::spawn(ctx.stalls.clone().detect_freezes(reader_stop.clone()));
@@ -305,7 +314,7 @@ pub async fn run(config: Config, shutdown: CancellationToken, options: Options) 
                                 reason: DeadLetterReason::InvalidTask.as_str().into(), detail, raw, source_topic: topic,
                                 source_partition: p, source_offset: o, at_ms: now_ms(), ..Default::default()
                             };
-                            if ctx.produce(ctx.topics.dlq(), "", &dl).await.is_ok() {
+                            if ctx.produce_dead_letter("", &dl).await.is_ok() {
                                 metrics::counter!("hookline_dead_lettered_total", "reason" => DeadLetterReason::InvalidTask.as_str()).increment(1);
                                 let _ = done.send((p, o));
                             }
@@ -438,7 +447,7 @@ async fn guarded(
         at_ms: now_ms(),
         ..Default::default()
     };
-    ctx.produce(ctx.topics.dlq(), &task.subscription_id, &dl).await?;
+    ctx.produce_dead_letter(&task.subscription_id, &dl).await?;
     metrics::counter!("hookline_dead_lettered_total", "reason" => reason.as_str()).increment(1);
     Ok(())
 }

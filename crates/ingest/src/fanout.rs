@@ -17,6 +17,7 @@ use prost::Message as _;
 use rdkafka::consumer::{CommitMode, Consumer, StreamConsumer};
 use rdkafka::error::KafkaError;
 use hookline_kafka::client::Producer as FutureProducer;
+use rdkafka::message::OwnedHeaders;
 use rdkafka::producer::FutureRecord;
 use rdkafka::Message;
 use tokio::sync::mpsc;
@@ -37,6 +38,8 @@ pub struct Fanout {
     pub tracer: hookline_service::traces::Tracer,
     /// Set at the first assignment: until the group has assigned the events topic, nothing is fanned out.
     pub readiness: hookline_service::Readiness,
+    /// How dead letters of unreadable events are written (`dlq.format`, within the record size).
+    pub dlq: hookline_kafka::dead_letters::DeadLetterWriter,
 }
 
 pub async fn run(f: Arc<Fanout>, config: &hookline_service::Config, client_id: &str) -> Result<(), KafkaError> {
@@ -115,7 +118,8 @@ pub async fn run(f: Arc<Fanout>, config: &hookline_service::Config, client_id: &
                             let (tp, ts) = trace_headers(&m);
                             f.tracer.dead_letter_of_record(&dl, tp, ts);
                         }
-                        vec![enqueue(&f.producer, f.topics.dlq(), String::new(), dl.encode_to_vec())]
+                        let (value, headers) = f.dlq.record(&dl);
+                        vec![enqueue_with_headers(&f.producer, f.topics.dlq(), String::new(), value, Some(headers))]
                     }
                 };
                 // Taken whatever is left (the event is in hand); the partitions pause once the budget is spent.
@@ -179,12 +183,21 @@ pub struct Pending {
     topic: String,
     key: String,
     payload: Vec<u8>,
+    headers: Option<OwnedHeaders>,
     future: Option<rdkafka::producer::DeliveryFuture>,
 }
 
 fn enqueue(producer: &FutureProducer, topic: &str, key: String, payload: Vec<u8>) -> Pending {
-    let future = producer.send_result(FutureRecord::to(topic).key(&key).payload(&payload)).ok();
-    Pending { topic: topic.to_owned(), key, payload, future }
+    enqueue_with_headers(producer, topic, key, payload, None)
+}
+
+fn enqueue_with_headers(producer: &FutureProducer, topic: &str, key: String, payload: Vec<u8>, headers: Option<OwnedHeaders>) -> Pending {
+    let mut record = FutureRecord::to(topic).key(&key).payload(&payload);
+    if let Some(h) = &headers {
+        record = record.headers(h.clone());
+    }
+    let future = producer.send_result(record).ok();
+    Pending { topic: topic.to_owned(), key, payload, headers, future }
 }
 
 fn fan_out(f: &Fanout, ev: Event) -> Vec<Pending> {
@@ -286,12 +299,12 @@ async fn complete(work: Vec<Pending>, producer: &FutureProducer, shutdown: &Canc
                 return None;
             }
         }
-        Some((p.topic, p.key, p.payload))
+        Some((p.topic, p.key, p.payload, p.headers))
     }))
     .await;
-    for (topic, key, payload) in results.into_iter().flatten() {
+    for (topic, key, payload, headers) in results.into_iter().flatten() {
         loop {
-            match hookline_kafka::produce::send(producer, &topic, &key, &payload).await {
+            match hookline_kafka::produce::send_with_headers(producer, &topic, &key, &payload, headers.clone()).await {
                 Ok(_) => break,
                 Err(e) => {
                     tracing::warn!(error = %e, "fan-out produce failed; retrying");

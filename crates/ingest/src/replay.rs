@@ -115,7 +115,8 @@ pub struct Redrive {
 pub async fn redrive(s: &ApiState, f: &RedriveFilter) -> Result<Redrive, ReplayError> {
     let mut latest: HashMap<String, DeadLetter> = HashMap::new();
     scan(&s.kafka, s.topics.dlq(), f.since_ms, SCAN_LIMIT, |m| {
-        let Ok(dl) = DeadLetter::decode(m.payload().unwrap_or_default()) else { return };
+        // Either format (`dlq.format`; it may have changed over the topic's life).
+        let Ok(dl) = hookline_kafka::dead_letters::decode(m) else { return };
         let wanted = !dl.delivery_id.is_empty()
             && dl.event.is_some()
             && f.subscription_id.as_ref().is_none_or(|x| *x == dl.subscription_id)

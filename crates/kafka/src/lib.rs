@@ -4,6 +4,7 @@
 
 pub mod budget;
 pub mod client;
+pub mod dead_letters;
 pub mod mock;
 pub mod oauth;
 pub mod produce;

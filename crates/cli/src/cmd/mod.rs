@@ -3,6 +3,7 @@
 pub mod bench;
 pub mod dev;
 pub mod dev_broker;
+pub mod dlq;
 pub mod egress;
 pub mod filter;
 pub mod numbers;
