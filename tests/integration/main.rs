@@ -11,6 +11,7 @@ mod faults;
 mod redo;
 mod panics;
 mod fencing;
+mod breaker;
 mod hardening;
 mod kafka_tls;
 mod tenants;

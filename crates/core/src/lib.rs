@@ -3,6 +3,7 @@
 
 pub mod egress;
 pub mod engine;
+pub mod breaker;
 pub mod custom_headers;
 pub mod dead_letter;
 pub mod filter;

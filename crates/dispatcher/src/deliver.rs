@@ -8,6 +8,7 @@ use bytes::Bytes;
 use hookline_core::vocabulary::DeadLetterReason;
 use hookline_core::health::{self, HealthEvent, Transition};
 use futures::future::BoxFuture;
+use hookline_core::breaker::{Admission, BreakerChange};
 use hookline_core::model::{
     AttemptRecord, DeliveryTask, EndpointCondition, EndpointState, Event, OpsEvent, RetryEnvelope, TaskOrigin,
 };
@@ -273,6 +274,33 @@ async fn rate_turn(ctx: &Ctx, subscription_id: &str, entry: &SubscriptionEntry) 
     }
 }
 
+/// Parks a delivery whose endpoint's breaker is open until it may be tried again: not an attempt, nothing
+/// counted; never earlier than it was due.
+async fn park_for_breaker(ctx: &Ctx, mut task: DeliveryTask, until_ms: i64) -> Result<(), Aborted> {
+    let now = now_ms();
+    task.due_at_ms = task.due_at_ms.max(until_ms);
+    let wait_ms = u64::try_from(task.due_at_ms.saturating_sub(now)).unwrap_or(0);
+    metrics::counter!("hookline_breaker_parked_total").increment(1);
+    schedule(ctx, task, wait_ms, now).await
+}
+
+/// Writes a breaker's opening or closing to the endpoint state, where the API shows it.
+async fn breaker_changed(ctx: &Ctx, partition: i32, id: &str, change: BreakerChange) -> Result<(), Aborted> {
+    let (until, to) = match change {
+        BreakerChange::Opened { until_ms } => (until_ms, "open"),
+        BreakerChange::Closed => (0, "closed"),
+    };
+    metrics::counter!("hookline_breaker_transitions_total", "to" => to).increment(1);
+    tracing::info!(subscription = %id, breaker = to, open_until_ms = until, "endpoint circuit breaker");
+    let topic = ctx.topics.endpoint_state();
+    let (enqueued, payload) = ctx.states.update(id, partition, |st: &mut EndpointState| {
+        st.breaker_open_until_ms = until;
+        let payload = st.encode_to_vec();
+        (ctx.enqueue(topic, id, &payload), payload)
+    });
+    ctx.await_enqueued(enqueued, topic, id, &payload).await
+}
+
 /// What an attempt does after a try's outcome is recorded.
 enum AfterTry {
     /// A micro-retry: try again after this many ms, within the same attempt.
@@ -302,6 +330,12 @@ async fn attempt(ctx: &Ctx, mut task: DeliveryTask, entry: &SubscriptionEntry, p
     // The body is handed to the request, not kept: hyper frees it once it is written, so a delivery waiting for
     // its answer does not hold it. A micro-retry builds it again (byte for byte the same; it was built once).
     let mut body = Some(body);
+    // An open breaker: the delivery waits, uncounted, until the endpoint may be tried again.
+    if policy.breaker.is_some() {
+        if let Admission::Wait { until_ms } = ctx.breakers.admit(&task.subscription_id, now_ms()) {
+            return park_for_breaker(ctx, task, until_ms).await;
+        }
+    }
     let mut try_no = 1;
     loop {
         if try_no > 1 {
@@ -322,6 +356,12 @@ async fn attempt(ctx: &Ctx, mut task: DeliveryTask, entry: &SubscriptionEntry, p
         // as long as the delivery waits for the endpoint.
         let result = Box::pin(send_once(ctx, &task, entry, policy, attempt_no, body, started, span.as_ref())).await;
         tracing::debug!(delivery = %task.delivery_id, outcome = %result.outcome, reason = %result.reason, "try finished");
+        if let Some(rule) = &policy.breaker {
+            let unreachable = hookline_core::breaker::is_unreachable(&result.outcome);
+            if let Some(change) = ctx.breakers.record(&task.subscription_id, rule, unreachable, now_ms()) {
+                Box::pin(breaker_changed(ctx, partition, &task.subscription_id, change)).await?;
+            }
+        }
         match Box::pin(conclude_try(ctx, partition, &task, entry, policy, attempt_no, try_no, started, result, span)).await? {
             AfterTry::TryAgain(wait_ms) => {
                 tokio::select! {

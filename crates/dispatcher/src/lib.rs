@@ -4,6 +4,7 @@
 //! Records of a partition are dispatched concurrently and complete out of order; an offset is stored only when
 //! every record below it has its outcome durably produced (the contiguous completed watermark).
 
+mod breakers;
 pub mod connector;
 mod deliver;
 pub mod lanes;
@@ -81,6 +82,7 @@ pub(crate) struct Ctx {
     pub stalls: Arc<stalls::Stalls>,
     /// Per-endpoint rate limits (subscriptions with `rate_limit_per_s` or a policy `[rate_limit]`).
     pub rates: rate::Rates,
+    pub breakers: breakers::Breakers,
     pub kafka: hookline_kafka::KafkaSettings,
     pub sender: Sender,
     pub shutdown: CancellationToken,
@@ -218,6 +220,7 @@ pub async fn run(config: Config, shutdown: CancellationToken, options: Options) 
         outcomes: outcomes::OutcomeLedger::new(config.dispatcher.dedupe_window_ms, config.dispatcher.dedupe_max_entries),
         stalls: stalls::Stalls::new(),
         rates: rate::Rates::default(),
+        breakers: breakers::Breakers::default(),
         kafka: kafka.clone(),
         sender: Sender::new(config.egress.clone(), resolver),
         shutdown: shutdown.clone(),

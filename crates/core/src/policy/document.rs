@@ -42,7 +42,29 @@ pub struct Policy {
     /// Default per-endpoint rate limit of subscriptions under this policy (their own fields win).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub rate_limit: Option<RateLimitDefaults>,
+    /// When present, a circuit breaker per endpoint (see `crate::breaker`). Off by default: the platforms'
+    /// schedules are exact without it.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub breaker: Option<BreakerRule>,
 }
+
+/// `[breaker]`: after `consecutive_errors` connect errors, TLS errors or timeouts in a row, the endpoint gets no
+/// request for `cool_off_ms`, then one probe; a failed probe doubles the cool-off, up to `max_cool_off_ms`.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct BreakerRule {
+    pub consecutive_errors: u32,
+    pub cool_off_ms: u64,
+    #[serde(default = "default_max_cool_off")]
+    pub max_cool_off_ms: u64,
+}
+
+fn default_max_cool_off() -> u64 {
+    600_000
+}
+
+/// The longest a breaker stays open at once: an hour.
+pub const MAX_BREAKER_COOL_OFF_MS: u64 = 3_600_000;
 
 /// `[rate_limit]`: requests per second to one endpoint, with a burst (default: one second's worth).
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]

@@ -507,6 +507,13 @@ pub(super) fn view(s: &ApiState, e: &SubscriptionEntry) -> Value {
         "first_failure_at_ms": (st.first_failure_at_ms > 0).then_some(st.first_failure_at_ms),
         "last_success_at_ms": (st.last_success_at_ms > 0).then_some(st.last_success_at_ms),
         "endpoint_condition": hookline_core::vocabulary::endpoint_condition(st.condition),
+        // The policy's `[breaker]`: open while the endpoint gets no requests after repeated connect errors.
+        "circuit_breaker": match st.breaker_open_until_ms {
+            0 => json!({"state": "closed", "open_until_ms": null}),
+            until if until > crate::now_ms() => json!({"state": "open", "open_until_ms": until}),
+            // Past its cool-off: the next delivery is the probe.
+            until => json!({"state": "probing", "open_until_ms": until}),
+        },
         "owner_email": sub.owner_email,
         "tenant": sub.tenant,
         // Values are write-only (they often carry credentials), as the secret is.
