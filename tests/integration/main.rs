@@ -12,6 +12,7 @@ mod redo;
 mod panics;
 mod fencing;
 mod breaker;
+mod concurrency;
 mod hardening;
 mod kafka_tls;
 mod tenants;

@@ -4,6 +4,7 @@
 pub mod egress;
 pub mod engine;
 pub mod breaker;
+pub mod concurrency;
 pub mod custom_headers;
 pub mod dead_letter;
 pub mod filter;

@@ -1,5 +1,6 @@
 //! The circuit breakers of the endpoints this dispatcher sends to (the partition owner is the only sender), one
-//! per subscription whose policy has a `[breaker]`. Decisions are `hookline_core::breaker::Breaker`'s.
+//! per subscription whose policy has a `[breaker]`, and the endpoint-wide pauses of a `Retry-After`. Decisions
+//! are `hookline_core::breaker::Breaker`'s.
 
 use std::collections::HashMap;
 use std::sync::Mutex;
@@ -12,12 +13,32 @@ pub struct Breakers {
     /// Only breakers with something to remember: a closed one with no error counted is dropped, so the map holds
     /// the endpoints failing right now, not every endpoint ever sent to.
     map: Mutex<HashMap<String, Breaker>>,
+    /// Endpoints paused by a `Retry-After` (policy `[concurrency]` with `pause_on_retry_after`): until when.
+    /// Expired entries go at the next admission.
+    holds: Mutex<HashMap<String, i64>>,
 }
 
 impl Breakers {
     pub fn admit(&self, subscription_id: &str, now_ms: i64) -> Admission {
+        {
+            let mut holds = self.holds.lock().expect("holds lock");
+            match holds.get(subscription_id).copied() {
+                Some(until_ms) if now_ms < until_ms => return Admission::Wait { until_ms },
+                Some(_) => {
+                    holds.remove(subscription_id);
+                }
+                None => {}
+            }
+        }
         let mut map = self.map.lock().expect("breakers lock");
         map.get_mut(subscription_id).map_or(Admission::Send, |b| b.admit(now_ms))
+    }
+
+    /// Pauses the whole endpoint until `until_ms` (a later hold wins).
+    pub fn hold(&self, subscription_id: &str, until_ms: i64) {
+        let mut holds = self.holds.lock().expect("holds lock");
+        let h = holds.entry(subscription_id.to_owned()).or_insert(until_ms);
+        *h = (*h).max(until_ms);
     }
 
     pub fn record(&self, subscription_id: &str, rule: &BreakerRule, unreachable: bool, now_ms: i64) -> Option<BreakerChange> {

@@ -12,7 +12,7 @@ use hookline_core::breaker::{Admission, BreakerChange};
 use hookline_core::model::{
     AttemptRecord, DeliveryTask, EndpointCondition, EndpointState, Event, OpsEvent, RetryEnvelope, TaskOrigin,
 };
-use hookline_core::policy::{DisableAction, InactiveAction, InFlightRule, Policy};
+use hookline_core::policy::{ConcurrencyRule, DisableAction, InactiveAction, InFlightRule, Policy};
 use hookline_core::request::{self, HeaderContext};
 use hookline_core::subscription::{activity, Activity};
 use hookline_core::{decide, due_at_ms, FinalState, Next, Progress, Verdict};
@@ -301,6 +301,35 @@ async fn breaker_changed(ctx: &Ctx, partition: i32, id: &str, change: BreakerCha
     ctx.await_enqueued(enqueued, topic, id, &payload).await
 }
 
+/// Adaptive concurrency: sizes the endpoint's lane from its answers, and pauses the whole endpoint for a
+/// `Retry-After` on a 429/503 (this delivery's own next attempt is still its policy's decision).
+async fn adapt(ctx: &Ctx, partition: i32, id: &str, rule: &ConcurrencyRule, result: &crate::sender::TryResult) -> Result<(), Aborted> {
+    let now = now_ms();
+    if rule.pause_on_retry_after {
+        if let hookline_core::Outcome::Http { status: 429 | 503, retry_after: Some(ra) } = &result.outcome {
+            if let Some(wait_ms) = hookline_core::retry_after::parse(ra, now).filter(|w| *w > 0) {
+                // Bounded like any wait a policy may schedule.
+                let wait_ms = wait_ms.min((hookline_core::policy::MAX_WAIT_S * 1000.0) as u64);
+                ctx.breakers.hold(id, due_at_ms(now, wait_ms));
+                metrics::counter!("hookline_endpoint_paused_by_retry_after_total").increment(1);
+            }
+        }
+    }
+    let duration_ms = u64::try_from(result.duration.as_millis()).unwrap_or(u64::MAX);
+    let signal = hookline_core::concurrency::signal(rule, &result.outcome, duration_ms);
+    let Some(limit) = ctx.limits.record(id, rule, signal, now) else { return Ok(()) };
+    ctx.lanes.set_cap(id, limit as usize);
+    // Written when it changes (halving at most once a second, growing by one per window of answers), so the API
+    // shows each endpoint's current limit.
+    let topic = ctx.topics.endpoint_state();
+    let (enqueued, payload) = ctx.states.update(id, partition, |st: &mut EndpointState| {
+        st.concurrency_limit = limit;
+        let payload = st.encode_to_vec();
+        (ctx.enqueue(topic, id, &payload), payload)
+    });
+    ctx.await_enqueued(enqueued, topic, id, &payload).await
+}
+
 /// What an attempt does after a try's outcome is recorded.
 enum AfterTry {
     /// A micro-retry: try again after this many ms, within the same attempt.
@@ -331,7 +360,7 @@ async fn attempt(ctx: &Ctx, mut task: DeliveryTask, entry: &SubscriptionEntry, p
     // its answer does not hold it. A micro-retry builds it again (byte for byte the same; it was built once).
     let mut body = Some(body);
     // An open breaker: the delivery waits, uncounted, until the endpoint may be tried again.
-    if policy.breaker.is_some() {
+    if policy.breaker.is_some() || policy.concurrency.is_some() {
         if let Admission::Wait { until_ms } = ctx.breakers.admit(&task.subscription_id, now_ms()) {
             return park_for_breaker(ctx, task, until_ms).await;
         }
@@ -356,6 +385,9 @@ async fn attempt(ctx: &Ctx, mut task: DeliveryTask, entry: &SubscriptionEntry, p
         // as long as the delivery waits for the endpoint.
         let result = Box::pin(send_once(ctx, &task, entry, policy, attempt_no, body, started, span.as_ref())).await;
         tracing::debug!(delivery = %task.delivery_id, outcome = %result.outcome, reason = %result.reason, "try finished");
+        if let Some(rule) = &policy.concurrency {
+            Box::pin(adapt(ctx, partition, &task.subscription_id, rule, &result)).await?;
+        }
         if let Some(rule) = &policy.breaker {
             let unreachable = hookline_core::breaker::is_unreachable(&result.outcome);
             if let Some(change) = ctx.breakers.record(&task.subscription_id, rule, unreachable, now_ms()) {

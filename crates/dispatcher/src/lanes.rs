@@ -95,41 +95,82 @@ const PACE_WINDOW: Duration = Duration::from_secs(1);
 pub struct Lanes {
     cap: usize,
     lanes: Mutex<HashMap<String, Lane>>,
+    /// Lanes whose cap adapts (policy `[concurrency]`): their current cap instead of `cap`. Locked before `lanes`
+    /// when both are.
+    caps: Mutex<HashMap<String, usize>>,
 }
 
 impl Lanes {
     pub fn new(cap: usize) -> Arc<Self> {
-        Arc::new(Self { cap: cap.max(1), lanes: Mutex::new(HashMap::new()) })
+        Arc::new(Self { cap: cap.max(1), lanes: Mutex::new(HashMap::new()), caps: Mutex::new(HashMap::new()) })
+    }
+
+    fn cap_of(&self, key: &str) -> usize {
+        self.caps.lock().expect("lane caps lock").get(key).copied().unwrap_or(self.cap)
+    }
+
+    /// Sets `key`'s own cap (adaptive concurrency); a larger one starts queued jobs at once, a smaller one lets
+    /// running jobs finish and starts no more until the lane is below it.
+    pub fn set_cap(self: &Arc<Self>, key: &str, cap: usize) {
+        let cap = cap.max(1);
+        self.caps.lock().expect("lane caps lock").insert(key.to_owned(), cap);
+        let mut start = Vec::new();
+        {
+            let mut lanes = self.lanes.lock().expect("lanes lock");
+            if let Some(lane) = lanes.get_mut(key) {
+                while lane.running < cap {
+                    let Some(job) = lane.queue.pop_front() else { break };
+                    lane.running += 1;
+                    start.push(job);
+                }
+            }
+        }
+        for job in start {
+            self.run(key.to_owned(), job);
+        }
+    }
+
+    /// Forgets `key`'s own cap (its subscription is gone or no longer adapts).
+    pub fn clear_cap(&self, key: &str) {
+        self.caps.lock().expect("lane caps lock").remove(key);
     }
 
     /// Runs `job` in `key`'s lane: now if the lane has room, otherwise after the jobs queued before it.
     pub fn submit(self: &Arc<Self>, key: &str, job: Job) {
+        let cap = self.cap_of(key);
         {
             let mut lanes = self.lanes.lock().expect("lanes lock");
             let lane = match lanes.get_mut(key) {
                 Some(l) => l,
                 None => lanes.entry(key.to_owned()).or_insert_with(|| Lane::new(Instant::now())),
             };
-            if lane.running >= self.cap {
+            if lane.running >= cap {
                 lane.queue.push_back(job);
                 return;
             }
             lane.running += 1;
         }
+        self.run(key.to_owned(), job);
+    }
+
+    /// A lane's runner: runs `job`, then what its lane queued, while the lane is within its cap.
+    fn run(self: &Arc<Self>, key: String, job: Job) {
         let lanes = self.clone();
-        let key = key.to_owned();
         tokio::spawn(async move {
             let mut job = job;
             loop {
                 job(Run::Now).await;
+                let cap = lanes.cap_of(&key);
                 let mut all = lanes.lanes.lock().expect("lanes lock");
                 let Some(lane) = all.get_mut(&key) else { return };
                 lane.finished(Instant::now());
-                match lane.queue.pop_front() {
+                // Over a cap that shrank meanwhile: this runner stops, the others go on.
+                let next = if lane.running > cap { None } else { lane.queue.pop_front() };
+                match next {
                     Some(next) => job = next,
                     None => {
                         lane.running -= 1;
-                        if lane.running == 0 {
+                        if lane.running == 0 && lane.queue.is_empty() {
                             all.remove(&key);
                         }
                         return;

@@ -5,6 +5,7 @@
 //! every record below it has its outcome durably produced (the contiguous completed watermark).
 
 mod breakers;
+mod limits;
 pub mod connector;
 mod deliver;
 pub mod lanes;
@@ -83,6 +84,7 @@ pub(crate) struct Ctx {
     /// Per-endpoint rate limits (subscriptions with `rate_limit_per_s` or a policy `[rate_limit]`).
     pub rates: rate::Rates,
     pub breakers: breakers::Breakers,
+    pub limits: limits::Limits,
     pub kafka: hookline_kafka::KafkaSettings,
     pub sender: Sender,
     pub shutdown: CancellationToken,
@@ -221,6 +223,7 @@ pub async fn run(config: Config, shutdown: CancellationToken, options: Options) 
         stalls: stalls::Stalls::new(),
         rates: rate::Rates::default(),
         breakers: breakers::Breakers::default(),
+        limits: limits::Limits::default(),
         kafka: kafka.clone(),
         sender: Sender::new(config.egress.clone(), resolver),
         shutdown: shutdown.clone(),

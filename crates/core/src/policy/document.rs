@@ -46,7 +46,36 @@ pub struct Policy {
     /// schedules are exact without it.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub breaker: Option<BreakerRule>,
+    /// When present, adaptive concurrency per endpoint (see `crate::concurrency`); off by default.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub concurrency: Option<ConcurrencyRule>,
 }
+
+/// `[concurrency]`: concurrent requests to one endpoint adapt between `min` and `max` (AIMD); a `Retry-After` on a
+/// 429/503 pauses the whole endpoint until then when `pause_on_retry_after`.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct ConcurrencyRule {
+    #[serde(default = "default_concurrency_min")]
+    pub min: u32,
+    pub max: u32,
+    /// An answer slower than this counts as overload, like a 429/503. Unset: only those and timeouts do.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub slow_ms: Option<u64>,
+    #[serde(default = "default_true")]
+    pub pause_on_retry_after: bool,
+}
+
+fn default_concurrency_min() -> u32 {
+    1
+}
+
+fn default_true() -> bool {
+    true
+}
+
+/// The most concurrent requests `[concurrency]` may allow one endpoint.
+pub const MAX_CONCURRENCY: u32 = 1_000;
 
 /// `[breaker]`: after `consecutive_errors` connect errors, TLS errors or timeouts in a row, the endpoint gets no
 /// request for `cool_off_ms`, then one probe; a failed probe doubles the cool-off, up to `max_cool_off_ms`.

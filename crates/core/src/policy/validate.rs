@@ -68,6 +68,18 @@ pub fn validate(p: &Policy) -> Result<(), PolicyError> {
             v.push("breaker.max_cool_off_ms", format!("must be from cool_off_ms ({}) to {max}, got {}", b.cool_off_ms, b.max_cool_off_ms));
         }
     }
+    if let Some(c) = &p.concurrency {
+        let max = super::document::MAX_CONCURRENCY;
+        if !(1..=max).contains(&c.max) {
+            v.push("concurrency.max", format!("must be from 1 to {max}, got {}", c.max));
+        }
+        if c.min < 1 || c.min > c.max {
+            v.push("concurrency.min", format!("must be from 1 to concurrency.max ({}), got {}", c.max, c.min));
+        }
+        if let Some(slow) = c.slow_ms.filter(|s| !(1..=super::MAX_TIMEOUT_MS).contains(s)) {
+            v.push("concurrency.slow_ms", format!("must be from 1 to {}, got {slow}", super::MAX_TIMEOUT_MS));
+        }
+    }
     if let Some(ver) = &p.verification {
         if !(1..=super::document::MAX_VERIFICATION_TIMEOUT_MS).contains(&ver.timeout_ms) {
             v.push(

@@ -507,6 +507,8 @@ pub(super) fn view(s: &ApiState, e: &SubscriptionEntry) -> Value {
         "first_failure_at_ms": (st.first_failure_at_ms > 0).then_some(st.first_failure_at_ms),
         "last_success_at_ms": (st.last_success_at_ms > 0).then_some(st.last_success_at_ms),
         "endpoint_condition": hookline_core::vocabulary::endpoint_condition(st.condition),
+        // The policy's `[concurrency]`: concurrent requests the endpoint gets now (null: not adaptive).
+        "concurrency_limit": (st.concurrency_limit > 0).then_some(st.concurrency_limit),
         // The policy's `[breaker]`: open while the endpoint gets no requests after repeated connect errors.
         "circuit_breaker": match st.breaker_open_until_ms {
             0 => json!({"state": "closed", "open_until_ms": null}),
