@@ -1,6 +1,7 @@
 //! hookline's rules, with no I/O: policies and built-in profiles, the retry engine, Retry-After parsing,
 //! endpoint health, request signing and the egress decision. Binaries carry out what these functions decide.
 
+pub mod credential;
 pub mod egress;
 pub mod engine;
 pub mod filter;
@@ -10,6 +11,7 @@ pub mod outcome;
 pub mod policy;
 pub mod request;
 pub mod retry_after;
+pub mod seal;
 pub mod sign;
 pub mod simulate;
 pub mod subscription;
