@@ -11,4 +11,5 @@ mod redo;
 mod hardening;
 mod kafka_tls;
 mod tenants;
+mod credentials;
 mod tracing;
