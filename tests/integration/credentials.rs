@@ -236,6 +236,10 @@ async fn every_route_answers_every_kind_of_credential_as_it_should() {
         }
     }
     assert!(missing.is_empty(), "routes not in the credential matrix: {missing:?}");
+    // And every row is a documented operation.
+    for r in rows.iter().filter(|r| !r.public) {
+        assert!(doc["paths"][r.template][r.method.to_lowercase()].is_object(), "{} {} is not in the OpenAPI document", r.method, r.template);
+    }
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
