@@ -64,6 +64,7 @@ pub async fn run(config: Config, shutdown: CancellationToken, options: Options) 
 
     // The master keys: sealed secrets are opened with them as the table is read, and new ones sealed.
     let keyring = Arc::new(config.secrets.keyring()?);
+    let keyring_for_check = keyring.clone();
     let tables =
         StateTables::follow(&config.kafka, &topics, &instance, SecretMode::Open(keyring.clone()), reader_stop.clone()).await?;
     let tenant_table = tenants::TenantTable::default();
@@ -165,6 +166,16 @@ pub async fn run(config: Config, shutdown: CancellationToken, options: Options) 
         return Err(e.into());
     }
     tracing::info!(subscriptions = tables.subs.len(), "ingest tables loaded");
+    // Said once at start, so a rotation's last step (removing the old key) is not taken too early.
+    let stale = tables.subs.all().iter().filter(|e| hookline_core::seal::needs_reseal(&e.sub, &keyring_for_check)).count();
+    if stale > 0 {
+        tracing::warn!(
+            subscriptions = stale,
+            write_key = keyring_for_check.write_key_id(),
+            "some subscriptions' secrets are sealed with another key than secrets.write_key (or stored in the clear); \
+             each is sealed again when next written (PATCH /v1/subscriptions/{{id}} with {{}}): keep the old keys until then"
+        );
+    }
     let fan = Arc::new(fanout::Fanout {
         topics,
         producer: producer.clone(),

@@ -670,6 +670,56 @@ mod tests {
     }
 
     #[test]
+    fn master_keys_come_from_the_list_and_the_file_and_errors_name_the_key() {
+        let mut rng = rand::rng();
+        let (a, b) = (hookline_core::seal::generate_entry("a", &mut rng), hookline_core::seal::generate_entry("b", &mut rng));
+        let dir = std::env::temp_dir().join(format!("hookline-keys-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let file = dir.join("keys");
+        std::fs::write(&file, format!("# rotated in March\n{b}   # the new one\n\n")).unwrap();
+        let env_keys = format!("[\"{a}\"]");
+        let c = Config::from_toml_with_env(
+            &format!("[secrets]\nkeys_file = {:?}\nwrite_key = \"b\"\n", file.display().to_string()),
+            "f",
+            env(&[("HOOKLINE_SECRETS__KEYS", &env_keys)]),
+        )
+        .unwrap();
+        let ring = c.secrets.keyring().unwrap();
+        assert_eq!((ring.ids(), ring.write_key_id()), (vec!["a", "b"], "b"));
+        let dbg = format!("{:?}", c.secrets);
+        assert!(!dbg.contains(a.split_once(':').unwrap().1), "Debug shows key ids only: {dbg}");
+        let e = SecretsSettings { write_key: Some("c".into()), ..c.secrets.clone() }.keyring().unwrap_err();
+        assert!(e.to_string().contains("secrets.write_key"), "{e}");
+        let e = SecretsSettings::default().keyring().unwrap_err();
+        assert!(e.to_string().contains("secrets.keys") && e.to_string().contains("no master key"), "{e}");
+        let e = SecretsSettings { keys_file: Some(dir.join("missing")), ..Default::default() }.keyring().unwrap_err();
+        assert!(e.to_string().contains("secrets.keys_file"), "{e}");
+        std::fs::remove_dir_all(&dir).unwrap();
+        assert!(Config::dev("x:1", 1, "t").secrets.keyring().is_ok(), "dev mode makes its own key");
+    }
+
+    #[test]
+    fn portal_settings_are_checked_by_name() {
+        for (toml, key) in [
+            ("[ingest.portal]\nlink_secret = \"short\"\n", "ingest.portal.link_secret"),
+            ("[ingest.portal]\nlink_ttl_s = 10\n", "ingest.portal.link_ttl_s"),
+            ("[ingest.portal]\npublic_url = \"hooks.example.com\"\n", "ingest.portal.public_url"),
+            ("[ingest.portal]\nframe_ancestors = [\"https://a.example; script-src *\"]\n", "ingest.portal.frame_ancestors"),
+        ] {
+            let e = Config::from_toml_with_env(toml, "f", env(&[])).unwrap_err();
+            assert!(e.to_string().contains(key), "{toml}: {e}");
+        }
+        let c = Config::from_toml_with_env(
+            "[ingest.portal]\npublic_url = \"https://hooks.example.com\"\nframe_ancestors = [\"https://app.example.com\", \"'self'\"]\n",
+            "f",
+            env(&[("HOOKLINE_INGEST__PORTAL__LINK_SECRET", "0123456789abcdef0123456789abcdef")]),
+        )
+        .unwrap();
+        assert_eq!(c.ingest.portal.link_ttl_s, 3600);
+        assert!(!format!("{:?}", c.ingest.portal).contains("0123456789abcdef"));
+    }
+
+    #[test]
     fn defaults_are_valid() {
         let c = Config::from_toml_with_env("", "t", env(&[])).unwrap();
         assert_eq!(c.kafka.topic_prefix, "hookline.");
