@@ -16,5 +16,6 @@ mod concurrency;
 mod hardening;
 mod kafka_tls;
 mod tenants;
+mod credentials;
 mod tracing;
 mod delivery_control;

@@ -37,7 +37,10 @@ enum Command {
     /// Ask the egress guard about URLs without sending anything.
     #[command(subcommand)]
     Egress(cmd::egress::EgressCmd),
-    /// Benchmark the pipeline (throughput, latency, retry-precision, isolation, memory, or all).
+    /// Make and check the master keys that seal signing secrets at rest.
+    #[command(subcommand)]
+    Secrets(cmd::secrets::SecretsCmd),
+    /// Benchmark the pipeline (throughput, latency, retry-precision, isolation, memory, fanout, list, or all).
     Bench(cmd::bench::BenchArgs),
     /// Reliability soak: the broker and the three services as separate processes, a stream of events, faults
     /// (kill -9, SIGSTOP, SIGTERM, broker down, request errors); reports missing and duplicate deliveries.
@@ -55,6 +58,7 @@ fn main() -> ExitCode {
         Command::Dlq(c) => cmd::dlq::run(c),
         Command::Verify(args) => cmd::verify::run(args),
         Command::Egress(c) => cmd::egress::run(c),
+        Command::Secrets(c) => cmd::secrets::run(c),
         Command::Bench(args) => cmd::bench::run(args),
         Command::Soak(args) => cmd::soak::run(args),
     };

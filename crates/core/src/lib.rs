@@ -1,6 +1,7 @@
 //! hookline's rules, with no I/O: policies and built-in profiles, the retry engine, Retry-After parsing,
 //! endpoint health, request signing and the egress decision. Binaries carry out what these functions decide.
 
+pub mod credential;
 pub mod egress;
 pub mod engine;
 pub mod breaker;
@@ -16,6 +17,7 @@ pub mod policy;
 pub mod rate_limit;
 pub mod request;
 pub mod retry_after;
+pub mod seal;
 pub mod sign;
 pub mod simulate;
 pub mod subscription;

@@ -25,7 +25,7 @@ use hookline_kafka::budget::Budget;
 use hookline_kafka::client::{group_consumer_config, producer};
 use hookline_kafka::produce;
 use hookline_kafka::rebalance::{RebalanceContext, RebalanceEvent, RevokeDrain};
-use hookline_kafka::state::{EndpointStates, StateTables, SubscriptionTable, FENCE_KEY};
+use hookline_kafka::state::{EndpointStates, SecretMode, StateTables, SubscriptionTable, FENCE_KEY};
 use hookline_kafka::table::{TableError, TableHandle};
 use hookline_kafka::watermark::{store, SharedWatermarks};
 use hookline_kafka::Topics;
@@ -56,6 +56,10 @@ pub enum DispatcherError {
     Table(#[from] TableError),
     #[error("health endpoint: {0}")]
     Health(#[from] std::io::Error),
+    #[error(transparent)]
+    Config(#[from] hookline_service::config::ConfigError),
+    #[error(transparent)]
+    Secrets(#[from] hookline_kafka::state::SecretsUnreadable),
 }
 
 /// Knobs that are not configuration: what tests and dev mode swap in.
@@ -197,10 +201,16 @@ pub async fn run(config: Config, shutdown: CancellationToken, options: Options) 
     let kafka = &config.kafka;
     let reader_stop = CancellationToken::new();
 
-    let tables = StateTables::follow(kafka, &topics, &instance, reader_stop.clone()).await?;
+    // The master keys open the signing secrets; a record that does not open stops the dispatcher here.
+    let keyring = Arc::new(config.secrets.keyring()?);
+    let tables = StateTables::follow(kafka, &topics, &instance, SecretMode::Open(keyring), reader_stop.clone()).await?;
     tokio::select! {
         _ = tables.caught_up() => {}
         _ = shutdown.cancelled() => { reader_stop.cancel(); return Ok(()) }
+    }
+    if let Err(e) = tables.check_secrets() {
+        reader_stop.cancel();
+        return Err(e.into());
     }
     let StateTables { subs, states, states_reader, .. } = tables;
     tracing::info!(subscriptions = subs.len(), "dispatcher state loaded");

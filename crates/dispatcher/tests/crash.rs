@@ -141,6 +141,9 @@ async fn wait_until(notify: &Notify, limit: Duration, mut cond: impl FnMut() -> 
 // ---------------------------------------------------------------------------------------------------------
 // The dispatcher process
 
+/// The master key shared by the in-process ingest and the dispatcher processes (`secrets.keys`).
+const MASTER_KEY: &str = "crash-test:Y3Jhc2gtdGVzdC1tYXN0ZXIta2V5LW5vdC1zZWNyZXQ=";
+
 /// A running `hookline-dispatcher` process, killed (SIGKILL) and reaped on drop so a failing test leaves nothing.
 struct Dispatcher {
     child: Option<Child>,
@@ -160,6 +163,8 @@ impl Dispatcher {
             .env("HOOKLINE_EGRESS__ALLOW_HTTP", "true")
             .env("HOOKLINE_DISPATCHER__HEALTH_ADDR", "127.0.0.1:0")
             .env("HOOKLINE_TELEMETRY__LOG_LEVEL", if verbose { "info" } else { "warn" })
+            // The master key the in-process ingest seals signing secrets with.
+            .env("HOOKLINE_SECRETS__KEYS", format!("[\"{MASTER_KEY}\"]"))
             .envs(extra_env.iter().copied())
             .stdin(Stdio::null())
             .stdout(out())
@@ -225,7 +230,8 @@ impl Pipeline {
         let topics = Topics::new("hookline.");
         let broker = DevBroker::start(&topics, PARTITIONS, PARTITIONS).expect("mock broker");
         let bootstrap = broker.bootstrap_servers();
-        let config = hookline_service::Config::dev(&bootstrap, PARTITIONS, TOKEN);
+        let mut config = hookline_service::Config::dev(&bootstrap, PARTITIONS, TOKEN);
+        config.secrets.keys = vec![MASTER_KEY.to_owned()];
         let shutdown = CancellationToken::new();
         let (tx, rx) = tokio::sync::oneshot::channel();
         let services = vec![

@@ -7,12 +7,13 @@ pub mod delivery_log;
 pub mod fanout;
 pub mod notify;
 pub mod replay;
+pub mod tenants;
 
 use std::net::SocketAddr;
 use std::sync::Arc;
 
 use hookline_kafka::client::producer;
-use hookline_kafka::state::StateTables;
+use hookline_kafka::state::{SecretMode, StateTables};
 use hookline_core::model::AttemptRecord;
 use hookline_kafka::table::{self, TableError};
 use prost::Message as _;
@@ -29,6 +30,10 @@ pub enum IngestError {
     Kafka(#[from] KafkaError),
     #[error(transparent)]
     Table(#[from] TableError),
+    #[error(transparent)]
+    Config(#[from] hookline_service::config::ConfigError),
+    #[error(transparent)]
+    Secrets(#[from] hookline_kafka::state::SecretsUnreadable),
     #[error("listening on {addr}: {source}")]
     Listen {
         addr: SocketAddr,
@@ -57,7 +62,21 @@ pub async fn run(config: Config, shutdown: CancellationToken, options: Options) 
     let topics = Topics::new(config.kafka.topic_prefix.clone());
     let reader_stop = CancellationToken::new();
 
-    let tables = StateTables::follow(&config.kafka, &topics, &instance, reader_stop.clone()).await?;
+    // The master keys: sealed secrets are opened with them as the table is read, and new ones sealed.
+    let keyring = Arc::new(config.secrets.keyring()?);
+    let keyring_for_check = keyring.clone();
+    let tables =
+        StateTables::follow(&config.kafka, &topics, &instance, SecretMode::Open(keyring.clone()), reader_stop.clone()).await?;
+    let tenant_table = tenants::TenantTable::default();
+    let t = tenant_table.clone();
+    let tenants_reader =
+        table::spawn(&config.kafka, topics.tenants(), &format!("{instance}-tenants"), move |_, k, v| t.apply(k, v), reader_stop.clone())
+            .await?;
+    let key_table = tenants::KeyTable::default();
+    let k = key_table.clone();
+    let keys_reader =
+        table::spawn(&config.kafka, topics.api_keys(), &format!("{instance}-keys"), move |_, key, v| k.apply(key, v), reader_stop.clone())
+            .await?;
     let producer = producer(&config.kafka, &instance)?;
     let log = Arc::new(delivery_log::DeliveryLog::new(
         config.ingest.delivery_log_retention_ms,
@@ -114,6 +133,12 @@ pub async fn run(config: Config, shutdown: CancellationToken, options: Options) 
         log,
         kafka: config.kafka.clone(),
         tracer: tracer.clone(),
+        tenants: tenant_table,
+        tenants_reader: tenants_reader.clone(),
+        keys: key_table,
+        keys_reader: keys_reader.clone(),
+        keyring,
+        portal: config.ingest.portal.clone(),
     });
     let app = api::router(state, config.ingest.max_request_bytes).merge(health::routes(readiness.clone(), metrics));
     let addr = config.ingest.listen_addr;
@@ -127,10 +152,32 @@ pub async fn run(config: Config, shutdown: CancellationToken, options: Options) 
 
     // Fan-out needs the whole subscription table, or early events would reach nobody.
     tokio::select! {
-        _ = async { tables.caught_up().await; attempts_reader.wait_caught_up().await; dlq_reader.wait_caught_up().await } => {}
+        _ = async {
+            tables.caught_up().await;
+            attempts_reader.wait_caught_up().await;
+            dlq_reader.wait_caught_up().await;
+            tenants_reader.wait_caught_up().await;
+            keys_reader.wait_caught_up().await;
+        } => {}
         _ = shutdown.cancelled() => { reader_stop.cancel(); return Ok(()) }
     }
+    if let Err(e) = tables.check_secrets() {
+        reader_stop.cancel();
+        shutdown.cancel();
+        let _ = server.await;
+        return Err(e.into());
+    }
     tracing::info!(subscriptions = tables.subs.len(), "ingest tables loaded");
+    // Said once at start, so a rotation's last step (removing the old key) is not taken too early.
+    let stale = tables.subs.all().iter().filter(|e| hookline_core::seal::needs_reseal(&e.sub, &keyring_for_check)).count();
+    if stale > 0 {
+        tracing::warn!(
+            subscriptions = stale,
+            write_key = keyring_for_check.write_key_id(),
+            "some subscriptions' secrets are sealed with another key than secrets.write_key (or stored in the clear); \
+             each is sealed again when next written (PATCH /v1/subscriptions/{{id}} with {{}}): keep the old keys until then"
+        );
+    }
     let fan = Arc::new(fanout::Fanout {
         topics,
         producer: producer.clone(),

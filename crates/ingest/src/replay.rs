@@ -102,6 +102,9 @@ pub struct RedriveFilter {
     /// `failed` or `dead`.
     pub final_state: Option<String>,
     pub since_ms: Option<i64>,
+    /// Set from the credential, never from the body: only dead letters of this tenant's events.
+    #[serde(skip)]
+    pub tenant: Option<String>,
 }
 
 pub struct Redrive {
@@ -121,7 +124,8 @@ pub async fn redrive(s: &ApiState, f: &RedriveFilter) -> Result<Redrive, ReplayE
             && dl.event.is_some()
             && f.subscription_id.as_ref().is_none_or(|x| *x == dl.subscription_id)
             && f.reason.as_ref().is_none_or(|x| *x == dl.reason)
-            && f.final_state.as_ref().is_none_or(|x| *x == dl.final_state);
+            && f.final_state.as_ref().is_none_or(|x| *x == dl.final_state)
+            && f.tenant.as_ref().is_none_or(|t| dl.event.as_ref().is_some_and(|e| e.tenant == *t));
         if wanted {
             latest.insert(dl.delivery_id.clone(), dl);
         }

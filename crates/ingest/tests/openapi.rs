@@ -162,7 +162,7 @@ fn the_document_lists_exactly_the_routes_of_the_router_and_their_auth() {
     let api_src = code_of(&read(&dir.join("src/api/mod.rs")));
     assert!(!api_src.contains(".nest(") && !api_src.contains(".merge("), "api/mod.rs nests or merges routers: teach this test");
     let layer_at = api_src.find(".route_layer(").expect("api/mod.rs applies the auth layer with `.route_layer(`");
-    assert!(api_src[layer_at..].starts_with(".route_layer(middleware::from_fn_with_state(state.clone(), auth))"));
+    assert!(api_src[layer_at..].starts_with(".route_layer(middleware::from_fn_with_state(state.clone(), auth::middleware))"));
 
     // (path, method) -> public, from the source.
     let mut source: BTreeMap<(String, String), bool> = BTreeMap::new();

@@ -1,11 +1,12 @@
 //! In-memory views of the two compacted state topics: subscriptions (written by ingest's API) and endpoint
 //! state (written by the dispatcher that owns the subscription's partition).
 
-use std::collections::HashMap;
+use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::sync::{Arc, Mutex, RwLock};
 
 use hookline_core::model::{EndpointState, Subscription};
 use hookline_core::payload_filter::Filter as PayloadFilter;
+use hookline_core::seal::{Keyring, SealError};
 use hookline_core::policy::{self, Policy};
 use prost::Message;
 use tokio::sync::watch;
@@ -25,14 +26,16 @@ pub struct StateTables {
 }
 
 impl StateTables {
-    /// Starts following `subscriptions` and `endpoint-state`; `stop` ends both readers.
+    /// Starts following `subscriptions` and `endpoint-state`; `stop` ends both readers. `secrets` says what is
+    /// done with the subscriptions' sealed signing secrets.
     pub async fn follow(
         settings: &KafkaSettings,
         topics: &Topics,
         instance: &str,
+        secrets: SecretMode,
         stop: CancellationToken,
     ) -> Result<Self, TableError> {
-        let subs = SubscriptionTable::default();
+        let subs = SubscriptionTable::with_secrets(secrets);
         let states = EndpointStates::default();
         let (s, forget) = (subs.clone(), states.clone());
         let subs_reader = table::spawn(
@@ -66,6 +69,37 @@ impl StateTables {
         self.subs_reader.wait_caught_up().await;
         self.states_reader.wait_caught_up().await;
     }
+
+    /// After [`Self::caught_up`]: an error if any subscription's secret did not open (a missing or wrong master
+    /// key), so a process fails at start instead of running without the secrets it would sign with.
+    pub fn check_secrets(&self) -> Result<(), SecretsUnreadable> {
+        let failures = self.subs.secret_failures();
+        match failures.first() {
+            None => Ok(()),
+            Some((id, error)) => Err(SecretsUnreadable { count: failures.len(), first_id: id.clone(), first: error.clone() }),
+        }
+    }
+}
+
+/// What the subscription table does with sealed signing secrets.
+#[derive(Clone, Debug, Default)]
+pub enum SecretMode {
+    /// Secrets are kept as the record has them (tests and benchmarks that write them in the clear).
+    #[default]
+    AsStored,
+    /// Sealed secrets are opened with the keyring (ingest, dispatcher).
+    Open(Arc<Keyring>),
+    /// Secrets are not kept at all (a service that never signs needs no key: the retry-scheduler).
+    Drop,
+}
+
+/// Subscriptions whose signing secrets did not open.
+#[derive(Debug, thiserror::Error)]
+#[error("the signing secrets of {count} subscription(s) cannot be read, e.g. {first_id}: {first}; nothing is signed with a secret that did not open, so this process stops (check secrets.keys / secrets.keys_file)")]
+pub struct SecretsUnreadable {
+    pub count: usize,
+    pub first_id: String,
+    pub first: SealError,
 }
 
 /// A subscription with its policy parsed once.
@@ -127,6 +161,8 @@ impl SubscriptionEntry {
             .iter()
             .enumerate()
             .filter(|(i, s)| *i == 0 || s.expires_at_ms == 0 || s.expires_at_ms > now_ms)
+            // A secret that is not open (sealed, without its key) never signs: nothing is signed with garbage.
+            .filter(|(_, s)| !s.value.is_empty())
             .map(|(_, s)| s.value.clone())
             .collect()
     }
@@ -144,40 +180,163 @@ fn prepared_headers(sub: &Subscription, policy: &Policy) -> Vec<(http::HeaderNam
         .collect()
 }
 
-/// Subscriptions by id, with the fan-out index kept in step. Cloning shares it.
+/// Subscriptions by id, with the fan-out index and the listing order kept in step. Cloning shares it.
 #[derive(Clone, Default)]
 pub struct SubscriptionTable {
     inner: Arc<RwLock<Inner>>,
+    secrets: SecretMode,
 }
 
 #[derive(Default)]
 struct Inner {
     by_id: HashMap<String, Arc<SubscriptionEntry>>,
     index: SubscriptionIndex,
+    /// Listing order: by id, and by (tenant, id) for one tenant's page, so a page is a range walk.
+    ids: BTreeSet<Arc<str>>,
+    by_tenant: BTreeSet<(Arc<str>, Arc<str>)>,
+    /// Subscriptions whose current record has a secret that did not open.
+    secret_failures: BTreeMap<String, SealError>,
+}
+
+impl Inner {
+    fn unlist(&mut self, old: &SubscriptionEntry) {
+        self.index.remove(old);
+        self.ids.remove(old.sub.id.as_str());
+        self.by_tenant.remove(&(Arc::from(old.sub.tenant.as_str()), Arc::from(old.sub.id.as_str())));
+    }
+
+    fn list(&mut self, entry: &Arc<SubscriptionEntry>) {
+        self.index.insert(entry);
+        let id: Arc<str> = Arc::from(entry.sub.id.as_str());
+        self.ids.insert(id.clone());
+        self.by_tenant.insert((Arc::from(entry.sub.tenant.as_str()), id));
+    }
+}
+
+/// One page of a listing.
+pub struct Page {
+    pub items: Vec<Arc<SubscriptionEntry>>,
+    /// Whether more follow the last item.
+    pub more: bool,
 }
 
 impl SubscriptionTable {
+    pub fn with_secrets(secrets: SecretMode) -> Self {
+        Self { inner: Default::default(), secrets }
+    }
+
     /// Applies one record of the subscriptions topic (`None` = tombstone = deleted).
     pub fn apply(&self, key: &[u8], value: Option<&[u8]>) {
         let id = String::from_utf8_lossy(key).into_owned();
-        let mut guard = self.inner.write().expect("subscription table lock");
-        let inner = &mut *guard;
-        match value.filter(|v| !v.is_empty()).map(Subscription::decode) {
-            None => {
-                if let Some(old) = inner.by_id.remove(&id) {
-                    inner.index.remove(&old);
-                }
-            }
-            Some(Ok(mut sub)) => {
+        // Decoded and opened before the lock is taken.
+        let decoded = value.filter(|v| !v.is_empty()).map(Subscription::decode).map(|r| {
+            r.map(|mut sub| {
                 // The record key is the id the table (and a later tombstone) knows it by.
                 sub.id.clone_from(&id);
+                let failure = self.open(&mut sub).err();
+                (sub, failure)
+            })
+        });
+        let mut guard = self.inner.write().expect("subscription table lock");
+        let inner = &mut *guard;
+        match decoded {
+            None => {
+                inner.secret_failures.remove(&id);
+                if let Some(old) = inner.by_id.remove(&id) {
+                    inner.unlist(&old);
+                }
+            }
+            Some(Ok((sub, failure))) => {
+                match failure {
+                    Some(e) => {
+                        tracing::error!(subscription = %id, error = %e, "signing secret cannot be opened; this subscription's deliveries are not signed with it");
+                        inner.secret_failures.insert(id.clone(), e);
+                    }
+                    None => {
+                        inner.secret_failures.remove(&id);
+                    }
+                }
                 let entry = Arc::new(SubscriptionEntry::new(sub));
                 if let Some(old) = inner.by_id.insert(id, entry.clone()) {
-                    inner.index.remove(&old);
+                    inner.unlist(&old);
                 }
-                inner.index.insert(&entry);
+                inner.list(&entry);
             }
             Some(Err(e)) => tracing::warn!(subscription = %id, error = %e, "undecodable subscription record ignored"),
+        }
+    }
+
+    /// Opens (or drops) the record's secrets as the table's mode says. On failure no secret is kept.
+    fn open(&self, sub: &mut Subscription) -> Result<(), SealError> {
+        match &self.secrets {
+            SecretMode::AsStored => Ok(()),
+            SecretMode::Drop => {
+                sub.secrets.clear();
+                Ok(())
+            }
+            SecretMode::Open(keyring) => hookline_core::seal::open_secrets(sub, keyring).inspect_err(|_| sub.secrets.clear()),
+        }
+    }
+
+    /// Subscriptions whose current record has a secret that did not open, with why.
+    pub fn secret_failures(&self) -> Vec<(String, SealError)> {
+        let inner = self.inner.read().expect("subscription table lock");
+        inner.secret_failures.iter().map(|(k, v)| (k.clone(), v.clone())).collect()
+    }
+
+    /// Up to `limit` subscriptions ordered by id, after the id `after`; of one tenant (`Some("")`: those without
+    /// one) or of all. A range walk of an ordered index: the cost does not grow with the table.
+    pub fn page(&self, tenant: Option<&str>, after: Option<&str>, limit: usize) -> Page {
+        use std::ops::Bound::{Excluded, Unbounded};
+        let inner = self.inner.read().expect("subscription table lock");
+        let mut items = Vec::with_capacity(limit.min(1024));
+        let mut more = false;
+        let mut take = |id: &str| {
+            if items.len() == limit {
+                more = true;
+                return false;
+            }
+            if let Some(e) = inner.by_id.get(id) {
+                items.push(e.clone());
+            }
+            true
+        };
+        match tenant {
+            None => {
+                let start = after.map_or(Unbounded, |a| Excluded(Arc::<str>::from(a)));
+                for id in inner.ids.range::<Arc<str>, _>((start, Unbounded)) {
+                    if !take(id) {
+                        break;
+                    }
+                }
+            }
+            Some(t) => {
+                let t: Arc<str> = Arc::from(t);
+                let start = match after {
+                    Some(a) => Excluded((t.clone(), Arc::from(a))),
+                    None => std::ops::Bound::Included((t.clone(), Arc::from(""))),
+                };
+                for (tenant, id) in inner.by_tenant.range((start, Unbounded)) {
+                    if *tenant != t || !take(id) {
+                        break;
+                    }
+                }
+            }
+        }
+        Page { items, more }
+    }
+
+    /// The ids of every subscription of `tenant` (to delete a tenant with its subscriptions).
+    pub fn ids_of_tenant(&self, tenant: &str) -> Vec<String> {
+        let mut out = Vec::new();
+        let mut after: Option<String> = None;
+        loop {
+            let page = self.page(Some(tenant), after.as_deref(), 1000);
+            out.extend(page.items.iter().map(|e| e.sub.id.clone()));
+            if !page.more {
+                return out;
+            }
+            after = out.last().cloned();
         }
     }
 

@@ -58,6 +58,8 @@ pub struct Topics {
     attempts: String,
     ops: String,
     inflight: String,
+    tenants: String,
+    api_keys: String,
 }
 
 impl Topics {
@@ -75,6 +77,8 @@ impl Topics {
             attempts: name("attempts"),
             ops: name("ops"),
             inflight: name("inflight"),
+            tenants: name("tenants"),
+            api_keys: name("api-keys"),
         }
     }
 
@@ -113,6 +117,15 @@ impl Topics {
         &self.inflight
     }
 
+    /// Tenants (compacted, key = tenant id), written and read by ingest's API.
+    pub fn tenants(&self) -> &str {
+        &self.tenants
+    }
+    /// Tenant API keys (compacted, key = key id, and `<key id>/used` for its last use), read by ingest's API.
+    pub fn api_keys(&self) -> &str {
+        &self.api_keys
+    }
+
     /// Every topic, with how `hookline topics create` makes it.
     pub fn all(&self) -> Vec<TopicSpec> {
         let day = 24 * 3_600_000u64;
@@ -134,6 +147,8 @@ impl Topics {
             TopicSpec { name: self.inflight.clone(), cleanup: Cleanup::Compact, co_partitioned: true, retention_ms: None },
             TopicSpec { name: self.attempts.clone(), cleanup: Cleanup::Delete, co_partitioned: true, retention_ms: Some(30 * day) },
             TopicSpec { name: self.ops.clone(), cleanup: Cleanup::Delete, co_partitioned: false, retention_ms: Some(30 * day) },
+            TopicSpec { name: self.tenants.clone(), cleanup: Cleanup::Compact, co_partitioned: false, retention_ms: None },
+            TopicSpec { name: self.api_keys.clone(), cleanup: Cleanup::Compact, co_partitioned: false, retention_ms: None },
         ]);
         specs
     }
@@ -172,6 +187,6 @@ mod tests {
         let all = t.all();
         assert!(all.iter().all(|s| s.name.starts_with("acme.")));
         let compacted: Vec<_> = all.iter().filter(|s| s.cleanup == Cleanup::Compact).map(|s| s.name.as_str()).collect();
-        assert_eq!(compacted, ["acme.subscriptions", "acme.endpoint-state", "acme.inflight"]);
+        assert_eq!(compacted, ["acme.subscriptions", "acme.endpoint-state", "acme.inflight", "acme.tenants", "acme.api-keys"]);
     }
 }

@@ -88,7 +88,9 @@ pub async fn run(config: Config, shutdown: CancellationToken, options: Options) 
     }
     let topics = Topics::new(config.kafka.topic_prefix.clone());
     let reader_stop = CancellationToken::new();
-    let tables = StateTables::follow(&config.kafka, &topics, &instance, reader_stop.clone()).await?;
+    // It never signs, so it keeps no secret and needs no master key.
+    let tables =
+        StateTables::follow(&config.kafka, &topics, &instance, hookline_kafka::state::SecretMode::Drop, reader_stop.clone()).await?;
     tokio::select! {
         _ = tables.caught_up() => {}
         _ = shutdown.cancelled() => { reader_stop.cancel(); return Ok(()) }

@@ -24,6 +24,116 @@ pub struct Config {
     pub egress: EgressSettings,
     pub notify: NotifySettings,
     pub dlq: DlqSettings,
+    pub secrets: SecretsSettings,
+}
+
+/// Master keys that seal subscriptions' signing secrets in the `subscriptions` topic (AES-256-GCM). Each key is
+/// `<id>:<base64 of 32 bytes>` (`hookline secrets generate-key` makes one). Every key listed opens records; the
+/// write key seals new ones. Ingest and the dispatcher need them; the retry-scheduler does not.
+#[derive(Clone, Serialize, Deserialize, Default)]
+#[serde(deny_unknown_fields, default)]
+pub struct SecretsSettings {
+    /// Keys given inline, usually from the environment: `HOOKLINE_SECRETS__KEYS='["k2:…","k1:…"]'`.
+    pub keys: Vec<String>,
+    /// A file with one key per line (`#` starts a comment), read at start; joined to `keys`.
+    pub keys_file: Option<std::path::PathBuf>,
+    /// The id of the key that seals new records. Unset: the first key (of `keys`, then of `keys_file`).
+    pub write_key: Option<String>,
+}
+
+impl std::fmt::Debug for SecretsSettings {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        let ids: Vec<&str> = self.keys.iter().map(|k| k.split_once(':').map_or("<invalid>", |(id, _)| id)).collect();
+        f.debug_struct("SecretsSettings")
+            .field("keys", &ids)
+            .field("keys_file", &self.keys_file)
+            .field("write_key", &self.write_key)
+            .finish()
+    }
+}
+
+impl SecretsSettings {
+    /// The keyring, reading `keys_file` if set. Errors name the setting.
+    pub fn keyring(&self) -> Result<hookline_core::seal::Keyring, ConfigError> {
+        let mut entries = self.keys.clone();
+        if let Some(path) = &self.keys_file {
+            let text = std::fs::read_to_string(path)
+                .map_err(|error| ConfigError::Read { path: format!("{} (secrets.keys_file)", path.display()), error })?;
+            entries.extend(
+                text.lines().map(|l| l.split('#').next().unwrap_or("").trim()).filter(|l| !l.is_empty()).map(str::to_owned),
+            );
+        }
+        hookline_core::seal::Keyring::from_entries(entries.iter().map(String::as_str), self.write_key.as_deref()).map_err(|e| {
+            let key = match e {
+                hookline_core::seal::SealError::UnknownWriteKey(_) => "secrets.write_key",
+                _ => "secrets.keys",
+            };
+            ConfigError::Invalid(format!("{key}: {e}"))
+        })
+    }
+}
+
+/// Portal links (`POST /v1/tenants/{id}/portal-links`) and how the portal may be embedded (`[ingest.portal]`).
+#[derive(Clone, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct PortalSettings {
+    /// The HMAC key that signs portal links, at least 32 characters; the same on every ingest replica. Unset:
+    /// portal links cannot be made (409 `portal_links_disabled`).
+    pub link_secret: Option<String>,
+    /// How long a portal link is valid unless the request asks for less.
+    pub link_ttl_s: u64,
+    /// The portal's public base URL (`https://hooks.example.com`) for the links. Unset: taken from the request's
+    /// `Host` header as `http://<host>`.
+    pub public_url: Option<String>,
+    /// Origins that may show the portal in an iframe (CSP `frame-ancestors`), e.g. `https://app.example.com`.
+    /// Empty: none may.
+    pub frame_ancestors: Vec<String>,
+}
+
+impl Default for PortalSettings {
+    fn default() -> Self {
+        Self { link_secret: None, link_ttl_s: 3_600, public_url: None, frame_ancestors: Vec::new() }
+    }
+}
+
+impl std::fmt::Debug for PortalSettings {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("PortalSettings")
+            .field("link_secret", &self.link_secret.as_ref().map(|_| "<redacted>"))
+            .field("link_ttl_s", &self.link_ttl_s)
+            .field("public_url", &self.public_url)
+            .field("frame_ancestors", &self.frame_ancestors)
+            .finish()
+    }
+}
+
+/// Longest portal link lifetime (`ingest.portal.link_ttl_s` and a request's `ttl_s`).
+pub const MAX_PORTAL_LINK_TTL_S: u64 = 7 * 86_400;
+
+impl PortalSettings {
+    pub fn validate(&self) -> Result<(), ConfigError> {
+        let invalid = |m: String| Err(ConfigError::Invalid(m));
+        if self.link_secret.as_ref().is_some_and(|s| s.len() < 32) {
+            return invalid("ingest.portal.link_secret: must be at least 32 characters".into());
+        }
+        if !(60..=MAX_PORTAL_LINK_TTL_S).contains(&self.link_ttl_s) {
+            return invalid(format!("ingest.portal.link_ttl_s: must be 60 to {MAX_PORTAL_LINK_TTL_S}, got {}", self.link_ttl_s));
+        }
+        if let Some(u) = &self.public_url {
+            let ok = (u.starts_with("https://") || u.starts_with("http://")) && u.parse::<http::Uri>().is_ok_and(|x| x.host().is_some() && x.query().is_none());
+            if !ok {
+                return invalid(format!("ingest.portal.public_url: must be an http(s) URL such as https://hooks.example.com, got {u:?}"));
+            }
+        }
+        for a in &self.frame_ancestors {
+            if a.is_empty() || a.len() > 255 || a.bytes().any(|b| !b.is_ascii_graphic() || b == b';' || b == b',') {
+                return invalid(format!(
+                    "ingest.portal.frame_ancestors: {a:?} is not a CSP source such as https://app.example.com or 'self'"
+                ));
+            }
+        }
+        Ok(())
+    }
 }
 
 /// The dead-letter topic's record format (`[dlq]`).
@@ -133,6 +243,8 @@ pub struct IngestSettings {
     pub delivery_log_max_deliveries: usize,
     /// Timeouts and connection cap of the API's listener (`[ingest.http]`).
     pub http: HttpServerSettings,
+    /// Portal links and embedding (`[ingest.portal]`).
+    pub portal: PortalSettings,
 }
 
 impl Default for IngestSettings {
@@ -146,6 +258,7 @@ impl Default for IngestSettings {
             delivery_log_retention_ms: 30 * 24 * 3_600_000,
             delivery_log_max_deliveries: 1_000_000,
             http: HttpServerSettings::default(),
+            portal: PortalSettings::default(),
         }
     }
 }
@@ -422,6 +535,7 @@ impl Config {
         self.egress.validate().map_err(|e| ConfigError::Invalid(e.to_string()))?;
         self.notify.validate()?;
         self.telemetry.validate()?;
+        self.ingest.portal.validate()?;
         self.ingest.http.validate("ingest.http").map_err(ConfigError::Invalid)?;
         self.dispatcher.health_http.validate("dispatcher.health_http").map_err(ConfigError::Invalid)?;
         self.retry_scheduler.health_http.validate("retry_scheduler.health_http").map_err(ConfigError::Invalid)?;
@@ -607,6 +721,10 @@ impl Config {
         c.egress.allow_http = true;
         c.telemetry.log_format = LogFormat::Pretty;
         c.telemetry.log_level = "warn".into();
+        // A local master key and portal-link key, made for this run (nothing of a dev run outlives it).
+        let mut rng = rand::rng();
+        c.secrets.keys = vec![hookline_core::seal::generate_entry("dev", &mut rng)];
+        c.ingest.portal.link_secret = Some(hookline_core::sign::generate_secret(&mut rng));
         c
     }
 }
@@ -630,6 +748,56 @@ mod tests {
         assert!(e.contains("format") && e.contains("json"), "{e}");
         let e = Config::from_toml_with_env("", "t", env(&[("HOOKLINE_DLQ__FORMAT", "xml")])).unwrap_err().to_string();
         assert!(e.contains("HOOKLINE_DLQ__FORMAT"), "{e}");
+    }
+
+    #[test]
+    fn master_keys_come_from_the_list_and_the_file_and_errors_name_the_key() {
+        let mut rng = rand::rng();
+        let (a, b) = (hookline_core::seal::generate_entry("a", &mut rng), hookline_core::seal::generate_entry("b", &mut rng));
+        let dir = std::env::temp_dir().join(format!("hookline-keys-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let file = dir.join("keys");
+        std::fs::write(&file, format!("# rotated in March\n{b}   # the new one\n\n")).unwrap();
+        let env_keys = format!("[\"{a}\"]");
+        let c = Config::from_toml_with_env(
+            &format!("[secrets]\nkeys_file = {:?}\nwrite_key = \"b\"\n", file.display().to_string()),
+            "f",
+            env(&[("HOOKLINE_SECRETS__KEYS", &env_keys)]),
+        )
+        .unwrap();
+        let ring = c.secrets.keyring().unwrap();
+        assert_eq!((ring.ids(), ring.write_key_id()), (vec!["a", "b"], "b"));
+        let dbg = format!("{:?}", c.secrets);
+        assert!(!dbg.contains(a.split_once(':').unwrap().1), "Debug shows key ids only: {dbg}");
+        let e = SecretsSettings { write_key: Some("c".into()), ..c.secrets.clone() }.keyring().unwrap_err();
+        assert!(e.to_string().contains("secrets.write_key"), "{e}");
+        let e = SecretsSettings::default().keyring().unwrap_err();
+        assert!(e.to_string().contains("secrets.keys") && e.to_string().contains("no master key"), "{e}");
+        let e = SecretsSettings { keys_file: Some(dir.join("missing")), ..Default::default() }.keyring().unwrap_err();
+        assert!(e.to_string().contains("secrets.keys_file"), "{e}");
+        std::fs::remove_dir_all(&dir).unwrap();
+        assert!(Config::dev("x:1", 1, "t").secrets.keyring().is_ok(), "dev mode makes its own key");
+    }
+
+    #[test]
+    fn portal_settings_are_checked_by_name() {
+        for (toml, key) in [
+            ("[ingest.portal]\nlink_secret = \"short\"\n", "ingest.portal.link_secret"),
+            ("[ingest.portal]\nlink_ttl_s = 10\n", "ingest.portal.link_ttl_s"),
+            ("[ingest.portal]\npublic_url = \"hooks.example.com\"\n", "ingest.portal.public_url"),
+            ("[ingest.portal]\nframe_ancestors = [\"https://a.example; script-src *\"]\n", "ingest.portal.frame_ancestors"),
+        ] {
+            let e = Config::from_toml_with_env(toml, "f", env(&[])).unwrap_err();
+            assert!(e.to_string().contains(key), "{toml}: {e}");
+        }
+        let c = Config::from_toml_with_env(
+            "[ingest.portal]\npublic_url = \"https://hooks.example.com\"\nframe_ancestors = [\"https://app.example.com\", \"'self'\"]\n",
+            "f",
+            env(&[("HOOKLINE_INGEST__PORTAL__LINK_SECRET", "0123456789abcdef0123456789abcdef")]),
+        )
+        .unwrap();
+        assert_eq!(c.ingest.portal.link_ttl_s, 3600);
+        assert!(!format!("{:?}", c.ingest.portal).contains("0123456789abcdef"));
     }
 
     #[test]

@@ -126,7 +126,19 @@ blocked_hostnames = {{ .Values.egress.blockedHostnames | toJson }}
       name: {{ include "hookline.secretName" .root }}
       key: api-tokens
       optional: true
+- name: HOOKLINE_INGEST__PORTAL__LINK_SECRET
+  valueFrom:
+    secretKeyRef:
+      name: {{ include "hookline.secretName" .root }}
+      key: portal-link-secret
+      optional: true
 {{- end }}
+- name: HOOKLINE_SECRETS__KEYS
+  valueFrom:
+    secretKeyRef:
+      name: {{ include "hookline.secretName" .root }}
+      key: master-keys
+      optional: true
 {{- end -}}
 
 {{/* Kafka credentials as files (volumeMounts / volumes of every hookline pod): (dict "root" $) */}}

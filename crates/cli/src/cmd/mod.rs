@@ -10,6 +10,7 @@ pub mod numbers;
 /// Not a subcommand: the human-or-JSON output the listing commands share.
 pub mod output;
 pub mod policy;
+pub mod secrets;
 pub mod soak;
 pub mod topics;
 pub mod verify;

@@ -5,11 +5,12 @@ use std::sync::Arc;
 
 use axum::extract::{Path, State};
 use axum::http::StatusCode;
-use axum::Json;
+use axum::{Extension, Json};
 use hookline_core::subscription::activity;
 use serde::Deserialize;
 use serde_json::{json, Value};
 
+use super::auth::Principal;
 use super::{ApiError, ApiJson, ApiQuery, ApiState};
 use crate::delivery_log::{DeliveryEntry, Filter};
 use crate::replay;
@@ -25,10 +26,13 @@ pub struct LogQuery {
     after: Option<String>,
 }
 
-pub async fn list(State(s): State<Arc<ApiState>>, Path(id): Path<String>, ApiQuery(q): ApiQuery<LogQuery>) -> Result<Json<Value>, ApiError> {
-    if s.subs.get(&id).is_none() {
-        return Err(ApiError::new(StatusCode::NOT_FOUND, "not_found", format!("no subscription {id}")).with_field("id"));
-    }
+pub async fn list(
+    State(s): State<Arc<ApiState>>,
+    Extension(who): Extension<Principal>,
+    Path(id): Path<String>,
+    ApiQuery(q): ApiQuery<LogQuery>,
+) -> Result<Json<Value>, ApiError> {
+    super::subscriptions::find(&s, &who, &id)?;
     let limit = q.limit.unwrap_or(50);
     if !(1..=500).contains(&limit) {
         return Err(ApiError::field("limit", "must be between 1 and 500"));
@@ -49,15 +53,30 @@ pub async fn list(State(s): State<Arc<ApiState>>, Path(id): Path<String>, ApiQue
     })))
 }
 
-pub async fn get(State(s): State<Arc<ApiState>>, Path(id): Path<String>) -> Result<Json<Value>, ApiError> {
-    let entry = s.log.get(&id).ok_or_else(|| not_found(&id))?;
+pub async fn get(State(s): State<Arc<ApiState>>, Extension(who): Extension<Principal>, Path(id): Path<String>) -> Result<Json<Value>, ApiError> {
+    let entry = visible(&s, &who, &id)?;
     Ok(Json(view(&entry, true)))
+}
+
+/// The delivery `id` from the log, if its subscription is this credential's to see (a tenant credential cannot
+/// see a delivery whose subscription is gone: nothing says whose it was).
+fn visible(s: &ApiState, who: &Principal, id: &str) -> Result<DeliveryEntry, ApiError> {
+    let entry = s.log.get(id).ok_or_else(|| not_found(id))?;
+    if who.tenant().is_some() && s.subs.get(&entry.subscription_id).is_none_or(|e| !who.sees(&e.sub.tenant)) {
+        return Err(not_found(id));
+    }
+    Ok(entry)
 }
 
 /// Replays one delivery. The subscription must be active (resume it first if it was paused), and the delivery
 /// finished; its event must be known (dead-lettered deliveries carry it).
-pub async fn replay_one(State(s): State<Arc<ApiState>>, Path(id): Path<String>) -> Result<(StatusCode, Json<Value>), ApiError> {
-    let entry = s.log.get(&id).ok_or_else(|| not_found(&id))?;
+pub async fn replay_one(
+    State(s): State<Arc<ApiState>>,
+    Extension(who): Extension<Principal>,
+    Path(id): Path<String>,
+) -> Result<(StatusCode, Json<Value>), ApiError> {
+    let entry = visible(&s, &who, &id)?;
+    who.require_write()?;
     let sub = s.subs.get(&entry.subscription_id).ok_or_else(|| {
         ApiError::new(StatusCode::CONFLICT, "subscription_deleted", "the delivery's subscription was deleted").with_field("id")
     })?;
@@ -96,10 +115,12 @@ pub struct ReplaySince {
 
 pub async fn replay_since(
     State(s): State<Arc<ApiState>>,
+    Extension(who): Extension<Principal>,
     Path(id): Path<String>,
     ApiJson(req): ApiJson<ReplaySince>,
 ) -> Result<(StatusCode, Json<Value>), ApiError> {
-    let sub = s.subs.get(&id).ok_or_else(|| ApiError::new(StatusCode::NOT_FOUND, "not_found", format!("no subscription {id}")).with_field("id"))?;
+    let sub = super::subscriptions::find(&s, &who, &id)?;
+    who.require_write()?;
     require_active(&s, &sub)?;
     if req.until_ms.is_some_and(|u| u < req.since_ms) {
         return Err(ApiError::field("until_ms", "must not be before since_ms"));
@@ -108,7 +129,19 @@ pub async fn replay_since(
     Ok((StatusCode::ACCEPTED, Json(json!({"replayed": n}))))
 }
 
-pub async fn redrive(State(s): State<Arc<ApiState>>, ApiJson(f): ApiJson<replay::RedriveFilter>) -> Result<(StatusCode, Json<Value>), ApiError> {
+/// A tenant credential redrives only its own tenant's dead letters.
+pub async fn redrive(
+    State(s): State<Arc<ApiState>>,
+    Extension(who): Extension<Principal>,
+    ApiJson(mut f): ApiJson<replay::RedriveFilter>,
+) -> Result<(StatusCode, Json<Value>), ApiError> {
+    who.require_write()?;
+    if let Some(sub) = &f.subscription_id {
+        if who.tenant().is_some() {
+            super::subscriptions::find(&s, &who, sub).map_err(|e| e.with_field("subscription_id"))?;
+        }
+    }
+    f.tenant = who.tenant().map(str::to_owned);
     if let Some(st) = &f.final_state {
         if st != "failed" && st != "dead" {
             return Err(ApiError::field("final_state", "must be `failed` or `dead`"));

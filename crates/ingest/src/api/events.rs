@@ -5,24 +5,32 @@ use std::sync::Arc;
 use axum::body::Bytes;
 use axum::extract::State;
 use axum::http::{HeaderMap, StatusCode};
-use axum::Json;
+use axum::{Extension, Json};
 use prost::Message as _;
 use serde_json::{json, Value};
 
+use super::auth::Principal;
 use super::{ApiError, ApiState};
 use crate::decode;
 
+/// A tenant API key publishes for its own tenant: the event gets it when it names none, and naming another is 403.
+/// A portal link cannot publish.
 pub async fn publish(
     State(s): State<Arc<ApiState>>,
+    Extension(who): Extension<Principal>,
     headers: HeaderMap,
     body: Result<Bytes, axum::extract::rejection::BytesRejection>,
 ) -> Result<(StatusCode, Json<Value>), ApiError> {
+    if matches!(who, Principal::PortalLink { .. }) {
+        return Err(super::auth::forbidden("a portal link cannot publish events; use an admin token or the tenant's API key"));
+    }
     let body = body.map_err(super::body_unreadable)?;
     super::require_json(&headers, "send the event as JSON with `Content-Type: application/json`")?;
     let mut event = decode::decode(&body, s.max_event_bytes, true).map_err(|e| {
         let status = if e.reason == "oversize" { StatusCode::PAYLOAD_TOO_LARGE } else { StatusCode::UNPROCESSABLE_ENTITY };
         ApiError::new(status, e.reason, e.detail).with_field(e.field.unwrap_or("body"))
     })?;
+    event.tenant = who.tenant_for(Some(&event.tenant), "tenant")?.unwrap_or_default();
     event.accepted_at_ms = crate::now_ms();
     let header = |name: &str| headers.get(name).map(|v| v.as_bytes());
     s.tracer.accept_http(&mut event, header("traceparent"), header("tracestate"));

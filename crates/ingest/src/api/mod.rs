@@ -1,6 +1,7 @@
 //! The HTTP API served by ingest: events in, subscriptions managed. JSON everywhere, errors as
 //! `{"error":{"code":..,"message":..,"field":..}}`, bearer-token auth on everything but health and metrics.
 
+pub mod auth;
 mod deliveries;
 mod events;
 mod openapi;
@@ -8,15 +9,16 @@ mod portal;
 mod stats;
 mod subscriptions;
 pub mod verify;
+mod tenants;
 
 /// The stats' outcome classes (docs/api.md's vocabulary table is tested against them).
 pub use stats::CLASSES as STATS_CLASSES;
 
 use std::sync::Arc;
 
-use axum::extract::{FromRequest, FromRequestParts, Request, State};
+use axum::extract::{FromRequest, FromRequestParts, Request};
 use axum::http::{header, StatusCode};
-use axum::middleware::{self, Next};
+use axum::middleware;
 use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post};
 use axum::{Json, Router};
@@ -27,7 +29,6 @@ use hookline_kafka::Topics;
 use hookline_kafka::client::Producer as FutureProducer;
 use serde::de::DeserializeOwned;
 use serde_json::json;
-use subtle::ConstantTimeEq;
 
 pub struct ApiState {
     pub topics: Topics,
@@ -44,6 +45,13 @@ pub struct ApiState {
     pub tracer: hookline_service::traces::Tracer,
     /// Sends endpoint verification challenges (policies with `[verification]`).
     pub challenger: verify::Challenger,
+    pub tenants: crate::tenants::TenantTable,
+    pub tenants_reader: TableHandle,
+    pub keys: crate::tenants::KeyTable,
+    pub keys_reader: TableHandle,
+    /// Seals signing secrets before they are written.
+    pub keyring: Arc<hookline_core::seal::Keyring>,
+    pub portal: hookline_service::config::PortalSettings,
 }
 
 pub fn router(state: Arc<ApiState>, max_request_bytes: usize) -> Router {
@@ -64,7 +72,12 @@ pub fn router(state: Arc<ApiState>, max_request_bytes: usize) -> Router {
         .route("/v1/deliveries/{id}", get(deliveries::get))
         .route("/v1/deliveries/{id}/replay", post(deliveries::replay_one))
         .route("/v1/dlq/redrive", post(deliveries::redrive))
-        .route_layer(middleware::from_fn_with_state(state.clone(), auth))
+        .route("/v1/tenants", post(tenants::create).get(tenants::list))
+        .route("/v1/tenants/{id}", get(tenants::get).patch(tenants::update).delete(tenants::delete))
+        .route("/v1/tenants/{id}/api-keys", post(tenants::create_key).get(tenants::list_keys))
+        .route("/v1/tenants/{id}/api-keys/{key_id}", axum::routing::delete(tenants::delete_key))
+        .route("/v1/tenants/{id}/portal-links", post(tenants::create_link))
+        .route_layer(middleware::from_fn_with_state(state.clone(), auth::middleware))
         .route("/openapi.json", get(openapi::document))
         // A browser pointed at the server's address lands on the portal.
         .route("/", get(|| async { axum::response::Redirect::to("/portal/") }))
@@ -83,30 +96,6 @@ pub fn router(state: Arc<ApiState>, max_request_bytes: usize) -> Router {
         .layer(axum::extract::DefaultBodyLimit::max(max_request_bytes))
         .fallback(|| async { ApiError::new(StatusCode::NOT_FOUND, "not_found", "no such route") })
         .with_state(state)
-}
-
-async fn auth(State(s): State<Arc<ApiState>>, req: Request, next: Next) -> Response {
-    let presented = req
-        .headers()
-        .get(header::AUTHORIZATION)
-        .and_then(|v| v.to_str().ok())
-        // The scheme name is case-insensitive (RFC 9110 §11.1).
-        .and_then(|v| v.split_once(' ').filter(|(scheme, _)| scheme.eq_ignore_ascii_case("bearer")).map(|(_, t)| t))
-        .map(str::trim)
-        .filter(|t| !t.is_empty());
-    let Some(presented) = presented else {
-        return ApiError::new(StatusCode::UNAUTHORIZED, "unauthorized", "missing `Authorization: Bearer <token>` header")
-            .with_field("Authorization")
-            .into_response();
-    };
-    // Constant-time per token, and every token is compared, so timing reveals neither content nor position.
-    let ok = s.tokens.iter().fold(false, |acc, t| acc | bool::from(t.as_bytes().ct_eq(presented.as_bytes())));
-    if !ok {
-        return ApiError::new(StatusCode::UNAUTHORIZED, "unauthorized", "the bearer token is not valid")
-            .with_field("Authorization")
-            .into_response();
-    }
-    next.run(req).await
 }
 
 /// An API error with a stable `code`.

@@ -4,7 +4,7 @@
 use std::sync::Arc;
 
 use axum::extract::{Path, State};
-use axum::http::StatusCode;
+
 use axum::Json;
 use hookline_core::model::AttemptRecord;
 use serde::Deserialize;
@@ -40,10 +40,13 @@ pub fn class_of(a: &AttemptRecord) -> usize {
     }
 }
 
-pub async fn get(State(s): State<Arc<ApiState>>, Path(id): Path<String>, ApiQuery(q): ApiQuery<StatsQuery>) -> Result<Json<Value>, ApiError> {
-    if s.subs.get(&id).is_none() {
-        return Err(ApiError::new(StatusCode::NOT_FOUND, "not_found", format!("no subscription {id}")).with_field("id"));
-    }
+pub async fn get(
+    State(s): State<Arc<ApiState>>,
+    axum::Extension(who): axum::Extension<super::auth::Principal>,
+    Path(id): Path<String>,
+    ApiQuery(q): ApiQuery<StatsQuery>,
+) -> Result<Json<Value>, ApiError> {
+    super::subscriptions::find(&s, &who, &id)?;
     let bucket = q.bucket_ms.unwrap_or(DEFAULT_BUCKET_MS);
     if bucket < 1_000 {
         return Err(ApiError::field("bucket_ms", "must be at least 1000 (one second)"));

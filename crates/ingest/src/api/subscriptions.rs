@@ -8,7 +8,7 @@ use std::sync::Arc;
 use axum::extract::{Path, State};
 use axum::http::{HeaderMap, StatusCode};
 use axum::response::{IntoResponse, Response};
-use axum::Json;
+use axum::{Extension, Json};
 use hookline_core::egress::{EgressGuard, TargetHost};
 use hookline_core::model::{Secret, Subscription};
 use hookline_core::policy;
@@ -19,6 +19,7 @@ use rand::Rng;
 use serde::Deserialize;
 use serde_json::{json, Value};
 
+use super::auth::Principal;
 use super::{ApiError, ApiJson, ApiQuery, ApiState};
 
 #[derive(Deserialize)]
@@ -84,6 +85,8 @@ pub struct ListQuery {
     limit: Option<usize>,
     /// The last id of the previous page.
     after: Option<String>,
+    /// Only this tenant's subscriptions (a tenant credential always gets only its own).
+    tenant: Option<String>,
 }
 
 /// The header that makes a create safe to retry.
@@ -115,17 +118,25 @@ fn fingerprint(req: &CreateSubscription) -> String {
 /// different request is refused (409). Without one, every create makes a new subscription.
 pub async fn create(
     State(s): State<Arc<ApiState>>,
+    Extension(who): Extension<Principal>,
     headers: HeaderMap,
     ApiJson(req): ApiJson<CreateSubscription>,
 ) -> Result<Response, ApiError> {
+    who.require_write()?;
+    let tenant = who.tenant_for(req.tenant.as_deref(), "tenant")?;
     let key = idempotency_key(&headers)?;
     let fingerprint = key.as_ref().map(|_| fingerprint(&req)).unwrap_or_default();
-    let id = match &key {
-        Some(k) => hookline_core::model::keyed_subscription_id(k),
-        None => format!("sub_{}", hex_id()),
+    let id = match (&key, who.tenant()) {
+        (Some(k), None) => hookline_core::model::keyed_subscription_id(k),
+        // A tenant's keys name ids of their own: the same key from two tenants makes two subscriptions.
+        (Some(k), Some(t)) => hookline_core::model::keyed_subscription_id(&format!("{t}\0{k}")),
+        (None, _) => format!("sub_{}", hex_id()),
     };
     if key.is_some() {
         if let Some(existing) = s.subs.get(&id) {
+            if !who.sees(&existing.sub.tenant) {
+                return Err(ApiError::new(StatusCode::CONFLICT, "idempotency_conflict", "this Idempotency-Key is already in use"));
+            }
             return replayed(&s, &existing, &fingerprint);
         }
     }
@@ -142,7 +153,7 @@ pub async fn create(
         enabled: req.enabled.unwrap_or(true),
         created_at_ms: now,
         updated_at_ms: now,
-        tenant: req.tenant.unwrap_or_default(),
+        tenant: tenant.unwrap_or_default(),
         owner_email: req.owner_email.unwrap_or_default(),
         headers: req.headers.unwrap_or_default(),
         filter_json: stored_filter(req.filter.as_ref())?,
@@ -158,7 +169,7 @@ pub async fn create(
         }
         None => hookline_core::sign::generate_secret(&mut rand::rng()),
     };
-    sub.secrets = vec![Secret { value: secret.clone(), expires_at_ms: 0 }];
+    sub.secrets = vec![Secret { value: secret.clone(), expires_at_ms: 0, ..Default::default() }];
     let pol = validate(&s, &sub).await?;
     // Written once, with the challenge's result: until then the subscription does not exist, so nothing is sent.
     if super::verify::needs_challenge(&mut sub, None, &pol) {
@@ -189,35 +200,44 @@ fn replayed(s: &ApiState, existing: &SubscriptionEntry, fingerprint: &str) -> Re
     Ok(resp)
 }
 
-pub async fn get(State(s): State<Arc<ApiState>>, Path(id): Path<String>) -> Result<Json<Value>, ApiError> {
-    let entry = find(&s, &id)?;
+pub async fn get(State(s): State<Arc<ApiState>>, Extension(who): Extension<Principal>, Path(id): Path<String>) -> Result<Json<Value>, ApiError> {
+    let entry = find(&s, &who, &id)?;
     Ok(Json(view(&s, &entry)))
 }
 
-pub async fn list(State(s): State<Arc<ApiState>>, ApiQuery(q): ApiQuery<ListQuery>) -> Result<Json<Value>, ApiError> {
+/// A page in id order, through the table's ordered index (of one tenant, or of all for an admin).
+pub async fn list(
+    State(s): State<Arc<ApiState>>,
+    Extension(who): Extension<Principal>,
+    ApiQuery(q): ApiQuery<ListQuery>,
+) -> Result<Json<Value>, ApiError> {
     let limit = q.limit.unwrap_or(50);
     if !(1..=500).contains(&limit) {
         return Err(ApiError::field("limit", "must be between 1 and 500"));
     }
-    let mut all = s.subs.all();
-    all.sort_by(|a, b| a.sub.id.cmp(&b.sub.id));
-    let page: Vec<_> = all
-        .iter()
-        .filter(|e| q.after.as_deref().is_none_or(|after| e.sub.id.as_str() > after))
-        .take(limit + 1)
-        .collect();
-    let more = page.len() > limit;
-    let items: Vec<Value> = page.iter().take(limit).map(|e| view(&s, e)).collect();
-    let next = if more { items.last().and_then(|v| v["id"].as_str().map(str::to_owned)) } else { None };
+    // `?tenant=` (empty: the subscriptions without a tenant) for an admin; a tenant credential's own otherwise.
+    let tenant = match (who.tenant(), q.tenant) {
+        (None, t) => t,
+        (Some(own), None) => Some(own.to_owned()),
+        (Some(own), Some(t)) if t == own => Some(t),
+        (Some(_), Some(_)) => {
+            return Err(super::auth::forbidden("this credential lists only its own tenant's subscriptions").with_field("tenant"))
+        }
+    };
+    let page = s.subs.page(tenant.as_deref(), q.after.as_deref(), limit);
+    let items: Vec<Value> = page.items.iter().map(|e| view(&s, e)).collect();
+    let next = if page.more { page.items.last().map(|e| e.sub.id.clone()) } else { None };
     Ok(Json(json!({"items": items, "next_after": next})))
 }
 
 pub async fn update(
     State(s): State<Arc<ApiState>>,
+    Extension(who): Extension<Principal>,
     Path(id): Path<String>,
     ApiJson(req): ApiJson<UpdateSubscription>,
 ) -> Result<Json<Value>, ApiError> {
-    let entry = find(&s, &id)?;
+    who.require_write()?;
+    let entry = find(&s, &who, &id)?;
     let mut sub = entry.sub.clone();
     if let Some(v) = req.url {
         sub.url = v;
@@ -271,15 +291,17 @@ pub async fn update(
     Ok(Json(view(&s, &SubscriptionEntry::new(sub))))
 }
 
-pub async fn delete(State(s): State<Arc<ApiState>>, Path(id): Path<String>) -> Result<StatusCode, ApiError> {
-    find(&s, &id)?;
+pub async fn delete(State(s): State<Arc<ApiState>>, Extension(who): Extension<Principal>, Path(id): Path<String>) -> Result<StatusCode, ApiError> {
+    who.require_write()?;
+    find(&s, &who, &id)?;
     let (p, o) = produce(&s, &id, None).await?;
     s.subs_reader.wait_for(p, o + 1).await;
     Ok(StatusCode::NO_CONTENT)
 }
 
-pub async fn pause(State(s): State<Arc<ApiState>>, Path(id): Path<String>) -> Result<Json<Value>, ApiError> {
-    let mut sub = find(&s, &id)?.sub.clone();
+pub async fn pause(State(s): State<Arc<ApiState>>, Extension(who): Extension<Principal>, Path(id): Path<String>) -> Result<Json<Value>, ApiError> {
+    who.require_write()?;
+    let mut sub = find(&s, &who, &id)?.sub.clone();
     sub.paused = true;
     sub.updated_at_ms = crate::now_ms();
     write(&s, &sub).await?;
@@ -287,8 +309,9 @@ pub async fn pause(State(s): State<Arc<ApiState>>, Path(id): Path<String>) -> Re
 }
 
 /// Resumes a paused subscription, including one the policy paused automatically (LuciBook's auto-pause).
-pub async fn resume(State(s): State<Arc<ApiState>>, Path(id): Path<String>) -> Result<Json<Value>, ApiError> {
-    let mut sub = find(&s, &id)?.sub.clone();
+pub async fn resume(State(s): State<Arc<ApiState>>, Extension(who): Extension<Principal>, Path(id): Path<String>) -> Result<Json<Value>, ApiError> {
+    who.require_write()?;
+    let mut sub = find(&s, &who, &id)?.sub.clone();
     if !sub.enabled {
         return Err(ApiError::new(StatusCode::CONFLICT, "subscription_disabled", "the subscription is disabled; enable it with PATCH {\"enabled\": true}").with_field("id"));
     }
@@ -312,9 +335,11 @@ pub struct RotateSecret {
 /// the same header) until the overlap ends, so receivers can switch without a gap. The new secret is shown once.
 pub async fn rotate_secret(
     State(s): State<Arc<ApiState>>,
+    Extension(who): Extension<Principal>,
     Path(id): Path<String>,
     body: Result<axum::body::Bytes, axum::extract::rejection::BytesRejection>,
 ) -> Result<Json<Value>, ApiError> {
+    who.require_write()?;
     let body = body.map_err(|e| ApiError::new(StatusCode::PAYLOAD_TOO_LARGE, "body_too_large", e.body_text()).with_field("body"))?;
     // The body is optional: an empty POST rotates with the defaults.
     let req: RotateSecret = if body.iter().all(u8::is_ascii_whitespace) {
@@ -326,7 +351,7 @@ pub async fn rotate_secret(
     if overlap_s > 30 * 86_400 {
         return Err(ApiError::field("overlap_s", "at most 30 days (2592000 s)"));
     }
-    let mut sub = find(&s, &id)?.sub.clone();
+    let mut sub = find(&s, &who, &id)?.sub.clone();
     let now = crate::now_ms();
     let secret = match req.secret {
         Some(secret) => {
@@ -343,7 +368,7 @@ pub async fn rotate_secret(
         }
     }
     sub.secrets.retain(|x| x.expires_at_ms > now);
-    sub.secrets.insert(0, Secret { value: secret.clone(), expires_at_ms: 0 });
+    sub.secrets.insert(0, Secret { value: secret.clone(), expires_at_ms: 0, ..Default::default() });
     sub.updated_at_ms = now;
     write(&s, &sub).await?;
     let mut v = view(&s, &SubscriptionEntry::new(sub));
@@ -352,9 +377,11 @@ pub async fn rotate_secret(
     Ok(Json(v))
 }
 
-pub(super) fn find(s: &ApiState, id: &str) -> Result<Arc<SubscriptionEntry>, ApiError> {
+/// The subscription `id`, if this credential may see it: another tenant's answers 404, as a missing one does.
+pub(crate) fn find(s: &ApiState, who: &Principal, id: &str) -> Result<Arc<SubscriptionEntry>, ApiError> {
     s.subs
         .get(id)
+        .filter(|e| who.sees(&e.sub.tenant))
         .ok_or_else(|| ApiError::new(StatusCode::NOT_FOUND, "not_found", format!("no subscription {id}")).with_field("id"))
 }
 
@@ -461,8 +488,12 @@ async fn validate(s: &ApiState, sub: &Subscription) -> Result<policy::Policy, Ap
     Ok(pol)
 }
 
+/// Writes `sub` with its signing secrets sealed (with the keyring's write key: a rewrite also re-seals what an
+/// older key sealed).
 pub(super) async fn write(s: &ApiState, sub: &Subscription) -> Result<(), ApiError> {
-    let (p, o) = produce(s, &sub.id, Some(sub.encode_to_vec())).await?;
+    let mut sealed = sub.clone();
+    hookline_core::seal::seal_secrets(&mut sealed, &s.keyring, &mut rand::rng());
+    let (p, o) = produce(s, &sub.id, Some(sealed.encode_to_vec())).await?;
     s.subs_reader.wait_for(p, o + 1).await;
     Ok(())
 }

@@ -6,6 +6,7 @@
 use std::sync::Arc;
 
 use axum::extract::{Path, State};
+use axum::Extension;
 use axum::http::StatusCode;
 use axum::Json;
 use bytes::Bytes;
@@ -93,8 +94,13 @@ pub async fn challenge(s: &ApiState, sub: &mut Subscription, policy: &Policy) {
 
 /// `POST /v1/subscriptions/{id}/verify`: sends a new challenge, whatever the current state, and answers with the
 /// subscription (its `verification` and `verification_error` say how it went).
-pub async fn verify(State(s): State<Arc<ApiState>>, Path(id): Path<String>) -> Result<Json<Value>, ApiError> {
-    let entry = super::subscriptions::find(&s, &id)?;
+pub async fn verify(
+    State(s): State<Arc<ApiState>>,
+    Extension(who): Extension<super::auth::Principal>,
+    Path(id): Path<String>,
+) -> Result<Json<Value>, ApiError> {
+    who.require_write()?;
+    let entry = super::subscriptions::find(&s, &who, &id)?;
     let policy = entry.policy.clone().map_err(|e| ApiError::field("policy", e))?;
     if policy.verification.is_none() {
         return Err(ApiError::new(

@@ -11,6 +11,7 @@ mod cluster;
 mod fanout;
 mod isolation;
 mod latency;
+mod list;
 mod memory;
 mod receiver;
 mod retry_precision;
@@ -30,6 +31,7 @@ pub enum Scenario {
     Isolation,
     Memory,
     Fanout,
+    List,
     All,
 }
 
@@ -42,6 +44,7 @@ impl Scenario {
             Scenario::Isolation => "isolation",
             Scenario::Memory => "memory",
             Scenario::Fanout => "fanout",
+            Scenario::List => "list",
             Scenario::All => "all",
         }
     }
@@ -49,8 +52,8 @@ impl Scenario {
 
 #[derive(clap::Args, Clone)]
 pub struct BenchArgs {
-    /// throughput, latency, retry-precision, isolation, memory, fanout, or all (each in turn, one JSON line at the
-    /// end).
+    /// throughput, latency, retry-precision, isolation, memory, fanout, list, or all (each in turn, one JSON line at
+    /// the end).
     #[arg(value_enum, required_unless_present = "serve")]
     scenario: Option<Scenario>,
     /// A real Kafka cluster (`host:port,...`) instead of the embedded mock broker. The topics are created under a
@@ -98,7 +101,7 @@ pub struct BenchArgs {
     /// memory: deliveries held in flight.
     #[arg(long, default_value_t = 10_000, value_parser = clap::builder::RangedU64ValueParser::<usize>::new().range(1..=1_000_000))]
     in_flight: usize,
-    /// fanout: subscriptions in the large table (across up to 10,000 tenants), compared with 16.
+    /// fanout, list: subscriptions in the large table (across up to 10,000 tenants; fanout compares with 16).
     #[arg(long, default_value_t = 200_000)]
     fanout_subscriptions: usize,
     /// Internal: run one service as a child process (`broker`, `ingest`, `dispatcher`, `retry-scheduler`).
@@ -133,6 +136,7 @@ pub fn run(args: BenchArgs) -> anyhow::Result<ExitCode> {
                 Scenario::Isolation,
                 Scenario::Memory,
                 Scenario::Fanout,
+                Scenario::List,
             ],
             s => vec![s],
         };
@@ -148,6 +152,7 @@ pub fn run(args: BenchArgs) -> anyhow::Result<ExitCode> {
                 Scenario::Isolation => isolation::run(&args).await?,
                 Scenario::Memory => memory::run(&args).await?,
                 Scenario::Fanout => fanout::run(&args).await?,
+                Scenario::List => list::run(&args).await?,
                 Scenario::All => unreachable!(),
             };
             met_all &= met;

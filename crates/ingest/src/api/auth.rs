@@ -1,0 +1,140 @@
+//! Who is calling. Three kinds of bearer credential: an admin token (`ingest.api_tokens`, sees everything), a
+//! tenant API key (`hlk_…`, sees and changes only its tenant), and a portal link's token (`hlp_…`, signed, short
+//! lived, its tenant only, optionally read-only). The middleware turns the `Authorization` header into a
+//! [`Principal`] that every handler consults; what another tenant owns answers 404, as if it did not exist.
+
+use std::sync::Arc;
+
+use axum::extract::{Request, State};
+use axum::http::{header, StatusCode};
+use axum::middleware::Next;
+use axum::response::{IntoResponse, Response};
+use hookline_core::credential::{self, API_KEY_PREFIX, PORTAL_TOKEN_PREFIX};
+use hookline_core::model::ApiKeyUsage;
+use prost::Message as _;
+use subtle::ConstantTimeEq;
+
+use super::{ApiError, ApiState};
+
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Principal {
+    Admin,
+    TenantKey { tenant: String, key_id: String },
+    PortalLink { tenant: String, read_only: bool },
+}
+
+impl Principal {
+    /// The tenant this credential is confined to; `None` for an admin.
+    pub fn tenant(&self) -> Option<&str> {
+        match self {
+            Principal::Admin => None,
+            Principal::TenantKey { tenant, .. } | Principal::PortalLink { tenant, .. } => Some(tenant),
+        }
+    }
+
+    /// Whether what belongs to `tenant` (`""`: no tenant) is visible to this credential.
+    pub fn sees(&self, tenant: &str) -> bool {
+        self.tenant().is_none_or(|t| t == tenant)
+    }
+
+    /// 403 unless an admin token: tenants, keys and links are managed by the app, not its customers.
+    pub fn require_admin(&self) -> Result<(), ApiError> {
+        match self {
+            Principal::Admin => Ok(()),
+            _ => Err(forbidden("this route needs an admin token; a tenant API key or portal link cannot use it")),
+        }
+    }
+
+    /// 403 for a read-only portal link.
+    pub fn require_write(&self) -> Result<(), ApiError> {
+        match self {
+            Principal::PortalLink { read_only: true, .. } => Err(forbidden("this portal link is read-only")),
+            _ => Ok(()),
+        }
+    }
+
+    /// The tenant a request names, checked against the credential: a tenant credential gets its own tenant when the
+    /// request names none, and a 403 (naming `field`) when it names another.
+    pub fn tenant_for(&self, named: Option<&str>, field: &str) -> Result<Option<String>, ApiError> {
+        // An empty tenant is no tenant.
+        let named = named.filter(|n| !n.is_empty());
+        match (self.tenant(), named) {
+            (None, named) => Ok(named.map(str::to_owned)),
+            (Some(own), None) => Ok(Some(own.to_owned())),
+            (Some(own), Some(n)) if n == own => Ok(Some(own.to_owned())),
+            (Some(own), Some(_)) => Err(forbidden(&format!("this credential belongs to tenant {own:?} and cannot act for another")).with_field(field)),
+        }
+    }
+}
+
+pub fn forbidden(message: &str) -> ApiError {
+    ApiError::new(StatusCode::FORBIDDEN, "forbidden", message)
+}
+
+fn unauthorized(message: &str) -> Response {
+    ApiError::new(StatusCode::UNAUTHORIZED, "unauthorized", message).with_field("Authorization").into_response()
+}
+
+pub async fn middleware(State(s): State<Arc<ApiState>>, mut req: Request, next: Next) -> Response {
+    let presented = req
+        .headers()
+        .get(header::AUTHORIZATION)
+        .and_then(|v| v.to_str().ok())
+        // The scheme name is case-insensitive (RFC 9110 §11.1).
+        .and_then(|v| v.split_once(' ').filter(|(scheme, _)| scheme.eq_ignore_ascii_case("bearer")).map(|(_, t)| t))
+        .map(str::trim)
+        .filter(|t| !t.is_empty());
+    let Some(presented) = presented else {
+        return unauthorized("missing `Authorization: Bearer <token>` header");
+    };
+    let principal = match identify(&s, presented) {
+        Ok(p) => p,
+        Err(message) => return unauthorized(message),
+    };
+    req.extensions_mut().insert(principal);
+    next.run(req).await
+}
+
+fn identify(s: &Arc<ApiState>, presented: &str) -> Result<Principal, &'static str> {
+    // Constant-time per token, and every token is compared, so timing reveals neither content nor position.
+    let admin = s.tokens.iter().fold(false, |acc, t| acc | bool::from(t.as_bytes().ct_eq(presented.as_bytes())));
+    if admin {
+        return Ok(Principal::Admin);
+    }
+    if presented.starts_with(API_KEY_PREFIX) {
+        // Looked up by digest: a map probe on SHA-256 output tells a timing observer nothing about the key.
+        let key = s.keys.find(&credential::api_key_digest(presented)).ok_or("the API key is not valid (unknown or revoked)")?;
+        if !s.tenants.contains(&key.tenant) {
+            return Err("the API key's tenant no longer exists");
+        }
+        let now = crate::now_ms();
+        if s.keys.touch(&key.id, now) {
+            record_use(s.clone(), key.id.clone(), now);
+        }
+        return Ok(Principal::TenantKey { tenant: key.tenant.clone(), key_id: key.id.clone() });
+    }
+    if presented.starts_with(PORTAL_TOKEN_PREFIX) {
+        let secret = s.portal.link_secret.as_deref().ok_or("portal links are not enabled on this server")?;
+        let grant = credential::verify_portal_token(presented, secret.as_bytes(), crate::now_ms()).map_err(|e| match e {
+            credential::PortalTokenError::Expired => "the portal link has expired; ask for a new one",
+            credential::PortalTokenError::BadSignature => "the portal link is not valid (its signature does not match)",
+            credential::PortalTokenError::Malformed => "the portal link is malformed",
+        })?;
+        if !s.tenants.contains(&grant.tenant) {
+            return Err("the portal link's tenant no longer exists");
+        }
+        return Ok(Principal::PortalLink { tenant: grant.tenant, read_only: grant.read_only });
+    }
+    Err("the bearer token is not valid")
+}
+
+/// Records a key's last use on the topic, off the request's path (a lost write only makes the shown time older).
+fn record_use(s: Arc<ApiState>, key_id: String, now_ms: i64) {
+    tokio::spawn(async move {
+        let usage = ApiKeyUsage { key_id: key_id.clone(), last_used_at_ms: now_ms }.encode_to_vec();
+        let key = format!("{key_id}{}", crate::tenants::USAGE_SUFFIX);
+        if let Err(e) = hookline_kafka::produce::send(&s.producer, s.topics.api_keys(), &key, &usage).await {
+            tracing::warn!(key_id = %key_id, error = %e, "could not record an API key's last use");
+        }
+    });
+}
