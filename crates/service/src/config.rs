@@ -13,6 +13,9 @@ use serde::{Deserialize, Serialize};
 
 pub use crate::http_server::HttpServerSettings;
 
+mod log;
+pub use log::{LogSettings, LogStoreKind};
+
 #[derive(Debug, Clone, Serialize, Deserialize, Default)]
 #[serde(deny_unknown_fields, default)]
 pub struct Config {
@@ -23,6 +26,7 @@ pub struct Config {
     pub retry_scheduler: RetrySchedulerSettings,
     pub egress: EgressSettings,
     pub notify: NotifySettings,
+    pub log: LogSettings,
 }
 
 #[derive(Debug, Clone, Serialize, Deserialize)]
@@ -353,6 +357,7 @@ impl Config {
         self.kafka.validate().map_err(ConfigError::Invalid)?;
         self.egress.validate().map_err(|e| ConfigError::Invalid(e.to_string()))?;
         self.notify.validate()?;
+        self.log.validate()?;
         self.telemetry.validate()?;
         self.ingest.http.validate("ingest.http").map_err(ConfigError::Invalid)?;
         self.dispatcher.health_http.validate("dispatcher.health_http").map_err(ConfigError::Invalid)?;
