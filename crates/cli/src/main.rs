@@ -31,6 +31,9 @@ enum Command {
     /// Ask the egress guard about URLs without sending anything.
     #[command(subcommand)]
     Egress(cmd::egress::EgressCmd),
+    /// The delivery log's store: apply its schema migrations.
+    #[command(subcommand)]
+    Log(cmd::log::LogCmd),
     /// Benchmark the pipeline (throughput, latency, retry-precision, isolation, memory, or all).
     Bench(cmd::bench::BenchArgs),
     /// Reliability soak: the broker and the three services as separate processes, a stream of events, faults
@@ -47,6 +50,7 @@ fn main() -> ExitCode {
         Command::Policy(c) => cmd::policy::run(c),
         Command::Verify(args) => cmd::verify::run(args),
         Command::Egress(c) => cmd::egress::run(c),
+        Command::Log(c) => cmd::log::run(c),
         Command::Bench(args) => cmd::bench::run(args),
         Command::Soak(args) => cmd::soak::run(args),
     };

@@ -4,6 +4,7 @@ pub mod bench;
 pub mod dev;
 pub mod dev_broker;
 pub mod egress;
+pub mod log;
 pub mod numbers;
 /// Not a subcommand: the human-or-JSON output the listing commands share.
 pub mod output;
