@@ -66,6 +66,8 @@ pub async fn run_with_store(
     let mut maintenance = tokio::time::interval(MAINTENANCE_EVERY);
     maintenance.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
     let mut stopping = false;
+    // The batch being written while the next one is read (one at a time, committed in order).
+    let mut in_flight: Option<InFlight> = None;
     while !stopping {
         let mut batch = Batch::default();
         // Next offset to commit per (topic, partition).
@@ -81,7 +83,13 @@ pub async fn run_with_store(
                 _ = shutdown.cancelled() => { stopping = true; break; }
                 // The log keeps nothing per partition in memory between batches: nothing to forget on revoke.
                 Some(_) = rebalances.recv() => {}
-                _ = maintenance.tick(), if read == 0 => {
+                written = async { (&mut in_flight.as_mut().expect("guarded").task).await }, if in_flight.is_some() => {
+                    let done = in_flight.take().expect("guarded");
+                    if !conclude(&consumer, done.offsets, written, CommitMode::Async) {
+                        return Ok(());
+                    }
+                }
+                _ = maintenance.tick(), if read == 0 && in_flight.is_none() => {
                     match store.apply_retention(settings.retention_days, hookline_service::now_ms()).await {
                         Ok(r) => tracing::info!(deliveries = r.deliveries, attempts = r.attempts, events = r.events,
                             partitions_dropped = r.partitions_dropped, "delivery log retention applied"),
@@ -107,27 +115,66 @@ pub async fn run_with_store(
                 }
             }
         }
+        if let Some(InFlight { task, offsets }) = in_flight.take() {
+            if !conclude(&consumer, offsets, task.await, CommitMode::Async) {
+                return Ok(());
+            }
+        }
         if read == 0 {
             continue;
         }
-        if !write(&store, batch, settings.retention_days, &shutdown).await {
-            return Ok(()); // shut down while the store was refusing: nothing committed, all re-read next time
-        }
-        let mut tpl = TopicPartitionList::new();
-        for ((topic, partition), offset) in &next {
-            let _ = tpl.add_partition_offset(topic, *partition, Offset::Offset(*offset));
-        }
-        let mode = if stopping { CommitMode::Sync } else { CommitMode::Async };
-        if let Err(e) = consumer.commit(&tpl, mode) {
-            // A revoked partition cannot be committed here; its next owner re-reads (idempotently).
-            tracing::debug!(error = %e, "log indexer offset commit failed");
-        }
-        if newest_ts > 0 {
-            let lag = hookline_service::now_ms().saturating_sub(newest_ts).max(0);
-            metrics::gauge!("hookline_log_indexer_lag_ms").set(lag as f64);
-        }
+        let (store, days, stop) = (store.clone(), settings.retention_days, shutdown.clone());
+        let task = tokio::spawn(async move { write(&store, batch, days, &stop).await });
+        in_flight = Some(InFlight { task, offsets: Offsets { next, newest_ts } });
+    }
+    if let Some(InFlight { task, offsets }) = in_flight.take() {
+        conclude(&consumer, offsets, task.await, CommitMode::Sync);
     }
     Ok(())
+}
+
+/// A batch handed to the store, with the offsets that follow it.
+struct InFlight {
+    task: tokio::task::JoinHandle<bool>,
+    offsets: Offsets,
+}
+
+struct Offsets {
+    /// The next offset to consume per (topic, partition).
+    next: HashMap<(String, i32), i64>,
+    /// The newest record's Kafka timestamp (ms).
+    newest_ts: i64,
+}
+
+/// After a batch's write finished: commits its offsets when it was stored. False when it was not (shut down while
+/// the store refused it, or the write panicked): nothing is committed, and the records are read again next time.
+fn conclude(
+    consumer: &StreamConsumer<RebalanceContext>,
+    done: Offsets,
+    written: Result<bool, tokio::task::JoinError>,
+    mode: CommitMode,
+) -> bool {
+    match written {
+        Ok(true) => {}
+        Ok(false) => return false,
+        Err(e) => {
+            tracing::error!(error = %e, "delivery log write task failed; its records are read again at the next start");
+            return false;
+        }
+    }
+    let mut tpl = TopicPartitionList::new();
+    for ((topic, partition), offset) in &done.next {
+        let _ = tpl.add_partition_offset(topic, *partition, Offset::Offset(*offset));
+    }
+    if let Err(e) = consumer.commit(&tpl, mode) {
+        // A revoked partition cannot be committed here; its next owner re-reads (idempotently).
+        tracing::debug!(error = %e, "log indexer offset commit failed");
+    }
+    if done.newest_ts > 0 {
+        let lag = hookline_service::now_ms().saturating_sub(done.newest_ts).max(0);
+        metrics::gauge!("hookline_log_indexer_lag_ms").set(lag as f64);
+    }
+    true
 }
 
 /// Writes a batch, retrying with backoff until it is stored (true) or shutdown (false).

@@ -83,13 +83,15 @@ struct Measured {
 }
 
 async fn measure(target: &Target, attempts: u64, queries: usize) -> anyhow::Result<Measured> {
-    let store = LogStore::open(target).await?;
+    let store = std::sync::Arc::new(LogStore::open(target).await?);
     let deliveries = attempts.div_ceil(2);
     let now = hookline_service::now_ms();
     let mut progress = Progress::new();
     let started = Instant::now();
     let mut written = 0u64;
     let mut i = 0u64;
+    // As the indexer does: the next batch is read (here: made) while the previous one is written.
+    let mut pending: Option<tokio::task::JoinHandle<Result<hookline_log::IndexSummary, hookline_log::StoreError>>> = None;
     while i < deliveries {
         let mut batch = Batch::default();
         // A batch of the indexer's size: BATCH records of all three topics.
@@ -99,9 +101,16 @@ async fn measure(target: &Target, attempts: u64, queries: usize) -> anyhow::Resu
             batch.attempts.extend(recs);
             i += 1;
         }
+        if let Some(p) = pending.take() {
+            p.await??;
+        }
         written += batch.attempts.len() as u64;
-        store.index(batch, RETENTION_DAYS, now).await?;
+        let s = store.clone();
+        pending = Some(tokio::spawn(async move { s.index(batch, RETENTION_DAYS, now).await }));
         progress.tick(|t| format!("{written} attempts, {:.0}/s", written as f64 / t));
+    }
+    if let Some(p) = pending.take() {
+        p.await??;
     }
     let attempts_per_s = written as f64 / started.elapsed().as_secs_f64();
     eprintln!("  {written} attempts written in {:.1} s", started.elapsed().as_secs_f64());
@@ -176,9 +185,15 @@ pub async fn run(args: &BenchArgs) -> anyhow::Result<(Map<String, Value>, bool)>
     let mut met_all = true;
     let dir = std::env::temp_dir().join(format!("hookline-bench-log-{}", std::process::id()));
     let _ = std::fs::remove_dir_all(&dir);
-    let mut backends: Vec<(&str, Target, Option<(String, String)>)> =
-        vec![("sqlite", Target::Sqlite(dir.join("log.sqlite3")), None)];
-    if let Some(url) = &args.postgres_url {
+    let only = args.log_only.as_deref();
+    if only == Some("postgres") && args.postgres_url.is_none() {
+        anyhow::bail!("--log-only postgres: needs --postgres-url");
+    }
+    let mut backends: Vec<(&str, Target, Option<(String, String)>)> = Vec::new();
+    if only != Some("postgres") {
+        backends.push(("sqlite", Target::Sqlite(dir.join("log.sqlite3")), None));
+    }
+    if let Some(url) = args.postgres_url.as_ref().filter(|_| only != Some("sqlite")) {
         let (db_url, name) = scratch(url).await?;
         backends.push(("postgres", Target::Postgres(db_url), Some((url.clone(), name))));
     }

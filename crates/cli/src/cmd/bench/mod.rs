@@ -115,6 +115,9 @@ pub struct BenchArgs {
     /// created there and dropped afterwards.
     #[arg(long, value_name = "URL")]
     postgres_url: Option<String>,
+    /// log: measure only this backend (`sqlite`, or `postgres`, which needs --postgres-url).
+    #[arg(long, value_parser = ["sqlite", "postgres"])]
+    log_only: Option<String>,
     /// Internal: run one service as a child process (`broker`, `ingest`, `dispatcher`, `retry-scheduler`).
     #[arg(long, hide = true)]
     serve: Option<String>,
