@@ -105,6 +105,8 @@ pub struct Retention {
 }
 
 /// The delivery log store. Cheap to share behind an `Arc`; every method may be called concurrently.
+// One per process, behind an `Arc`: the size of the variants does not matter.
+#[allow(clippy::large_enum_variant)]
 pub enum LogStore {
     Sqlite(sqlite::SqliteStore),
     Postgres(postgres::PgStore),

@@ -22,7 +22,7 @@ use crate::{Retention, StoreError};
 pub const DAY_MS: i64 = 86_400_000;
 const PARTITIONED: [(&str, &str); 2] = [("attempts", "started_at_ms"), ("events", "at_ms")];
 /// Serialises migrations and partition changes across processes sharing the database.
-const LOCK_KEY: i64 = 0x686f_6f6b_6c6f_67; // "hooklog"
+const LOCK_KEY: i64 = 0x0068_6f6f_6b6c_6f67; // "hooklog"
 
 pub struct PgStore {
     url: String,

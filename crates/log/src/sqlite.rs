@@ -92,7 +92,7 @@ impl SqliteStore {
     }
 
     pub async fn schema_version(&self) -> Result<u32, StoreError> {
-        self.read(|c| current_version(c)).await
+        self.read(current_version).await
     }
 
     pub async fn index(&self, folded: Folded) -> Result<IndexSummary, StoreError> {

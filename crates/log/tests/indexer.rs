@@ -35,10 +35,10 @@ fn delivery(n: usize) -> (String, &'static str, String) {
 /// dead letter (the delivery ends `dead`, otherwise `succeeded`).
 async fn produce_delivery(p: &Producer, topics: &Topics, n: usize, now: i64) {
     let (id, sub, event_id) = delivery(n);
-    let tenant = if n % 2 == 0 { "acme" } else { "globex" };
+    let tenant = if n.is_multiple_of(2) { "acme" } else { "globex" };
     let ev = serde_json::json!({"id": event_id, "type": "order.created", "tenant": tenant, "data": {"n": n}});
     send(p, topics.events(), None, &event_id, ev.to_string().as_bytes()).await;
-    let dead = n % 5 == 0;
+    let dead = n.is_multiple_of(5);
     for attempt in 1..=2u32 {
         let last = attempt == 2;
         let rec = AttemptRecord {

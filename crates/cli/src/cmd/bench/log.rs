@@ -189,7 +189,9 @@ pub async fn run(args: &BenchArgs) -> anyhow::Result<(Map<String, Value>, bool)>
     if only == Some("postgres") && args.postgres_url.is_none() {
         anyhow::bail!("--log-only postgres: needs --postgres-url");
     }
-    let mut backends: Vec<(&str, Target, Option<(String, String)>)> = Vec::new();
+    // (name, store, the server URL and scratch database to drop afterwards)
+    type Backend = (&'static str, Target, Option<(String, String)>);
+    let mut backends: Vec<Backend> = Vec::new();
     if only != Some("postgres") {
         backends.push(("sqlite", Target::Sqlite(dir.join("log.sqlite3")), None));
     }
