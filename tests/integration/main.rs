@@ -2,13 +2,18 @@
 //! with receivers on 127.0.0.1:0.
 
 mod api;
+mod dead_letters;
 mod lifecycle;
 mod pipeline;
 mod support;
 mod hostile;
 mod faults;
 mod redo;
+mod panics;
+mod fencing;
+mod breaker;
 mod hardening;
 mod kafka_tls;
 mod tenants;
 mod tracing;
+mod delivery_control;

@@ -195,6 +195,15 @@ async fn collect<T: prost::Message + Default + Send + 'static>(
     topic: &str,
     stop: CancellationToken,
 ) -> Arc<Collected<T>> {
+    collect_with(config, topic, stop, |v| T::decode(v).ok()).await
+}
+
+async fn collect_with<T: Send + 'static>(
+    config: &hookline_service::Config,
+    topic: &str,
+    stop: CancellationToken,
+    decode: fn(&[u8]) -> Option<T>,
+) -> Arc<Collected<T>> {
     let c = Arc::new(Collected::<T>::default());
     let c2 = c.clone();
     hookline_kafka::table::spawn(
@@ -202,7 +211,7 @@ async fn collect<T: prost::Message + Default + Send + 'static>(
         topic,
         "integration-collector",
         move |_, _, v| {
-            if let Some(item) = v.and_then(|v| T::decode(v).ok()) {
+            if let Some(item) = v.and_then(decode) {
                 c2.items.lock().unwrap().push(item);
                 c2.changed.notify_waiters();
             }
@@ -301,7 +310,8 @@ impl Pipeline {
         });
 
         let attempts = collect::<AttemptRecord>(&config, topics.attempts(), shutdown.clone()).await;
-        let dlq = collect::<DeadLetter>(&config, topics.dlq(), shutdown.clone()).await;
+        // Either `dlq.format`.
+        let dlq = collect_with::<DeadLetter>(&config, topics.dlq(), shutdown.clone(), |v| hookline_core::dead_letter::decode(v, None).ok()).await;
         let ops = collect::<OpsEvent>(&config, topics.ops(), shutdown.clone()).await;
         Pipeline {
             broker: Some(broker),

@@ -26,6 +26,12 @@ enum Command {
     /// List, show, check and simulate delivery policies.
     #[command(subcommand)]
     Policy(cmd::policy::PolicyCmd),
+    /// Test a subscription's payload filter against an event, without a network.
+    #[command(subcommand)]
+    Filter(cmd::filter::FilterCmd),
+    /// Read the dead-letter topic: the newest dead letters, filtered, readable or as JSON documents.
+    #[command(subcommand)]
+    Dlq(cmd::dlq::DlqCmd),
     /// Check a captured webhook request's signature and say exactly why it fails.
     Verify(cmd::verify::VerifyArgs),
     /// Ask the egress guard about URLs without sending anything.
@@ -48,6 +54,8 @@ fn main() -> ExitCode {
         Command::DevBroker(args) => cmd::dev_broker::run(args),
         Command::Topics(c) => cmd::topics::run(c),
         Command::Policy(c) => cmd::policy::run(c),
+        Command::Filter(c) => cmd::filter::run(c),
+        Command::Dlq(c) => cmd::dlq::run(c),
         Command::Verify(args) => cmd::verify::run(args),
         Command::Egress(c) => cmd::egress::run(c),
         Command::Log(c) => cmd::log::run(c),

@@ -3,17 +3,24 @@
 
 pub mod egress;
 pub mod engine;
+pub mod breaker;
+pub mod custom_headers;
+pub mod dead_letter;
 pub mod filter;
 pub mod health;
 pub mod model;
 pub mod outcome;
+pub mod payload_filter;
 pub mod policy;
+pub mod rate_limit;
 pub mod request;
 pub mod retry_after;
 pub mod sign;
 pub mod simulate;
 pub mod subscription;
+pub mod time;
 pub mod trace;
+pub mod verification;
 pub mod vocabulary;
 
 pub use engine::{decide, decide_lost_attempt, due_at_ms, Decision, FinalState, Next, Progress, Verdict, Wait};

@@ -2,7 +2,7 @@
 //! decided (auto-pause or auto-disable). Each side writes its own record; an automatic decision applies only to
 //! the resume generation it was made in, so a user's resume wins without rewriting the dispatcher's record.
 
-use crate::model::{EndpointCondition, EndpointState, Subscription};
+use crate::model::{EndpointCondition, EndpointState, Subscription, VerificationState};
 
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Activity {
@@ -15,6 +15,9 @@ pub enum Activity {
     AutoPaused(String),
     /// Disabled by the policy's disable rule, with its reason (`disabled_reason`).
     AutoDisabled(String),
+    /// Its policy asks for endpoint verification and the endpoint has not answered a challenge yet (or its URL
+    /// changed since). Deliveries are held, whatever the policy's `inactive` rule: they wait for the endpoint.
+    PendingVerification,
 }
 
 impl Activity {
@@ -28,6 +31,7 @@ impl Activity {
             Activity::Active => "active",
             Activity::Paused | Activity::AutoPaused(_) => "paused",
             Activity::Disabled | Activity::AutoDisabled(_) => "disabled",
+            Activity::PendingVerification => "pending_verification",
         }
     }
 
@@ -36,6 +40,7 @@ impl Activity {
             Activity::AutoPaused(r) | Activity::AutoDisabled(r) => Some(r),
             Activity::Paused => Some("paused_by_user"),
             Activity::Disabled => Some("disabled_by_user"),
+            Activity::PendingVerification => Some("pending_verification"),
             Activity::Active => None,
         }
     }
@@ -47,6 +52,9 @@ pub fn activity(sub: &Subscription, state: Option<&EndpointState>) -> Activity {
     }
     if sub.paused {
         return Activity::Paused;
+    }
+    if sub.verification == VerificationState::Pending as i32 {
+        return Activity::PendingVerification;
     }
     match state {
         Some(st) if st.generation == sub.resume_generation => match EndpointCondition::try_from(st.condition) {
@@ -80,5 +88,10 @@ mod tests {
         assert_eq!(activity(&Subscription { paused: true, ..sub(4) }, None), Activity::Paused);
         assert_eq!(activity(&Subscription { enabled: false, ..sub(4) }, None).word(), "disabled");
         assert!(activity(&sub(0), None).is_active());
+        let pending = Subscription { verification: VerificationState::Pending as i32, ..sub(4) };
+        assert_eq!(activity(&pending, None), Activity::PendingVerification);
+        assert_eq!(activity(&pending, None).word(), "pending_verification");
+        assert_eq!(activity(&Subscription { paused: true, ..pending }, None), Activity::Paused, "the owner's pause shows first");
+        assert!(activity(&Subscription { verification: VerificationState::Verified as i32, ..sub(4) }, None).is_active());
     }
 }

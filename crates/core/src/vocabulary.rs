@@ -31,6 +31,18 @@ pub fn endpoint_condition(raw: i32) -> &'static str {
     }
 }
 
+/// The words of a subscription's `verification`.
+pub const VERIFICATION_STATES: [&str; 3] = ["not_required", "pending", "verified"];
+
+/// The API's word for a subscription's `verification` field.
+pub fn verification_state(raw: i32) -> &'static str {
+    match crate::model::VerificationState::try_from(raw) {
+        Ok(crate::model::VerificationState::Pending) => "pending",
+        Ok(crate::model::VerificationState::Verified) => "verified",
+        Ok(crate::model::VerificationState::Unspecified) | Err(_) => "not_required",
+    }
+}
+
 /// Why a record was dead-lettered: the `reason` of every `DeadLetter` and the `reason` label of
 /// `hookline_dead_lettered_total`.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
@@ -47,6 +59,9 @@ pub enum DeadLetterReason {
     InvalidPolicy,
     /// An internal record (delivery task, retry envelope) that does not decode.
     InvalidTask,
+    /// Handling a delivery panicked (a bug in hookline): it is dead-lettered with the panic's message, so its
+    /// partition goes on and the delivery can be redriven once the bug is fixed.
+    InternalError,
     /// Input events that could not be read (written by ingest, with no delivery).
     EventEmpty,
     EventInvalidJson,
@@ -58,13 +73,14 @@ pub enum DeadLetterReason {
 }
 
 impl DeadLetterReason {
-    pub const ALL: [DeadLetterReason; 13] = [
+    pub const ALL: [DeadLetterReason; 14] = [
         Self::TerminalOutcome,
         Self::RetriesExhausted,
         Self::LeaseExpired,
         Self::Oversize,
         Self::InvalidPolicy,
         Self::InvalidTask,
+        Self::InternalError,
         Self::EventEmpty,
         Self::EventInvalidJson,
         Self::EventInvalidProtobuf,
@@ -83,6 +99,7 @@ impl DeadLetterReason {
             Self::Oversize | Self::EventOversize => "oversize",
             Self::InvalidPolicy => "invalid_policy",
             Self::InvalidTask => "invalid_task",
+            Self::InternalError => "internal_error",
             Self::EventEmpty => "empty",
             Self::EventInvalidJson => "invalid_json",
             Self::EventInvalidProtobuf => "invalid_protobuf",
@@ -94,7 +111,10 @@ impl DeadLetterReason {
 
     /// Whether the dead letter is a delivery's (it carries the event and can be redriven).
     pub fn is_delivery(self) -> bool {
-        matches!(self, Self::TerminalOutcome | Self::RetriesExhausted | Self::LeaseExpired | Self::Oversize | Self::InvalidPolicy)
+        matches!(
+            self,
+            Self::TerminalOutcome | Self::RetriesExhausted | Self::LeaseExpired | Self::Oversize | Self::InvalidPolicy | Self::InternalError
+        )
     }
 
     /// The reasons a delivery's dead letter can carry: what a redrive can filter on.
@@ -126,9 +146,9 @@ mod tests {
     #[test]
     fn words_are_distinct_lowercase_and_deliveries_are_a_subset() {
         let words = DeadLetterReason::words();
-        assert_eq!(words.len(), 12, "oversize is shared by deliveries and events: {words:?}");
+        assert_eq!(words.len(), 13, "oversize is shared by deliveries and events: {words:?}");
         assert!(words.iter().all(|w| w.bytes().all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b == b'_')));
-        assert_eq!(DeadLetterReason::delivery_words(), ["terminal_outcome", "retries_exhausted", "lease_expired", "oversize", "invalid_policy"]);
+        assert_eq!(DeadLetterReason::delivery_words(), ["terminal_outcome", "retries_exhausted", "lease_expired", "oversize", "invalid_policy", "internal_error"]);
         assert_eq!(DeadLetterReason::delivery_reason("oversize"), Some(DeadLetterReason::Oversize));
         assert_eq!(DeadLetterReason::delivery_reason("invalid_json"), None, "an event's reason: nothing to redrive");
         assert_eq!(DeadLetterReason::delivery_reason("terminal_response"), None);

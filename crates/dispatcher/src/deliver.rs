@@ -8,6 +8,7 @@ use bytes::Bytes;
 use hookline_core::vocabulary::DeadLetterReason;
 use hookline_core::health::{self, HealthEvent, Transition};
 use futures::future::BoxFuture;
+use hookline_core::breaker::{Admission, BreakerChange};
 use hookline_core::model::{
     AttemptRecord, DeliveryTask, EndpointCondition, EndpointState, Event, OpsEvent, RetryEnvelope, TaskOrigin,
 };
@@ -70,7 +71,7 @@ pub async fn deliver(ctx: Arc<Ctx>, task: DeliveryTask, partition: i32) -> Resul
                 let detail = format!("the subscription's policy is invalid: {e}");
                 let rec = records::closing_record(&task, "invalid_policy", detail.clone(), "dead", "dead", now, &entry.sub.policy);
                 let dl = records::dead_letter(&task, DeadLetterReason::InvalidPolicy.as_str(), detail, "dead", "dead", task.attempts_made, String::new(), now);
-                ctx.produce(ctx.topics.dlq(), &task.subscription_id, &dl).await?;
+                ctx.produce_dead_letter(&task.subscription_id, &dl).await?;
                 ctx.tracer.dead_letter(&dl, None);
                 conclude(&ctx, &task, rec).await?;
                 metrics::counter!("hookline_dead_lettered_total", "reason" => DeadLetterReason::InvalidPolicy.as_str()).increment(1);
@@ -92,10 +93,12 @@ pub async fn deliver(ctx: Arc<Ctx>, task: DeliveryTask, partition: i32) -> Resul
         return Box::pin(schedule(&ctx, task, wait, now)).await;
     }
 
+    // Before a lease is written: a shutdown while waiting for the turn leaves no attempt behind.
+    Box::pin(rate_turn(&ctx, &task.subscription_id, &entry)).await?;
     if policy.in_flight == InFlightRule::Count {
         return Box::pin(leased_attempt(&ctx, task, &entry, &policy, partition)).await;
     }
-    Box::pin(attempt(&ctx, task, &entry, &policy)).await
+    Box::pin(attempt(&ctx, task, &entry, &policy, partition)).await
 }
 
 /// An attempt under a lease (`in_flight = "count"`): an attempt an earlier owner left in flight counts; otherwise
@@ -106,7 +109,7 @@ async fn leased_attempt(ctx: &Ctx, task: DeliveryTask, entry: &SubscriptionEntry
     let topic = ctx.topics.inflight();
     let key = task.delivery_id.clone();
     if let Some(lease) = ctx.leases.take(&key, absolute) {
-        lost_attempt(ctx, task, entry, policy, lease).await?;
+        lost_attempt(ctx, task, entry, policy, lease, partition).await?;
     } else {
         let lease = hookline_core::model::AttemptRecord {
             delivery_id: task.delivery_id.clone(),
@@ -118,13 +121,20 @@ async fn leased_attempt(ctx: &Ctx, task: DeliveryTask, entry: &SubscriptionEntry
             ..Default::default()
         };
         ctx.produce_to_partition(topic, partition, &key, Some(&lease.encode_to_vec())).await?;
-        attempt(ctx, task, entry, policy).await?;
+        attempt(ctx, task, entry, policy, partition).await?;
     }
     ctx.produce_to_partition(topic, partition, &key, None).await
 }
 
 /// The earlier owner died during this attempt: it counts as a failed attempt whose outcome is unknown.
-async fn lost_attempt(ctx: &Ctx, mut task: DeliveryTask, entry: &SubscriptionEntry, policy: &Policy, lease: crate::leases::Lease) -> Result<(), Aborted> {
+async fn lost_attempt(
+    ctx: &Ctx,
+    mut task: DeliveryTask,
+    entry: &SubscriptionEntry,
+    policy: &Policy,
+    lease: crate::leases::Lease,
+    partition: i32,
+) -> Result<(), Aborted> {
     let attempt_no = task.attempts_made + 1;
     let now = now_ms();
     if task.first_attempt_at_ms == 0 {
@@ -159,7 +169,7 @@ async fn lost_attempt(ctx: &Ctx, mut task: DeliveryTask, entry: &SubscriptionEnt
             let mut last = task.clone();
             last.attempts_made = attempt_no;
             let dl = records::dead_letter(&last, DeadLetterReason::LeaseExpired.as_str(), reason.clone(), final_word(state), &word, task.prior_attempts + attempt_no, "lease_expired".into(), now);
-            ctx.produce(ctx.topics.dlq(), &task.subscription_id, &dl).await?;
+            ctx.produce_dead_letter(&task.subscription_id, &dl).await?;
             ctx.tracer.dead_letter(&dl, None);
             metrics::counter!("hookline_deliveries_total", "outcome" => final_word(state)).increment(1);
             metrics::counter!("hookline_dead_lettered_total", "reason" => DeadLetterReason::LeaseExpired.as_str()).increment(1);
@@ -169,7 +179,7 @@ async fn lost_attempt(ctx: &Ctx, mut task: DeliveryTask, entry: &SubscriptionEnt
             rec
         }
     };
-    update_health(ctx, entry, policy, HealthEvent::CountedFailure, now).await?;
+    update_health(ctx, partition, entry, policy, HealthEvent::CountedFailure, now).await?;
     conclude(ctx, &task, rec).await
 }
 
@@ -182,7 +192,9 @@ async fn inactive(
     now: i64,
 ) -> Result<(), Aborted> {
     let why = format!("subscription {} ({})", act.word(), act.reason().unwrap_or(""));
-    match policy.inactive {
+    // An endpoint not verified yet has not refused anything: its deliveries wait for it, whatever `inactive` says.
+    let action = if matches!(act, Activity::PendingVerification) { InactiveAction::Hold } else { policy.inactive };
+    match action {
         InactiveAction::Hold => {
             let mut held = task.clone();
             held.origin = TaskOrigin::Held as i32;
@@ -246,6 +258,49 @@ async fn schedule(ctx: &Ctx, mut task: DeliveryTask, wait_ms: u64, now: i64) -> 
     ctx.produce(ctx.topics.retry(tier), &key, &env).await
 }
 
+/// Waits for the endpoint's next turn under its rate limit, shared by all its deliveries (each try takes one,
+/// micro-retries too). Waiting is not an attempt and counts toward nothing. The lane keeps its slot meanwhile, so a
+/// limited endpoint drains like a slow one: once its lane is deep, its backlog parks on the ladder (`spill`).
+async fn rate_turn(ctx: &Ctx, subscription_id: &str, entry: &SubscriptionEntry) -> Result<(), Aborted> {
+    let Some(limit) = entry.rate_limit else { return Ok(()) };
+    let wait = ctx.rates.reserve(subscription_id, limit);
+    if wait.is_zero() {
+        return Ok(());
+    }
+    metrics::counter!("hookline_rate_limit_waits_total").increment(1);
+    tokio::select! {
+        _ = tokio::time::sleep(wait) => Ok(()),
+        _ = ctx.shutdown.cancelled() => Err(Aborted),
+    }
+}
+
+/// Parks a delivery whose endpoint's breaker is open until it may be tried again: not an attempt, nothing
+/// counted; never earlier than it was due.
+async fn park_for_breaker(ctx: &Ctx, mut task: DeliveryTask, until_ms: i64) -> Result<(), Aborted> {
+    let now = now_ms();
+    task.due_at_ms = task.due_at_ms.max(until_ms);
+    let wait_ms = u64::try_from(task.due_at_ms.saturating_sub(now)).unwrap_or(0);
+    metrics::counter!("hookline_breaker_parked_total").increment(1);
+    schedule(ctx, task, wait_ms, now).await
+}
+
+/// Writes a breaker's opening or closing to the endpoint state, where the API shows it.
+async fn breaker_changed(ctx: &Ctx, partition: i32, id: &str, change: BreakerChange) -> Result<(), Aborted> {
+    let (until, to) = match change {
+        BreakerChange::Opened { until_ms } => (until_ms, "open"),
+        BreakerChange::Closed => (0, "closed"),
+    };
+    metrics::counter!("hookline_breaker_transitions_total", "to" => to).increment(1);
+    tracing::info!(subscription = %id, breaker = to, open_until_ms = until, "endpoint circuit breaker");
+    let topic = ctx.topics.endpoint_state();
+    let (enqueued, payload) = ctx.states.update(id, partition, |st: &mut EndpointState| {
+        st.breaker_open_until_ms = until;
+        let payload = st.encode_to_vec();
+        (ctx.enqueue(topic, id, &payload), payload)
+    });
+    ctx.await_enqueued(enqueued, topic, id, &payload).await
+}
+
 /// What an attempt does after a try's outcome is recorded.
 enum AfterTry {
     /// A micro-retry: try again after this many ms, within the same attempt.
@@ -253,7 +308,7 @@ enum AfterTry {
     Done,
 }
 
-async fn attempt(ctx: &Ctx, mut task: DeliveryTask, entry: &SubscriptionEntry, policy: &Policy) -> Result<(), Aborted> {
+async fn attempt(ctx: &Ctx, mut task: DeliveryTask, entry: &SubscriptionEntry, policy: &Policy, partition: i32) -> Result<(), Aborted> {
     let attempt_no = task.attempts_made + 1;
     let event = task.event.as_ref();
     let body = match request::body(policy, event.unwrap_or(&Event::default())) {
@@ -264,7 +319,7 @@ async fn attempt(ctx: &Ctx, mut task: DeliveryTask, entry: &SubscriptionEntry, p
             let word = policy.status_word(FinalState::Dead).to_owned();
             let rec = records::closing_record(&task, "oversize", detail.clone(), "dead", &word, now, &policy.name);
             let dl = records::dead_letter(&task, DeadLetterReason::Oversize.as_str(), detail, "dead", &word, task.attempts_made, "oversize".into(), now);
-            ctx.produce(ctx.topics.dlq(), &task.subscription_id, &dl).await?;
+            ctx.produce_dead_letter(&task.subscription_id, &dl).await?;
             ctx.tracer.dead_letter(&dl, None);
             conclude(ctx, &task, rec).await?;
             metrics::counter!("hookline_dead_lettered_total", "reason" => DeadLetterReason::Oversize.as_str()).increment(1);
@@ -275,8 +330,17 @@ async fn attempt(ctx: &Ctx, mut task: DeliveryTask, entry: &SubscriptionEntry, p
     // The body is handed to the request, not kept: hyper frees it once it is written, so a delivery waiting for
     // its answer does not hold it. A micro-retry builds it again (byte for byte the same; it was built once).
     let mut body = Some(body);
+    // An open breaker: the delivery waits, uncounted, until the endpoint may be tried again.
+    if policy.breaker.is_some() {
+        if let Admission::Wait { until_ms } = ctx.breakers.admit(&task.subscription_id, now_ms()) {
+            return park_for_breaker(ctx, task, until_ms).await;
+        }
+    }
     let mut try_no = 1;
     loop {
+        if try_no > 1 {
+            Box::pin(rate_turn(ctx, &task.subscription_id, entry)).await?;
+        }
         let started = now_ms();
         if task.first_attempt_at_ms == 0 {
             task.first_attempt_at_ms = started;
@@ -292,7 +356,13 @@ async fn attempt(ctx: &Ctx, mut task: DeliveryTask, entry: &SubscriptionEntry, p
         // as long as the delivery waits for the endpoint.
         let result = Box::pin(send_once(ctx, &task, entry, policy, attempt_no, body, started, span.as_ref())).await;
         tracing::debug!(delivery = %task.delivery_id, outcome = %result.outcome, reason = %result.reason, "try finished");
-        match Box::pin(conclude_try(ctx, &task, entry, policy, attempt_no, try_no, started, result, span)).await? {
+        if let Some(rule) = &policy.breaker {
+            let unreachable = hookline_core::breaker::is_unreachable(&result.outcome);
+            if let Some(change) = ctx.breakers.record(&task.subscription_id, rule, unreachable, now_ms()) {
+                Box::pin(breaker_changed(ctx, partition, &task.subscription_id, change)).await?;
+            }
+        }
+        match Box::pin(conclude_try(ctx, partition, &task, entry, policy, attempt_no, try_no, started, result, span)).await? {
             AfterTry::TryAgain(wait_ms) => {
                 tokio::select! {
                     _ = tokio::time::sleep(Duration::from_millis(wait_ms)) => {}
@@ -311,6 +381,7 @@ async fn attempt(ctx: &Ctx, mut task: DeliveryTask, entry: &SubscriptionEntry, p
 #[allow(clippy::too_many_arguments)]
 async fn conclude_try(
     ctx: &Ctx,
+    partition: i32,
     task: &DeliveryTask,
     entry: &SubscriptionEntry,
     policy: &Policy,
@@ -368,7 +439,8 @@ async fn conclude_try(
                 let mut last = task.clone();
                 last.attempts_made = attempt_no;
                 let dl = records::dead_letter(&last, reason, result.reason.clone(), final_word(state), &word, task.prior_attempts + attempt_no, result.outcome.token(), ended);
-                ctx.produce(ctx.topics.dlq(), &task.subscription_id, &dl).await?;
+                let dl = records::with_last_try(dl, &result);
+                ctx.produce_dead_letter(&task.subscription_id, &dl).await?;
                 ctx.tracer.dead_letter(&dl, span.as_ref());
                 metrics::counter!("hookline_dead_lettered_total", "reason" => reason).increment(1);
                 if state == FinalState::Dead {
@@ -385,7 +457,7 @@ async fn conclude_try(
         _ if decision.counts_toward_disable => HealthEvent::CountedFailure,
         _ => HealthEvent::UncountedFailure,
     };
-    Box::pin(update_health(ctx, entry, policy, event, ended)).await?;
+    Box::pin(update_health(ctx, partition, entry, policy, event, ended)).await?;
     conclude(ctx, task, rec).await?;
     Ok(AfterTry::Done)
 }
@@ -467,7 +539,7 @@ async fn send_once(
     };
     drop(secrets);
     // The headers move into the request (no copy kept while the request is out).
-    ctx.sender.send_owned(&entry.egress_key, policy, &entry.sub.url, headers, body).await
+    ctx.sender.send_owned(&entry.egress_key, policy, &entry.sub.url, headers, &entry.headers, body).await
 }
 
 async fn follow_ups(ctx: &Ctx, task: &DeliveryTask, policy: &Policy, reason: &str, now: i64) -> Result<(), Aborted> {
@@ -483,6 +555,7 @@ async fn follow_ups(ctx: &Ctx, task: &DeliveryTask, policy: &Policy, reason: &st
 /// Applies the attempt to the endpoint's counters; writes the state when it changed and reports transitions.
 async fn update_health(
     ctx: &Ctx,
+    partition: i32,
     entry: &SubscriptionEntry,
     policy: &Policy,
     event: HealthEvent,
@@ -490,7 +563,7 @@ async fn update_health(
 ) -> Result<(), Aborted> {
     let id = &entry.sub.id;
     let topic = ctx.topics.endpoint_state();
-    let (pending, transition, snapshot) = ctx.states.update(id, |st: &mut EndpointState| {
+    let (pending, transition, snapshot) = ctx.states.update(id, partition, |st: &mut EndpointState| {
         let before = (st.consecutive_failures, st.condition, st.generation, st.first_failure_at_ms);
         if entry.sub.resume_generation > st.generation {
             health::resume(st, entry.sub.resume_generation);
@@ -576,7 +649,7 @@ mod tests {
         assert!(output_size(&deliver) <= 1_200, "deliver: {} bytes", output_size(&deliver));
         let sender = crate::sender::Sender::new(Default::default(), Arc::new(crate::connector::SystemResolver));
         let policy = hookline_core::policy::builtin("standard").unwrap();
-        let send = sender.send_owned("k", &policy, "http://127.0.0.1:1/", Default::default(), Bytes::new());
+        let send = sender.send_owned("k", &policy, "http://127.0.0.1:1/", Default::default(), &[], Bytes::new());
         assert!(std::mem::size_of_val(&send) <= 2_000, "send: {} bytes", std::mem::size_of_val(&send));
     }
 

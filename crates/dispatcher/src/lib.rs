@@ -4,35 +4,42 @@
 //! Records of a partition are dispatched concurrently and complete out of order; an offset is stored only when
 //! every record below it has its outcome durably produced (the contiguous completed watermark).
 
+mod breakers;
 pub mod connector;
 mod deliver;
 pub mod lanes;
 mod leases;
 mod outcomes;
+mod rate;
 mod records;
 pub mod sender;
 mod stalls;
 
+use std::panic::AssertUnwindSafe;
 use std::sync::Arc;
 use std::time::Duration;
 
 use hookline_core::model::DeliveryTask;
+use hookline_kafka::budget::Budget;
 use hookline_kafka::client::{group_consumer_config, producer};
 use hookline_kafka::produce;
 use hookline_kafka::rebalance::{RebalanceContext, RebalanceEvent, RevokeDrain};
-use hookline_kafka::state::{EndpointStates, StateTables, SubscriptionTable};
+use hookline_kafka::state::{EndpointStates, StateTables, SubscriptionTable, FENCE_KEY};
 use hookline_kafka::table::{TableError, TableHandle};
 use hookline_kafka::watermark::{store, SharedWatermarks};
 use hookline_kafka::Topics;
 use hookline_service::{health, telemetry, Config, Readiness};
+use bytes::Bytes;
 use futures::future::BoxFuture;
+use futures::FutureExt as _;
+use hookline_core::vocabulary::DeadLetterReason;
 use prost::Message as _;
 use rdkafka::consumer::{CommitMode, Consumer, StreamConsumer};
 use rdkafka::error::KafkaError;
 use hookline_kafka::client::Producer as KafkaProducer;
 use rdkafka::producer::{DeliveryFuture, FutureRecord, Producer};
 use rdkafka::Message;
-use tokio::sync::{mpsc, Semaphore};
+use tokio::sync::mpsc;
 use tokio_util::sync::CancellationToken;
 
 use crate::connector::{Resolve, SystemResolver};
@@ -73,11 +80,16 @@ pub(crate) struct Ctx {
     pub leases: leases::Leases,
     pub outcomes: Arc<outcomes::OutcomeLedger>,
     pub stalls: Arc<stalls::Stalls>,
+    /// Per-endpoint rate limits (subscriptions with `rate_limit_per_s` or a policy `[rate_limit]`).
+    pub rates: rate::Rates,
+    pub breakers: breakers::Breakers,
     pub kafka: hookline_kafka::KafkaSettings,
     pub sender: Sender,
     pub shutdown: CancellationToken,
     /// Off unless `telemetry.otlp_endpoint` is set (then: a span per try, `traceparent` on the request).
     pub tracer: hookline_service::traces::Tracer,
+    /// How dead letters are written (`dlq.format`, within the record size).
+    pub dlq: hookline_kafka::dead_letters::DeadLetterWriter,
 }
 
 impl Ctx {
@@ -89,13 +101,19 @@ impl Ctx {
     /// KiB) for its whole life, also while it only waits for the endpoint's answer.
     pub fn produce<'a>(&'a self, topic: &'a str, key: &'a str, msg: &impl prost::Message) -> BoxFuture<'a, Result<(), Aborted>> {
         let payload = msg.encode_to_vec();
-        Box::pin(async move { self.produce_bytes(topic, key, &payload).await })
+        Box::pin(async move { self.produce_bytes(topic, key, &payload, None).await })
     }
 
-    async fn produce_bytes(&self, topic: &str, key: &str, payload: &[u8]) -> Result<(), Aborted> {
+    /// Writes a dead letter to `dlq` in the configured format, with its headers, until acknowledged.
+    pub fn produce_dead_letter<'a>(&'a self, key: &'a str, dl: &hookline_core::model::DeadLetter) -> BoxFuture<'a, Result<(), Aborted>> {
+        let (payload, headers) = self.dlq.record(dl);
+        Box::pin(async move { self.produce_bytes(self.topics.dlq(), key, &payload, Some(&headers)).await })
+    }
+
+    async fn produce_bytes(&self, topic: &str, key: &str, payload: &[u8], headers: Option<&rdkafka::message::OwnedHeaders>) -> Result<(), Aborted> {
         let _write = self.stalls.write();
         loop {
-            match produce::send(&self.producer, topic, key, payload).await {
+            match produce::send_with_headers(&self.producer, topic, key, payload, headers.cloned()).await {
                 Ok(_) => {
                     self.stalls.acked();
                     return Ok(());
@@ -152,7 +170,7 @@ impl Ctx {
                     return Ok(());
                 }
             }
-            self.produce_bytes(topic, key, payload).await
+            self.produce_bytes(topic, key, payload, None).await
         })
     }
 }
@@ -201,10 +219,13 @@ pub async fn run(config: Config, shutdown: CancellationToken, options: Options) 
         leases: leases::Leases::default(),
         outcomes: outcomes::OutcomeLedger::new(config.dispatcher.dedupe_window_ms, config.dispatcher.dedupe_max_entries),
         stalls: stalls::Stalls::new(),
+        rates: rate::Rates::default(),
+        breakers: breakers::Breakers::default(),
         kafka: kafka.clone(),
         sender: Sender::new(config.egress.clone(), resolver),
         shutdown: shutdown.clone(),
         tracer: hookline_service::traces::Tracer::new(&config.telemetry, "dispatcher"),
+        dlq: hookline_kafka::dead_letters::DeadLetterWriter::new(config.dlq.format, &config.kafka),
     });
 
     tokio::spawn(ctx.stalls.clone().detect_freezes(reader_stop.clone()));
@@ -228,25 +249,35 @@ pub async fn run(config: Config, shutdown: CancellationToken, options: Options) 
 
     let max_in_flight = config.dispatcher.max_in_flight;
     let max_queued = config.dispatcher.max_queued_per_subscription;
-    let in_flight = Arc::new(Semaphore::new(max_in_flight));
+    // Saturated, the dispatcher pauses its partitions and keeps polling (see `Budget`).
+    let in_flight = Budget::new(max_in_flight);
+    let mut paused = false;
     let (tx, mut done_rx) = mpsc::unbounded_channel::<i32>();
     let done_tx = Done { marks: marks.clone(), topic: deliveries.into(), tx };
+    let source: Arc<str> = deliveries.into();
 
     loop {
         tokio::select! {
             biased;
             _ = shutdown.cancelled() => break,
-            Some(ev) = rebalances.recv() => on_rebalance(ev, &ctx, &states_reader, deliveries, &readiness),
+            Some(ev) = rebalances.recv() => {
+                let assigned = matches!(ev, RebalanceEvent::Assigned(_));
+                on_rebalance(ev, &ctx, &states_reader, deliveries, &readiness);
+                // Newly assigned partitions start unpaused.
+                if paused && assigned {
+                    set_paused(&consumer, true);
+                }
+            }
             Some(p) = done_rx.recv() => {
                 if let Some(w) = marks.committable(deliveries, p) {
                     store(&consumer, deliveries, p, w);
                 }
             }
-            next = async {
-                let permit = in_flight.clone().acquire_owned().await.expect("never closed");
-                (permit, consumer.recv().await)
-            } => {
-                let (permit, received) = next;
+            _ = in_flight.at_most(in_flight.resume_level()), if paused => {
+                paused = false;
+                set_paused(&consumer, false);
+            }
+            received = consumer.recv() => {
                 let m = match received {
                     Ok(m) => m,
                     Err(e) => {
@@ -254,29 +285,40 @@ pub async fn run(config: Config, shutdown: CancellationToken, options: Options) 
                         continue;
                     }
                 };
+                // A record fetched before a pause took effect is still taken: skipping it would lose it.
+                let permit = in_flight.take(1);
+                if !paused && in_flight.is_spent() {
+                    paused = true;
+                    set_paused(&consumer, true);
+                }
                 // An assignment is reported during the poll that returns its first records: apply it first, so
                 // every task finds its partition's ownership in place.
                 while let Ok(ev) = rebalances.try_recv() {
+                    let assigned = matches!(ev, RebalanceEvent::Assigned(_));
                     on_rebalance(ev, &ctx, &states_reader, deliveries, &readiness);
+                    if paused && assigned {
+                        set_paused(&consumer, true);
+                    }
                 }
                 let (p, o) = (m.partition(), m.offset());
                 marks.start(deliveries, p, o);
-                metrics::gauge!("hookline_dispatcher_in_flight").set((max_in_flight - in_flight.available_permits()) as f64);
-                let task = match m.payload().map(DeliveryTask::decode) {
+                metrics::gauge!("hookline_dispatcher_in_flight").set(in_flight.in_use() as f64);
+                // Kept (one copy; the task's byte fields are slices of it) for the dead letter of a panic.
+                let raw = Bytes::copy_from_slice(m.payload().unwrap_or_default());
+                let task = match m.payload().map(|_| DeliveryTask::decode(raw.clone())) {
                     Some(Ok(t)) => t,
                     other => {
                         let detail = match other { Some(Err(e)) => e.to_string(), _ => "empty record".into() };
                         let ctx = ctx.clone();
-                        let raw = m.payload().unwrap_or_default().to_vec();
                         let done = done_tx.clone();
                         let topic = deliveries.to_owned();
                         tokio::spawn(async move {
                             let dl = hookline_core::model::DeadLetter {
-                                reason: hookline_core::vocabulary::DeadLetterReason::InvalidTask.as_str().into(), detail, raw: raw.into(), source_topic: topic,
+                                reason: DeadLetterReason::InvalidTask.as_str().into(), detail, raw, source_topic: topic,
                                 source_partition: p, source_offset: o, at_ms: now_ms(), ..Default::default()
                             };
-                            if ctx.produce(ctx.topics.dlq(), "", &dl).await.is_ok() {
-                                metrics::counter!("hookline_dead_lettered_total", "reason" => hookline_core::vocabulary::DeadLetterReason::InvalidTask.as_str()).increment(1);
+                            if ctx.produce_dead_letter("", &dl).await.is_ok() {
+                                metrics::counter!("hookline_dead_lettered_total", "reason" => DeadLetterReason::InvalidTask.as_str()).increment(1);
                                 let _ = done.send((p, o));
                             }
                             drop(permit);
@@ -286,6 +328,7 @@ pub async fn run(config: Config, shutdown: CancellationToken, options: Options) 
                 };
                 let lane = task.subscription_id.clone();
                 let done = done_tx.clone();
+                let source = source.clone();
                 // A deep lane that cannot drain within seconds (its endpoint hangs or is far too slow) would
                 // otherwise use up `max_in_flight` and stall every other subscription: park the task on the ladder,
                 // and with it what the lane queued beyond its depth before it was known to be stuck.
@@ -297,7 +340,8 @@ pub async fn run(config: Config, shutdown: CancellationToken, options: Options) 
                     }
                     let ctx = ctx.clone();
                     tokio::spawn(async move {
-                        if deliver::spill(ctx, task, drain).await.is_ok() {
+                        let work = deliver::spill(ctx.clone(), task, drain);
+                        if guarded(&ctx, work, &raw, &source, p, o).await.is_ok() {
                             let _ = done.send((p, o));
                         }
                         drop(permit);
@@ -308,11 +352,13 @@ pub async fn run(config: Config, shutdown: CancellationToken, options: Options) 
                 // Built when the lane runs it: a queued job holds the task, not a delivery's whole future.
                 ctx.lanes.submit(&lane, Box::new(move |run| {
                     Box::pin(async move {
-                        let result = match run {
-                            Run::Now => deliver::deliver(job_ctx, task, p).await,
-                            Run::Shed(drain) => deliver::spill(job_ctx, task, drain).await,
+                        let work = async {
+                            match run {
+                                Run::Now => deliver::deliver(job_ctx.clone(), task, p).await,
+                                Run::Shed(drain) => deliver::spill(job_ctx.clone(), task, drain).await,
+                            }
                         };
-                        if result.is_ok() {
+                        if guarded(&job_ctx, work, &raw, &source, p, o).await.is_ok() {
                             let _ = done.send((p, o));
                         }
                         drop(permit);
@@ -324,7 +370,7 @@ pub async fn run(config: Config, shutdown: CancellationToken, options: Options) 
 
     // Drain: let in-flight deliveries finish (their records are produced), storing offsets as they complete.
     readiness.set(false);
-    let all = in_flight.clone().acquire_many_owned(max_in_flight as u32);
+    let all = in_flight.at_most(0);
     tokio::pin!(all);
     let deadline = tokio::time::sleep(drain);
     tokio::pin!(deadline);
@@ -350,10 +396,62 @@ pub async fn run(config: Config, shutdown: CancellationToken, options: Options) 
     if let Err(e) = consumer.commit_consumer_state(CommitMode::Sync) {
         tracing::debug!(error = %e, "final commit");
     }
+    hookline_kafka::client::close_consumer(consumer, hookline_kafka::client::LEAVE_GROUP_WITHIN, "dispatcher").await;
     let _ = ctx.producer.flush(Duration::from_secs(10));
     reader_stop.cancel();
     ctx.tracer.flush().await;
     tracing::info!("dispatcher stopped");
+    Ok(())
+}
+
+/// Pauses or resumes fetching from every assigned partition; the consumer is polled all the same.
+fn set_paused(consumer: &StreamConsumer<RebalanceContext>, pause: bool) {
+    if let Err(e) = hookline_kafka::budget::set_paused(consumer, pause) {
+        tracing::warn!(error = %e, pause, "pausing or resuming the partitions failed");
+    }
+    metrics::gauge!("hookline_dispatcher_paused").set(if pause { 1.0 } else { 0.0 });
+}
+
+/// Runs one delivery's work. A panic in it (a bug) dead-letters the task with the panic's message: left
+/// unfinished, its offset would hold back its partition's watermark, and so every later commit, until a rebalance.
+async fn guarded(
+    ctx: &Ctx,
+    work: impl std::future::Future<Output = Result<(), Aborted>>,
+    raw: &Bytes,
+    source_topic: &str,
+    partition: i32,
+    offset: i64,
+) -> Result<(), Aborted> {
+    let panic = match AssertUnwindSafe(work).catch_unwind().await {
+        Ok(result) => return result,
+        Err(panic) => panic,
+    };
+    let detail = panic
+        .downcast_ref::<&str>()
+        .map(|s| (*s).to_owned())
+        .or_else(|| panic.downcast_ref::<String>().cloned())
+        .unwrap_or_else(|| "a panic without a message".into());
+    tracing::error!(partition, offset, detail, "handling a delivery panicked; dead-lettering it");
+    let task = DeliveryTask::decode(raw.clone()).unwrap_or_default();
+    let reason = DeadLetterReason::InternalError;
+    let dl = hookline_core::model::DeadLetter {
+        reason: reason.as_str().into(),
+        detail: format!("handling the delivery panicked: {detail}"),
+        final_state: "dead".into(),
+        subscription_id: task.subscription_id.clone(),
+        delivery_id: task.delivery_id,
+        event: task.event,
+        raw: raw.clone(),
+        source_topic: source_topic.into(),
+        source_partition: partition,
+        source_offset: offset,
+        attempts: task.attempts_made,
+        first_attempt_at_ms: task.first_attempt_at_ms,
+        at_ms: now_ms(),
+        ..Default::default()
+    };
+    ctx.produce_dead_letter(&task.subscription_id, &dl).await?;
+    metrics::counter!("hookline_dead_lettered_total", "reason" => reason.as_str()).increment(1);
     Ok(())
 }
 
@@ -390,13 +488,14 @@ fn on_rebalance(ev: RebalanceEvent, ctx: &Arc<Ctx>, reader: &TableHandle, topic:
                 });
             }
             for p in parts {
-                states.assign(p);
+                let assignment = states.assign(p);
                 // Before delivering: apply everything earlier owners wrote to this partition's endpoint state, read
                 // the leases they left in flight, and learn which attempts they already concluded (not redone).
                 let (ctx, reader) = (ctx.clone(), reader.clone());
                 tracing::debug!(partition = p, "assigned");
                 tokio::spawn(async move {
-                    loop {
+                    // Revoked (and maybe assigned again) meanwhile: that assignment has a sync of its own.
+                    while ctx.states.is_current(assignment) {
                         let synced = async {
                             let end = reader.end_offset(p).await.map_err(|e| e.to_string())?;
                             reader.wait_for(p, end).await;
@@ -411,8 +510,19 @@ fn on_rebalance(ev: RebalanceEvent, ctx: &Arc<Ctx>, reader: &TableHandle, topic:
                         };
                         match synced {
                             Ok((leases, concluded)) => {
-                                tracing::debug!(partition = p, leases, concluded, "partition synced");
-                                ctx.states.synced(p);
+                                // Fence the partition before writing to it: states a former owner writes from now
+                                // on carry an older epoch and are ignored by every reader.
+                                let epoch = ctx.states.next_epoch(p);
+                                let fence = hookline_core::model::EndpointState { owner_epoch: epoch, ..Default::default() }.encode_to_vec();
+                                let topic = ctx.topics.endpoint_state();
+                                if !ctx.states.is_current(assignment)
+                                    || ctx.produce_to_partition(topic, p, FENCE_KEY, Some(&fence)).await.is_err()
+                                {
+                                    return;
+                                }
+                                if ctx.states.synced(assignment, epoch) {
+                                    tracing::debug!(partition = p, leases, concluded, epoch, "partition synced and fenced");
+                                }
                                 return;
                             }
                             Err(e) => {

@@ -118,6 +118,13 @@ pub fn dead_letter(
     }
 }
 
+/// `dl` with what the delivery's last HTTP try got back (status and the capped start of the body).
+pub fn with_last_try(mut dl: DeadLetter, result: &TryResult) -> DeadLetter {
+    dl.last_http_status = result.outcome.status().map(u32::from).unwrap_or(0);
+    dl.last_response_excerpt = result.response_excerpt.clone();
+    dl
+}
+
 /// The follow-up event for a dead delivery (Relay: `message.failed` for a dead `message.received`).
 pub fn follow_up_event(task: &DeliveryTask, emit_type: &str, reason: &str, now_ms: i64) -> Event {
     let original = task.event.clone().unwrap_or_default();

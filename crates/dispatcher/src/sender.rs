@@ -72,21 +72,29 @@ impl Sender {
         headers: &hookline_core::request::AttemptHeaders,
         body: Bytes,
     ) -> TryResult {
-        let map = header_map(headers.iter().map(|(k, v)| (k, http::HeaderValue::from_str(v))));
+        let map = header_map(headers.iter().map(|(k, v)| (k, http::HeaderValue::from_str(v))), 0);
         self.send_with(egress_key, policy, url, map, body).await
     }
 
     /// [`Sender::send`], taking the headers: their values become the request's without being copied, and nothing
-    /// of them stays behind while the request is out.
+    /// of them stays behind while the request is out. `custom` (the subscription's own headers, prepared when it
+    /// was loaded) follow the platform's; their names never collide with those (checked on save and on load).
     pub async fn send_owned(
         &self,
         egress_key: &str,
         policy: &Policy,
         url: &str,
         headers: hookline_core::request::AttemptHeaders,
+        custom: &[(http::HeaderName, http::HeaderValue)],
         body: Bytes,
     ) -> TryResult {
-        let map = header_map(headers.into_vec().into_iter().map(|(k, v)| (k, http::HeaderValue::try_from(v))));
+        let map = header_map(headers.into_vec().into_iter().map(|(k, v)| (k, http::HeaderValue::try_from(v))), custom.len()).map(|mut m| {
+            for (name, value) in custom {
+                // Cheap clones: both share the bytes prepared on load.
+                m.append(name.clone(), value.clone());
+            }
+            m
+        });
         self.send_with(egress_key, policy, url, map, body).await
     }
 
@@ -161,12 +169,13 @@ impl Sender {
     }
 }
 
-/// The request's header map, sized for the headers and the two hyper adds (`host`, `content-length`) so that it
-/// is allocated once. An invalid name or value is reported as the request builder would.
+/// The request's header map, sized for the headers, `extra` more and the two hyper adds (`host`, `content-length`)
+/// so that it is allocated once. An invalid name or value is reported as the request builder would.
 fn header_map<K: AsRef<str>>(
     headers: impl Iterator<Item = (K, Result<http::HeaderValue, http::header::InvalidHeaderValue>)>,
+    extra: usize,
 ) -> Result<http::HeaderMap, String> {
-    let mut map = http::HeaderMap::with_capacity(headers.size_hint().0 + 2);
+    let mut map = http::HeaderMap::with_capacity(headers.size_hint().0 + extra + 2);
     for (k, v) in headers {
         let name = http::HeaderName::from_bytes(k.as_ref().as_bytes()).map_err(|e| http::Error::from(e).to_string())?;
         let value = v.map_err(|e| http::Error::from(e).to_string())?;

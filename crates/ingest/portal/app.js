@@ -263,7 +263,14 @@ function renderPart(part, data, container, build) {
 function stateBadge(sub) {
   const reason = sub.disabled_reason ? ` (${sub.disabled_reason})` : '';
   const word = !sub.enabled && sub.state === 'disabled' && !sub.disabled_reason ? 'disabled by its owner' : `${sub.state}${reason}`;
-  return h('span', { class: `badge s-${sub.state}`, 'data-testid': 'state' }, word);
+  const badge = h('span', { class: `badge s-${sub.state}`, 'data-testid': 'state' }, word);
+  // The policy's circuit breaker: shown only while it holds requests back.
+  const cb = sub.circuit_breaker;
+  if (!cb || cb.state === 'closed') return badge;
+  const until = cb.open_until_ms ? ` until ${fmtTime(cb.open_until_ms)}` : '';
+  const breaker = h('span', { class: 'badge s-paused', 'data-testid': 'breaker', title: 'No requests after repeated connect errors or timeouts; deliveries wait, uncounted' },
+    cb.state === 'open' ? `circuit open${until}` : 'circuit probing');
+  return h('span', {}, badge, ' ', breaker);
 }
 
 // ----- subscription list -----
@@ -311,12 +318,14 @@ async function loadSub() {
   state.sub = sub;
   $('sub-title').textContent = sub.url;
   document.title = `${sub.url} — hookline portal`;
-  renderPart('sub-state', [sub.state, sub.disabled_reason, sub.enabled], $('sub-state'), () => stateBadge(sub));
+  renderPart('sub-state', [sub.state, sub.disabled_reason, sub.enabled, sub.circuit_breaker && sub.circuit_breaker.state], $('sub-state'), () => stateBadge(sub));
   const facts = [
     ['ID', sub.id],
     ['Event types', sub.event_types.join(', ')],
     ['Policy', sub.policy + (sub.policy_error ? ` — invalid: ${sub.policy_error}` : '')],
     ['State', sub.disabled_reason ? `${sub.state}: ${sub.disabled_reason}` : sub.state],
+    ['Verification', sub.verification_error ? `${sub.verification}: ${sub.verification_error}` : (sub.verification || 'not_required')],
+    ['Rate limit', sub.rate_limit ? `${sub.rate_limit.per_s}/s, burst ${sub.rate_limit.burst}` : 'none'],
     ['Consecutive failures', String(sub.consecutive_failures)],
     ['Last success', sub.last_success_at_ms ? `${fmtTime(sub.last_success_at_ms)} (${ago(sub.last_success_at_ms)})` : 'never'],
     ['Failing since', sub.first_failure_at_ms ? fmtTime(sub.first_failure_at_ms) : '–'],

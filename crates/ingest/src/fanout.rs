@@ -5,7 +5,9 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use futures::future::join_all;
+use hookline_core::payload_filter::{Data, EventFields};
 use hookline_core::model::{delivery_id, DeadLetter, DeliveryTask, Event, TaskOrigin};
+use hookline_kafka::budget::Budget;
 use hookline_kafka::client::group_consumer_config;
 use hookline_kafka::rebalance::{RebalanceContext, RebalanceEvent};
 use hookline_kafka::state::SubscriptionTable;
@@ -15,15 +17,17 @@ use prost::Message as _;
 use rdkafka::consumer::{CommitMode, Consumer, StreamConsumer};
 use rdkafka::error::KafkaError;
 use hookline_kafka::client::Producer as FutureProducer;
+use rdkafka::message::OwnedHeaders;
 use rdkafka::producer::FutureRecord;
 use rdkafka::Message;
-use tokio::sync::{mpsc, Semaphore};
+use tokio::sync::mpsc;
 use tokio_util::sync::CancellationToken;
 
 use crate::decode;
 
-/// Events being fanned out at once (each may produce many tasks).
-const MAX_IN_FLIGHT: usize = 4_096;
+/// Delivery tasks being produced at once, over every event in flight: an event matching 10,000 subscriptions
+/// counts 10,000 (bounding events instead let memory grow with the fan-out).
+const MAX_TASKS_IN_FLIGHT: usize = 65_536;
 
 pub struct Fanout {
     pub topics: Topics,
@@ -34,6 +38,8 @@ pub struct Fanout {
     pub tracer: hookline_service::traces::Tracer,
     /// Set at the first assignment: until the group has assigned the events topic, nothing is fanned out.
     pub readiness: hookline_service::Readiness,
+    /// How dead letters of unreadable events are written (`dlq.format`, within the record size).
+    pub dlq: hookline_kafka::dead_letters::DeadLetterWriter,
 }
 
 pub async fn run(f: Arc<Fanout>, config: &hookline_service::Config, client_id: &str) -> Result<(), KafkaError> {
@@ -42,7 +48,9 @@ pub async fn run(f: Arc<Fanout>, config: &hookline_service::Config, client_id: &
         group_consumer_config(&config.kafka, &config.ingest.group_id, client_id)?.create_with_context(context)?;
     let events = f.topics.events();
     consumer.subscribe(&[events])?;
-    let in_flight = Arc::new(Semaphore::new(MAX_IN_FLIGHT));
+    // Spent, the fan-out pauses its partitions and keeps polling (see `Budget`).
+    let in_flight = Budget::new(MAX_TASKS_IN_FLIGHT);
+    let mut paused = false;
     let (done_tx, mut done_rx) = mpsc::unbounded_channel::<(i32, i64)>();
     let mut marks = Watermarks::new();
     let store = |consumer: &StreamConsumer<RebalanceContext>, p: i32, w: i64| store(consumer, events, p, w);
@@ -51,6 +59,10 @@ pub async fn run(f: Arc<Fanout>, config: &hookline_service::Config, client_id: &
             biased;
             _ = f.shutdown.cancelled() => break,
             Some(ev) = rebalances.recv() => {
+                if paused && matches!(ev, RebalanceEvent::Assigned(_)) {
+                    // Newly assigned partitions start unpaused.
+                    set_paused(&consumer, true);
+                }
                 match ev {
                     RebalanceEvent::Revoked(parts) => for (t, p) in parts { marks.forget(&t, p); },
                     RebalanceEvent::Assigned(_) if !f.readiness.is_ready() => {
@@ -63,11 +75,11 @@ pub async fn run(f: Arc<Fanout>, config: &hookline_service::Config, client_id: &
             Some((p, o)) = done_rx.recv() => {
                 if let Some(w) = marks.complete(events, p, o) { store(&consumer, p, w); }
             }
-            next = async {
-                let permit = in_flight.clone().acquire_owned().await.expect("never closed");
-                (permit, consumer.recv().await)
-            } => {
-                let (permit, received) = next;
+            _ = in_flight.at_most(in_flight.resume_level()), if paused => {
+                paused = false;
+                set_paused(&consumer, false);
+            }
+            received = consumer.recv() => {
                 let m = match received {
                     Ok(m) => m,
                     Err(e) => { tracing::warn!(error = %e, "events consumer error"); continue; }
@@ -106,9 +118,16 @@ pub async fn run(f: Arc<Fanout>, config: &hookline_service::Config, client_id: &
                             let (tp, ts) = trace_headers(&m);
                             f.tracer.dead_letter_of_record(&dl, tp, ts);
                         }
-                        vec![enqueue(&f.producer, f.topics.dlq(), String::new(), dl.encode_to_vec())]
+                        let (value, headers) = f.dlq.record(&dl);
+                        vec![enqueue_with_headers(&f.producer, f.topics.dlq(), String::new(), value, Some(headers))]
                     }
                 };
+                // Taken whatever is left (the event is in hand); the partitions pause once the budget is spent.
+                let permit = in_flight.take(work.len());
+                if !paused && in_flight.is_spent() {
+                    paused = true;
+                    set_paused(&consumer, true);
+                }
                 let done = done_tx.clone();
                 let shutdown = f.shutdown.clone();
                 let producer = f.producer.clone();
@@ -124,14 +143,23 @@ pub async fn run(f: Arc<Fanout>, config: &hookline_service::Config, client_id: &
         }
     }
     // Drain what is in flight, then commit.
-    let _ = tokio::time::timeout(Duration::from_secs(10), in_flight.acquire_many(MAX_IN_FLIGHT as u32)).await;
+    let _ = tokio::time::timeout(Duration::from_secs(10), in_flight.at_most(0)).await;
     while let Ok((p, o)) = done_rx.try_recv() {
         if let Some(w) = marks.complete(events, p, o) {
             store(&consumer, p, w);
         }
     }
     let _ = consumer.commit_consumer_state(CommitMode::Sync);
+    hookline_kafka::client::close_consumer(consumer, hookline_kafka::client::LEAVE_GROUP_WITHIN, "ingest").await;
     Ok(())
+}
+
+/// Pauses or resumes fetching from every assigned partition; the consumer is polled all the same.
+fn set_paused(consumer: &StreamConsumer<RebalanceContext>, pause: bool) {
+    if let Err(e) = hookline_kafka::budget::set_paused(consumer, pause) {
+        tracing::warn!(error = %e, pause, "pausing or resuming the events partitions failed");
+    }
+    metrics::gauge!("hookline_fanout_paused").set(if pause { 1.0 } else { 0.0 });
 }
 
 /// The W3C trace context record headers, when present.
@@ -155,17 +183,34 @@ pub struct Pending {
     topic: String,
     key: String,
     payload: Vec<u8>,
+    headers: Option<OwnedHeaders>,
     future: Option<rdkafka::producer::DeliveryFuture>,
 }
 
 fn enqueue(producer: &FutureProducer, topic: &str, key: String, payload: Vec<u8>) -> Pending {
-    let future = producer.send_result(FutureRecord::to(topic).key(&key).payload(&payload)).ok();
-    Pending { topic: topic.to_owned(), key, payload, future }
+    enqueue_with_headers(producer, topic, key, payload, None)
+}
+
+fn enqueue_with_headers(producer: &FutureProducer, topic: &str, key: String, payload: Vec<u8>, headers: Option<OwnedHeaders>) -> Pending {
+    let mut record = FutureRecord::to(topic).key(&key).payload(&payload);
+    if let Some(h) = &headers {
+        record = record.headers(h.clone());
+    }
+    let future = producer.send_result(record).ok();
+    Pending { topic: topic.to_owned(), key, payload, headers, future }
 }
 
 fn fan_out(f: &Fanout, ev: Event) -> Vec<Pending> {
     // Only the event's own tenant's subscriptions (none of another tenant's, even for the same type).
-    let targets = f.subs.matching(&ev.tenant, &ev.r#type);
+    let mut targets = f.subs.matching(&ev.tenant, &ev.r#type);
+    // Payload filters after the type match; the data is parsed once per event, and only if some target filters.
+    if targets.iter().any(|e| !matches!(e.filter, Ok(None))) {
+        let data = Data::parse(&ev.data_json);
+        let fields = EventFields::of(&ev, &data);
+        let before = targets.len();
+        targets.retain(|e| e.filter_matches(&fields));
+        metrics::counter!("hookline_deliveries_filtered_total").increment((before - targets.len()) as u64);
+    }
     metrics::counter!("hookline_deliveries_fanned_out_total").increment(targets.len() as u64);
     let deliveries = f.topics.deliveries();
     let event = EncodedEvent::new(&ev);
@@ -254,12 +299,12 @@ async fn complete(work: Vec<Pending>, producer: &FutureProducer, shutdown: &Canc
                 return None;
             }
         }
-        Some((p.topic, p.key, p.payload))
+        Some((p.topic, p.key, p.payload, p.headers))
     }))
     .await;
-    for (topic, key, payload) in results.into_iter().flatten() {
+    for (topic, key, payload, headers) in results.into_iter().flatten() {
         loop {
-            match hookline_kafka::produce::send(producer, &topic, &key, &payload).await {
+            match hookline_kafka::produce::send_with_headers(producer, &topic, &key, &payload, headers.clone()).await {
                 Ok(_) => break,
                 Err(e) => {
                     tracing::warn!(error = %e, "fan-out produce failed; retrying");

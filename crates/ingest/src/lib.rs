@@ -13,7 +13,7 @@ use std::sync::Arc;
 
 use hookline_kafka::client::producer;
 use hookline_kafka::state::StateTables;
-use hookline_core::model::{AttemptRecord, DeadLetter};
+use hookline_core::model::AttemptRecord;
 use hookline_kafka::table::{self, TableError};
 use prost::Message as _;
 use hookline_kafka::Topics;
@@ -82,7 +82,8 @@ pub async fn run(config: Config, shutdown: CancellationToken, options: Options) 
         topics.dlq(),
         &format!("{instance}-dlq"),
         move |_, _, v| {
-            if let Some(dl) = v.and_then(|v| DeadLetter::decode(v).ok()) {
+            // Either format (`dlq.format`), told apart by content: the table reader passes no headers.
+            if let Some(dl) = v.and_then(|v| hookline_core::dead_letter::decode(v, None).ok()) {
                 l.apply_dead_letter(dl);
             }
         },
@@ -109,6 +110,7 @@ pub async fn run(config: Config, shutdown: CancellationToken, options: Options) 
         tokens: config.ingest.api_tokens.clone(),
         max_event_bytes: config.ingest.max_event_bytes,
         egress: config.egress.clone(),
+        challenger: api::verify::Challenger::new(config.egress.clone()),
         log,
         kafka: config.kafka.clone(),
         tracer: tracer.clone(),
@@ -137,6 +139,7 @@ pub async fn run(config: Config, shutdown: CancellationToken, options: Options) 
         shutdown: shutdown.clone(),
         tracer: tracer.clone(),
         readiness: readiness.clone(),
+        dlq: hookline_kafka::dead_letters::DeadLetterWriter::new(config.dlq.format, &config.kafka),
     });
     // Owner e-mail for the ops topic, when `notify.smtp_addr` is set.
     let notifier = config.notify.smtp_addr.is_some().then(|| {

@@ -24,6 +24,10 @@ use rdkafka::error::KafkaError;
 use rdkafka::{Message, TopicPartitionList};
 use tokio_util::sync::CancellationToken;
 
+use lettre::message::header::{ContentType, HeaderName, HeaderValue, MIME_VERSION_1_0};
+use lettre::message::Mailbox;
+use lettre::{Address, Message as Email};
+
 use self::smtp::{Credentials, SmtpError, SmtpSettings};
 
 /// Mails waiting for their turn; past this the partition a new one came from is paused (polling continues).
@@ -49,6 +53,7 @@ pub enum NotifyError {
 #[derive(Debug, Clone)]
 pub struct Notifier {
     from: String,
+    from_mailbox: Mailbox,
     smtp: SmtpSettings,
 }
 
@@ -57,7 +62,7 @@ pub struct Notifier {
 pub struct Mail {
     pub to: String,
     pub subject: String,
-    /// Headers and body, CRLF line endings, ready for DATA (before dot-stuffing).
+    /// The formatted message (headers and body, CRLF line endings), as handed to DATA.
     pub message: Vec<u8>,
 }
 
@@ -69,6 +74,8 @@ pub enum Skip {
     UnusableOwnerEmail,
     NotNotifiable(String),
     Undecodable(String),
+    /// The message could not be built from the record (lettre refused a value).
+    Unbuildable(String),
 }
 
 impl std::fmt::Display for Skip {
@@ -78,22 +85,36 @@ impl std::fmt::Display for Skip {
             Skip::UnusableOwnerEmail => f.write_str("owner_email is not a usable SMTP address"),
             Skip::NotNotifiable(kind) => write!(f, "kind {kind:?} is not e-mailed"),
             Skip::Undecodable(e) => write!(f, "not an OpsEvent: {e}"),
+            Skip::Unbuildable(e) => write!(f, "the e-mail could not be built: {e}"),
         }
     }
 }
 
 impl Notifier {
-    /// `None` when `smtp_addr` is unset (e-mail off).
-    pub fn new(settings: &NotifySettings) -> Option<Notifier> {
-        let addr = settings.smtp_addr.clone()?;
+    /// `None` when `smtp_addr` is unset (e-mail off). Reads `tls_ca_file`.
+    pub fn new(settings: &NotifySettings) -> Result<Option<Notifier>, NotifyError> {
+        let Some((host, port)) = settings.host_port() else { return Ok(None) };
         let credentials = match (&settings.username, &settings.password) {
             (Some(u), Some(p)) => Some(Credentials { username: u.clone(), password: p.clone() }),
             _ => None,
         };
-        Some(Notifier {
+        let ca_pem = match &settings.tls_ca_file {
+            None => None,
+            Some(path) => Some(std::fs::read(path).map_err(|e| NotifyError::Config(format!("notify.tls_ca_file: reading {}: {e}", path.display())))?),
+        };
+        let from = settings.from.parse::<Mailbox>().map_err(|e| NotifyError::Config(format!("notify.from: {e}")))?;
+        Ok(Some(Notifier {
             from: settings.from.clone(),
-            smtp: SmtpSettings { addr, credentials, timeout: Duration::from_millis(settings.timeout_ms.max(1)) },
-        })
+            from_mailbox: from,
+            smtp: SmtpSettings {
+                host,
+                port,
+                tls: settings.tls_mode(),
+                ca_pem,
+                credentials,
+                timeout: Duration::from_millis(settings.timeout_ms.max(1)),
+            },
+        }))
     }
 
     pub fn smtp(&self) -> &SmtpSettings {
@@ -128,7 +149,7 @@ impl Notifier {
         let domain = self.from.rsplit_once('@').map(|(_, d)| d).filter(|d| !d.is_empty()).unwrap_or("localhost");
         let message_id = format!("<hookline.{}.{}.{}@{}>", atom(&ev.kind), atom(&id), ev.at_ms, domain_atoms(domain));
 
-        let at = if ev.at_ms > 0 { rfc5322_date(ev.at_ms) } else { "unknown".to_owned() };
+        let at = (ev.at_ms > 0).then(|| hookline_core::time::rfc3339_ms(ev.at_ms)).flatten().unwrap_or_else(|| "unknown".to_owned());
         let mut body = String::new();
         let intro = match action {
             Action::Resume => format!("hookline paused the webhook endpoint of subscription {id}: it kept failing, and its policy switches it off.\n"),
@@ -163,27 +184,24 @@ impl Notifier {
         }
         body.push_str("\n-- \nThis message was sent automatically by hookline.\n");
 
-        let (encoding, body) = encode_body(&body);
-        let headers = [
-            ("From", one_line(&self.from)),
-            ("To", to.to_owned()),
-            ("Subject", encode_header_text(&one_line(&subject))),
-            ("Date", rfc5322_date(now_ms)),
-            ("Message-ID", message_id),
-            ("MIME-Version", "1.0".into()),
-            ("Content-Type", "text/plain; charset=utf-8".into()),
-            ("Content-Transfer-Encoding", encoding.into()),
-            ("Auto-Submitted", "auto-generated".into()),
-            ("X-Hookline-Subscription", encode_header_text(&id)),
-            ("X-Hookline-Event", encode_header_text(&one_line(&ev.kind))),
-        ];
-        let mut message = String::new();
-        for (name, value) in headers {
-            message.push_str(&format!("{name}: {value}\r\n"));
-        }
-        message.push_str("\r\n");
-        message.push_str(&body);
-        Ok(Mail { to: to.to_owned(), subject, message: message.into_bytes() })
+        let recipient: Address = to.parse().map_err(|_| Skip::UnusableOwnerEmail)?;
+        let date = std::time::UNIX_EPOCH + Duration::from_millis(u64::try_from(now_ms).unwrap_or(0));
+        let raw = |name: &'static str, value: String| HeaderValue::new(HeaderName::new_from_ascii_str(name), value);
+        // lettre encodes non-ASCII header text (RFC 2047) and picks the body's transfer encoding.
+        let message = Email::builder()
+            .from(self.from_mailbox.clone())
+            .to(Mailbox::new(None, recipient))
+            .subject(one_line(&subject))
+            .date(date)
+            .message_id(Some(message_id))
+            .header(MIME_VERSION_1_0)
+            .header(ContentType::TEXT_PLAIN)
+            .raw_header(raw("Auto-Submitted", "auto-generated".into()))
+            .raw_header(raw("X-Hookline-Subscription", id.clone()))
+            .raw_header(raw("X-Hookline-Event", one_line(&ev.kind)))
+            .body(body)
+            .map_err(|e| Skip::Unbuildable(e.to_string()))?;
+        Ok(Mail { to: to.to_owned(), subject, message: message.formatted() })
     }
 
     /// One SMTP session for `mail`.
@@ -252,11 +270,8 @@ type Job<'a> = (i32, i64, Pin<Box<dyn Future<Output = ()> + Send + 'a>>);
 
 /// Consumes `ops` until `shutdown` and e-mails owners. Returns at once when `notify.smtp_addr` is unset.
 pub async fn run(config: &hookline_service::Config, shutdown: CancellationToken) -> Result<(), NotifyError> {
-    let Some(notifier) = Notifier::new(&config.notify) else { return Ok(()) };
     config.notify.validate().map_err(|e| NotifyError::Config(e.to_string()))?;
-    if notifier.smtp.credentials.is_some() && !is_loopback(&notifier.smtp.addr) {
-        tracing::warn!(addr = %notifier.smtp.addr, "notify: AUTH PLAIN over plain TCP to a non-loopback relay sends the password unencrypted");
-    }
+    let Some(notifier) = Notifier::new(&config.notify)? else { return Ok(()) };
     let topics = Topics::new(config.kafka.topic_prefix.clone());
     let topic = topics.ops();
     let group = format!("{}-notify", config.ingest.group_id);
@@ -264,7 +279,7 @@ pub async fn run(config: &hookline_service::Config, shutdown: CancellationToken)
     let consumer: StreamConsumer<RebalanceContext> =
         group_consumer_config(&config.kafka, &group, "hookline-ingest-notify")?.create_with_context(context)?;
     consumer.subscribe(&[topic])?;
-    tracing::info!(%topic, %group, relay = %notifier.smtp.addr, "owner e-mail notifications on");
+    tracing::info!(%topic, %group, relay = %notifier.smtp.addr(), tls = ?notifier.smtp.tls, "owner e-mail notifications on");
 
     let mut marks = Watermarks::new();
     let mut queue: VecDeque<Item> = VecDeque::new();
@@ -357,13 +372,9 @@ pub async fn run(config: &hookline_service::Config, shutdown: CancellationToken)
     if let Err(e) = consumer.commit_consumer_state(CommitMode::Sync) {
         tracing::debug!(error = %e, "notify: final commit (nothing stored?)");
     }
+    hookline_kafka::client::close_consumer(consumer, hookline_kafka::client::LEAVE_GROUP_WITHIN, "notify").await;
     tracing::info!("owner e-mail notifications stopped");
     Ok(())
-}
-
-fn is_loopback(addr: &str) -> bool {
-    let host = addr.rsplit_once(':').map_or(addr, |(h, _)| h).trim_start_matches('[').trim_end_matches(']');
-    host == "localhost" || host.parse::<std::net::IpAddr>().is_ok_and(|ip| ip.is_loopback())
 }
 
 /// A value for one line: every control character (CR and LF included) becomes a space, so a value from a user
@@ -392,122 +403,9 @@ fn shorten(s: &str, max: usize) -> String {
     }
 }
 
-/// A header value: as it is when it is printable ASCII, otherwise RFC 2047 `=?UTF-8?Q?...?=` words, folded.
-pub fn encode_header_text(s: &str) -> String {
-    if s.bytes().all(|b| (0x20..0x7f).contains(&b)) && !s.contains("=?") {
-        return s.to_owned();
-    }
-    const MAX_PAYLOAD: usize = 75 - "=?UTF-8?Q??=".len();
-    let mut words = Vec::new();
-    let mut word = String::new();
-    for c in s.chars() {
-        let mut enc = String::new();
-        let mut buf = [0u8; 4];
-        for &b in c.encode_utf8(&mut buf).as_bytes() {
-            match b {
-                b' ' => enc.push('_'),
-                b'a'..=b'z' | b'A'..=b'Z' | b'0'..=b'9' | b'!' | b'*' | b'+' | b'-' | b'/' => enc.push(b as char),
-                _ => enc.push_str(&format!("={b:02X}")),
-            }
-        }
-        if word.len() + enc.len() > MAX_PAYLOAD {
-            words.push(std::mem::take(&mut word));
-        }
-        word.push_str(&enc);
-    }
-    if !word.is_empty() {
-        words.push(word);
-    }
-    words.iter().map(|w| format!("=?UTF-8?Q?{w}?=")).collect::<Vec<_>>().join("\r\n ")
-}
-
-/// The body with CRLF line endings, and its transfer encoding: `7bit` when it is ASCII with lines of at most
-/// 998 octets, else quoted-printable (RFC 2045 6.7).
-fn encode_body(body: &str) -> (&'static str, String) {
-    let lines: Vec<&str> = body.strip_suffix('\n').unwrap_or(body).split('\n').collect();
-    if body.is_ascii() && lines.iter().all(|l| l.len() <= 998) {
-        return ("7bit", lines.iter().map(|l| format!("{l}\r\n")).collect());
-    }
-    let mut out = String::new();
-    for line in lines {
-        let mut col = 0;
-        let bytes = line.as_bytes();
-        for (i, &b) in bytes.iter().enumerate() {
-            let last = i + 1 == bytes.len();
-            let enc = match b {
-                b'=' => format!("={b:02X}"),
-                b' ' | b'\t' if last => format!("={b:02X}"),
-                0x21..=0x7e | b' ' | b'\t' => (b as char).to_string(),
-                _ => format!("={b:02X}"),
-            };
-            if col + enc.len() > 75 {
-                out.push_str("=\r\n");
-                col = 0;
-            }
-            col += enc.len();
-            out.push_str(&enc);
-        }
-        out.push_str("\r\n");
-    }
-    ("quoted-printable", out)
-}
-
-/// `Tue, 04 Mar 2025 10:00:00 +0000` (RFC 5322 3.3), in UTC.
-pub fn rfc5322_date(ms: i64) -> String {
-    let secs = ms.div_euclid(1000);
-    let (days, rem) = (secs.div_euclid(86_400), secs.rem_euclid(86_400));
-    // Days since 1970-01-01 to a civil date (H. Hinnant's algorithm).
-    let z = days + 719_468;
-    let era = z.div_euclid(146_097);
-    let doe = z.rem_euclid(146_097);
-    let yoe = (doe - doe / 1460 + doe / 36_524 - doe / 146_096) / 365;
-    let doy = doe - (365 * yoe + yoe / 4 - yoe / 100);
-    let mp = (5 * doy + 2) / 153;
-    let day = doy - (153 * mp + 2) / 5 + 1;
-    let month = if mp < 10 { mp + 3 } else { mp - 9 };
-    let year = yoe + era * 400 + i64::from(month <= 2);
-    const WEEKDAYS: [&str; 7] = ["Thu", "Fri", "Sat", "Sun", "Mon", "Tue", "Wed"];
-    const MONTHS: [&str; 12] = ["Jan", "Feb", "Mar", "Apr", "May", "Jun", "Jul", "Aug", "Sep", "Oct", "Nov", "Dec"];
-    format!(
-        "{}, {day:02} {} {year:04} {:02}:{:02}:{:02} +0000",
-        WEEKDAYS[days.rem_euclid(7) as usize],
-        MONTHS[(month - 1) as usize],
-        rem / 3600,
-        rem % 3600 / 60,
-        rem % 60
-    )
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    #[test]
-    fn dates_follow_rfc5322() {
-        assert_eq!(rfc5322_date(0), "Thu, 01 Jan 1970 00:00:00 +0000");
-        assert_eq!(rfc5322_date(951_782_400_000), "Tue, 29 Feb 2000 00:00:00 +0000");
-        assert_eq!(rfc5322_date(1_741_082_405_123), "Tue, 04 Mar 2025 10:00:05 +0000");
-        assert_eq!(rfc5322_date(-1_000), "Wed, 31 Dec 1969 23:59:59 +0000");
-    }
-
-    #[test]
-    fn header_text_is_encoded_only_when_needed() {
-        assert_eq!(encode_header_text("[hookline] Endpoint paused: https://a.example/x"), "[hookline] Endpoint paused: https://a.example/x");
-        let e = encode_header_text("caf\u{e9} ok");
-        assert_eq!(e, "=?UTF-8?Q?caf=C3=A9_ok?=");
-        let long = encode_header_text(&"\u{e9}".repeat(60));
-        assert!(long.split("\r\n ").all(|w| w.len() <= 75 && w.starts_with("=?UTF-8?Q?")), "{long}");
-    }
-
-    #[test]
-    fn non_ascii_bodies_are_quoted_printable() {
-        assert_eq!(encode_body("a = b\nc\n"), ("7bit", "a = b\r\nc\r\n".into()));
-        let (enc, body) = encode_body("URL: https://b\u{fc}cher.example/?a=1 \n");
-        assert_eq!(enc, "quoted-printable");
-        assert_eq!(body, "URL: https://b=C3=BCcher.example/?a=3D1=20\r\n");
-        let (_, body) = encode_body(&format!("{}\u{e9}\n", "x".repeat(200)));
-        assert!(body.lines().all(|l| l.len() <= 76), "{body}");
-    }
 
     #[test]
     fn backoff_doubles_to_a_cap() {

@@ -75,6 +75,13 @@ pub async fn since(s: &ApiState, entry: &SubscriptionEntry, since_ms: i64, until
         if !hookline_core::filter::delivers(&entry.sub.tenant, &entry.sub.event_types, &ev.tenant, &ev.r#type) {
             return;
         }
+        // And its payload filter, as the fan-out applies it.
+        if !matches!(entry.filter, Ok(None)) {
+            let data = hookline_core::payload_filter::Data::parse(&ev.data_json);
+            if !entry.filter_matches(&hookline_core::payload_filter::EventFields::of(&ev, &data)) {
+                return;
+            }
+        }
         if ev.accepted_at_ms == 0 {
             ev.accepted_at_ms = written;
         }
@@ -108,7 +115,8 @@ pub struct Redrive {
 pub async fn redrive(s: &ApiState, f: &RedriveFilter) -> Result<Redrive, ReplayError> {
     let mut latest: HashMap<String, DeadLetter> = HashMap::new();
     scan(&s.kafka, s.topics.dlq(), f.since_ms, SCAN_LIMIT, |m| {
-        let Ok(dl) = DeadLetter::decode(m.payload().unwrap_or_default()) else { return };
+        // Either format (`dlq.format`; it may have changed over the topic's life).
+        let Ok(dl) = hookline_kafka::dead_letters::decode(m) else { return };
         let wanted = !dl.delivery_id.is_empty()
             && dl.event.is_some()
             && f.subscription_id.as_ref().is_none_or(|x| *x == dl.subscription_id)

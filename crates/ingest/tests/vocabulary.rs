@@ -52,9 +52,10 @@ fn the_vocabulary_table_is_the_codes_words() {
     let table = table_under(&doc, "## Vocabulary");
     let own = |v: &[&str]| v.iter().map(|s| (*s).to_owned()).collect::<Vec<_>>();
     assert_eq!(table["delivery state"], own(&DELIVERY_STATES));
-    let activities = [Activity::Active, Activity::Paused, Activity::Disabled];
+    let activities = [Activity::Active, Activity::Paused, Activity::Disabled, Activity::PendingVerification];
     assert_eq!(table["subscription state"], activities.iter().map(|a| a.word().to_owned()).collect::<Vec<_>>());
     assert_eq!(table["endpoint condition"], own(&ENDPOINT_CONDITIONS));
+    assert_eq!(table["verification"], own(&hookline_core::vocabulary::VERIFICATION_STATES));
     assert_eq!(table["attempt verdict"], own(&[Verdict::Success.as_str(), Verdict::Retry.as_str(), Verdict::Terminal.as_str()]));
     assert_eq!(table["dead-letter reason"], own(&DeadLetterReason::words()));
     assert_eq!(table["chart class"], own(&hookline_ingest::api::STATS_CLASSES));
@@ -82,6 +83,9 @@ fn the_openapi_document_uses_the_same_words() {
     assert_eq!(strings(&schemas["DeliveryBase"]["properties"]["state"]["enum"]), own(&DELIVERY_STATES));
     assert_eq!(strings(&doc["components"]["parameters"]["State"]["schema"]["enum"]), own(&DELIVERY_STATES));
     assert_eq!(strings(&schemas["Subscription"]["properties"]["endpoint_condition"]["enum"]), own(&ENDPOINT_CONDITIONS));
+    assert_eq!(strings(&schemas["Subscription"]["properties"]["verification"]["enum"]), own(&hookline_core::vocabulary::VERIFICATION_STATES));
+    let words: Vec<String> = [Activity::Active, Activity::Paused, Activity::Disabled, Activity::PendingVerification].iter().map(|a| a.word().to_owned()).collect();
+    assert_eq!(strings(&schemas["Subscription"]["properties"]["state"]["enum"]), words);
     assert_eq!(strings(&schemas["RedriveRequest"]["properties"]["reason"]["enum"]), own(&DeadLetterReason::delivery_words()));
     let sub = &schemas["Subscription"]["properties"];
     assert!(sub.get("disabledReason").is_none() && sub.get("disabled_reason").is_some(), "one field for the reason");

@@ -140,3 +140,30 @@ pub fn table_consumer_config(settings: &KafkaSettings, client_id: &str) -> Kafka
         .set("enable.partition.eof", "true");
     Ok(c)
 }
+
+/// How long a stopping service waits for its group consumer to leave the group. librdkafka's close waits for an
+/// in-progress rebalance to finish (a JoinGroup can be held for the group's rebalance timeout, minutes), and
+/// rust-rdkafka's drop loops until it has. Offsets are committed before this, so giving up only means the
+/// coordinator notices the departure at the session timeout instead of at once.
+pub const LEAVE_GROUP_WITHIN: std::time::Duration = std::time::Duration::from_secs(5);
+
+/// Closes (drops) a group consumer on a thread of its own and waits at most `limit` for it: a drain with a
+/// deadline must not become a shutdown without one.
+pub async fn close_consumer<T: Send + 'static>(consumer: T, limit: std::time::Duration, name: &'static str) {
+    let (tx, rx) = tokio::sync::oneshot::channel();
+    let closing = std::thread::Builder::new().name(format!("{name}-close")).spawn(move || {
+        drop(consumer);
+        let _ = tx.send(());
+    });
+    if let Err(e) = closing {
+        tracing::warn!(consumer = name, error = %e, "no thread to close the consumer on; closed it in place");
+        return;
+    }
+    if tokio::time::timeout(limit, rx).await.is_err() {
+        tracing::warn!(
+            consumer = name,
+            waited_ms = limit.as_millis() as u64,
+            "the consumer did not leave its group in time (a rebalance in progress); the coordinator drops it at the session timeout"
+        );
+    }
+}

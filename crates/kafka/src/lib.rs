@@ -2,7 +2,9 @@
 //! names and the retry-tier ladder, per-partition offset watermarks, compacted-table readers, producing with
 //! acknowledgement, and the embedded mock broker for dev mode and tests.
 
+pub mod budget;
 pub mod client;
+pub mod dead_letters;
 pub mod mock;
 pub mod oauth;
 pub mod produce;

@@ -5,6 +5,7 @@ use std::collections::HashMap;
 use std::sync::{Arc, Mutex, RwLock};
 
 use hookline_core::model::{EndpointState, Subscription};
+use hookline_core::payload_filter::Filter as PayloadFilter;
 use hookline_core::policy::{self, Policy};
 use prost::Message;
 use tokio::sync::watch;
@@ -32,11 +33,22 @@ impl StateTables {
         stop: CancellationToken,
     ) -> Result<Self, TableError> {
         let subs = SubscriptionTable::default();
-        let s = subs.clone();
-        let subs_reader =
-            table::spawn(settings, topics.subscriptions(), &format!("{instance}-subs"), move |_, k, v| s.apply(k, v), stop.clone())
-                .await?;
         let states = EndpointStates::default();
+        let (s, forget) = (subs.clone(), states.clone());
+        let subs_reader = table::spawn(
+            settings,
+            topics.subscriptions(),
+            &format!("{instance}-subs"),
+            move |_, k, v| {
+                s.apply(k, v);
+                // A deleted subscription's endpoint state goes with it: the map holds live subscriptions only.
+                if v.is_none_or(|v| v.is_empty()) {
+                    forget.forget(&String::from_utf8_lossy(k));
+                }
+            },
+            stop.clone(),
+        )
+        .await?;
         let st = states.clone();
         let states_reader = table::spawn(
             settings,
@@ -64,6 +76,13 @@ pub struct SubscriptionEntry {
     pub policy: Result<Arc<Policy>, String>,
     /// Identifies the policy's egress rules, so HTTP clients can be shared between subscriptions with equal rules.
     pub egress_key: String,
+    /// The subscription's custom headers, checked and converted once here; every attempt appends them.
+    pub headers: Vec<(http::HeaderName, http::HeaderValue)>,
+    /// The payload filter: `Ok(None)` = none; `Err` = a stored filter that does not parse, which matches nothing
+    /// (the API refuses such a filter on save, so only a record written by other means can hold one).
+    pub filter: Result<Option<PayloadFilter>, String>,
+    /// The per-endpoint rate limit in force (the subscription's fields over its policy's defaults).
+    pub rate_limit: Option<hookline_core::rate_limit::RateLimit>,
 }
 
 impl SubscriptionEntry {
@@ -73,7 +92,32 @@ impl SubscriptionEntry {
             Ok(p) => format!("{:?}", p.egress),
             Err(_) => String::new(),
         };
-        Self { sub, policy, egress_key }
+        let headers = match &policy {
+            Ok(p) if !sub.headers.is_empty() => prepared_headers(&sub, p),
+            _ => Vec::new(),
+        };
+        let filter = if sub.filter_json.is_empty() {
+            Ok(None)
+        } else {
+            PayloadFilter::parse_str(&sub.filter_json).map(Some).map_err(|e| {
+                tracing::warn!(subscription = %sub.id, error = %e, "stored payload filter does not parse; it matches nothing");
+                e.to_string()
+            })
+        };
+        let rate_limit = match &policy {
+            Ok(p) => hookline_core::rate_limit::effective(sub.rate_limit_per_s, sub.burst, p),
+            Err(_) => None,
+        };
+        Self { sub, policy, egress_key, headers, filter, rate_limit }
+    }
+
+    /// Whether the payload filter lets `ev` (whose data was parsed once into `data`) through.
+    pub fn filter_matches(&self, fields: &hookline_core::payload_filter::EventFields<'_>) -> bool {
+        match &self.filter {
+            Ok(None) => true,
+            Ok(Some(f)) => f.matches(fields),
+            Err(_) => false,
+        }
     }
 
     /// Secrets that sign now: the newest, plus older ones still inside their rotation overlap.
@@ -86,6 +130,18 @@ impl SubscriptionEntry {
             .map(|(_, s)| s.value.clone())
             .collect()
     }
+}
+
+/// The custom headers as the request carries them; one that no longer passes the rules under the subscription's
+/// policy (the policy changed under it) is left out and logged, so the platform's own headers always win.
+fn prepared_headers(sub: &Subscription, policy: &Policy) -> Vec<(http::HeaderName, http::HeaderValue)> {
+    let (kept, dropped) = hookline_core::custom_headers::prepare(&sub.headers, policy);
+    for d in dropped {
+        tracing::warn!(subscription = %sub.id, header = %d.name, reason = %d.message, "custom header not sent");
+    }
+    kept.into_iter()
+        .filter_map(|(n, v)| Some((http::HeaderName::from_bytes(n.as_bytes()).ok()?, http::HeaderValue::from_str(&v).ok()?)))
+        .collect()
 }
 
 /// Subscriptions by id, with the fan-out index kept in step. Cloning shares it.
@@ -181,62 +237,143 @@ enum Ownership {
     Owned,
 }
 
-/// Per partition: whether this process owns it yet, and a signal for tasks waiting until it does.
-type Owners = HashMap<i32, (Ownership, watch::Sender<bool>)>;
+/// The key of a partition's fence record on `endpoint-state`: no subscription id starts with NUL.
+pub const FENCE_KEY: &str = "\u{0}owner-fence";
+
+/// This process's hold on one partition.
+struct Owner {
+    state: Ownership,
+    ready: watch::Sender<bool>,
+    /// Which assignment this is: a sync started for an earlier one (revoked since) must not mark this one synced.
+    assignment: u64,
+    /// Stamped on every state this process writes to the partition (see [`FENCE_KEY`]).
+    epoch: u64,
+}
+
+/// A partition's assignment, as [`EndpointStates::assign`] handed it out.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Assignment {
+    pub partition: i32,
+    id: u64,
+}
+
+#[derive(Default)]
+struct States {
+    by_id: HashMap<String, EndpointState>,
+    /// Per partition, the highest fence epoch read so far: records below it come from former owners.
+    fences: HashMap<i32, u64>,
+}
 
 /// Endpoint states by subscription id. The dispatcher owning a partition writes its states; everyone else reads.
+///
+/// Writes are fenced: a new owner, once it has read everything earlier owners wrote to a partition, writes a
+/// fence record with the next epoch and stamps that epoch on its own writes. A former owner that still writes
+/// (a zombie: frozen past its session, or drained out late) stamps an older epoch, and readers that have read the
+/// fence — the API, the retry-scheduler, every later owner — ignore it.
 #[derive(Clone, Default)]
 pub struct EndpointStates {
-    map: Arc<RwLock<HashMap<String, EndpointState>>>,
-    owned: Arc<Mutex<Owners>>,
+    map: Arc<RwLock<States>>,
+    owned: Arc<Mutex<HashMap<i32, Owner>>>,
+    assignments: Arc<std::sync::atomic::AtomicU64>,
 }
 
 impl EndpointStates {
     /// Applies one record of the endpoint-state topic, unless this process owns (writes) that partition.
     pub fn apply(&self, partition: i32, key: &[u8], value: Option<&[u8]>) {
-        if matches!(self.owned.lock().expect("ownership lock").get(&partition), Some((Ownership::Owned, _))) {
+        if matches!(self.owned.lock().expect("ownership lock").get(&partition), Some(Owner { state: Ownership::Owned, .. })) {
+            return;
+        }
+        let mut states = self.map.write().expect("endpoint state lock");
+        let decoded = value.filter(|v| !v.is_empty()).map(EndpointState::decode);
+        if key == FENCE_KEY.as_bytes() {
+            if let Some(Ok(fence)) = decoded {
+                let f = states.fences.entry(partition).or_default();
+                *f = (*f).max(fence.owner_epoch);
+            }
             return;
         }
         let id = String::from_utf8_lossy(key).into_owned();
-        let mut map = self.map.write().expect("endpoint state lock");
-        match value.filter(|v| !v.is_empty()).map(EndpointState::decode) {
+        match decoded {
             None => {
-                map.remove(&id);
+                states.by_id.remove(&id);
             }
             Some(Ok(st)) => {
-                map.insert(id, st);
+                let fence = states.fences.get(&partition).copied().unwrap_or(0);
+                if st.owner_epoch < fence {
+                    metrics::counter!("hookline_endpoint_state_fenced_total").increment(1);
+                    tracing::warn!(subscription = %id, partition, epoch = st.owner_epoch, fence, "endpoint state from a former owner ignored");
+                    return;
+                }
+                states.by_id.insert(id, st);
             }
             Some(Err(e)) => tracing::warn!(subscription = %id, error = %e, "undecodable endpoint state ignored"),
         }
     }
 
     pub fn get(&self, id: &str) -> Option<EndpointState> {
-        self.map.read().expect("endpoint state lock").get(id).cloned()
+        self.map.read().expect("endpoint state lock").by_id.get(id).cloned()
     }
 
     /// Read-modify-write of one subscription's state under the table lock, so concurrent deliveries to the same
     /// endpoint never lose an update. `f` should also enqueue the produce of the new state (a synchronous enqueue
-    /// keeps the topic's order equal to the order of updates).
-    pub fn update<R>(&self, id: &str, f: impl FnOnce(&mut EndpointState) -> R) -> R {
-        let mut map = self.map.write().expect("endpoint state lock");
-        let state = map
+    /// keeps the topic's order equal to the order of updates); it gets the state stamped with `partition`'s
+    /// epoch.
+    pub fn update<R>(&self, id: &str, partition: i32, f: impl FnOnce(&mut EndpointState) -> R) -> R {
+        let epoch = self.epoch(partition);
+        let mut states = self.map.write().expect("endpoint state lock");
+        let state = states
+            .by_id
             .entry(id.to_owned())
             .or_insert_with(|| EndpointState { subscription_id: id.to_owned(), ..Default::default() });
+        state.owner_epoch = epoch;
         f(state)
     }
 
-    /// A partition was assigned: records keep being applied until `synced` is called.
-    pub fn assign(&self, partition: i32) {
-        let mut owned = self.owned.lock().expect("ownership lock");
-        owned.entry(partition).or_insert_with(|| (Ownership::Syncing, watch::channel(false).0));
+    /// Forgets a deleted subscription's state (its record stays on the topic until compaction).
+    pub fn forget(&self, id: &str) {
+        self.map.write().expect("endpoint state lock").by_id.remove(id);
     }
 
-    /// Everything earlier owners wrote to the partition has been applied: from now on this process writes it.
-    pub fn synced(&self, partition: i32) {
+    /// A partition was assigned: records keep being applied until it is synced with this assignment.
+    pub fn assign(&self, partition: i32) -> Assignment {
         let mut owned = self.owned.lock().expect("ownership lock");
-        if let Some((o, tx)) = owned.get_mut(&partition) {
-            *o = Ownership::Owned;
-            tx.send_replace(true);
+        let owner = owned.entry(partition).or_insert_with(|| Owner {
+            state: Ownership::Syncing,
+            ready: watch::channel(false).0,
+            assignment: self.assignments.fetch_add(1, std::sync::atomic::Ordering::Relaxed),
+            epoch: 0,
+        });
+        Assignment { partition, id: owner.assignment }
+    }
+
+    /// Whether `a` is still this process's current assignment of its partition.
+    pub fn is_current(&self, a: Assignment) -> bool {
+        self.owned.lock().expect("ownership lock").get(&a.partition).is_some_and(|o| o.assignment == a.id)
+    }
+
+    /// The epoch a new owner fences the partition with: one past every fence read so far. Ask once the partition
+    /// is read to its end.
+    pub fn next_epoch(&self, partition: i32) -> u64 {
+        self.map.read().expect("endpoint state lock").fences.get(&partition).copied().unwrap_or(0).saturating_add(1)
+    }
+
+    /// The epoch this process stamps on the partition's states (0 while it does not own it).
+    pub fn epoch(&self, partition: i32) -> u64 {
+        self.owned.lock().expect("ownership lock").get(&partition).map_or(0, |o| o.epoch)
+    }
+
+    /// Everything earlier owners wrote to the partition has been applied and the partition is fenced with
+    /// `epoch`: from now on this process writes it. Ignored for an assignment revoked since (a stale sync).
+    pub fn synced(&self, a: Assignment, epoch: u64) -> bool {
+        let mut owned = self.owned.lock().expect("ownership lock");
+        match owned.get_mut(&a.partition) {
+            Some(o) if o.assignment == a.id => {
+                o.state = Ownership::Owned;
+                o.epoch = epoch;
+                o.ready.send_replace(true);
+                true
+            }
+            _ => false,
         }
     }
 
@@ -248,7 +385,7 @@ impl EndpointStates {
     /// while waiting): the delivery then belongs to the partition's next owner.
     pub async fn ready(&self, partition: i32) -> bool {
         let rx = match self.owned.lock().expect("ownership lock").get(&partition) {
-            Some((_, tx)) => tx.subscribe(),
+            Some(o) => o.ready.subscribe(),
             None => return false,
         };
         let mut rx = rx;

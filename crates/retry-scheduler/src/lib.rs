@@ -74,6 +74,8 @@ struct Scheduler {
     paused: HashMap<Tp, bool>,
     /// Off unless `telemetry.otlp_endpoint` is set (then: a span per release).
     tracer: Tracer,
+    /// How dead letters of unreadable tasks are written (`dlq.format`, within the record size).
+    dlq: hookline_kafka::dead_letters::DeadLetterWriter,
 }
 
 pub async fn run(config: Config, shutdown: CancellationToken, options: Options) -> Result<(), SchedulerError> {
@@ -112,6 +114,7 @@ pub async fn run(config: Config, shutdown: CancellationToken, options: Options) 
         held_count: HashMap::new(),
         paused: HashMap::new(),
         tracer: Tracer::new(&config.telemetry, "retry-scheduler"),
+        dlq: hookline_kafka::dead_letters::DeadLetterWriter::new(config.dlq.format, &config.kafka),
     };
     let (done_tx, mut done_rx) = mpsc::unbounded_channel::<(String, i32, i64)>();
     let mut marks = Watermarks::new();
@@ -219,6 +222,7 @@ pub async fn run(config: Config, shutdown: CancellationToken, options: Options) 
         }
     }
     let _ = consumer.commit_consumer_state(CommitMode::Sync);
+    hookline_kafka::client::close_consumer(consumer, hookline_kafka::client::LEAVE_GROUP_WITHIN, "retry-scheduler").await;
     let _ = sched.producer.flush(Duration::from_secs(10));
     reader_stop.cancel();
     sched.tracer.flush().await;
@@ -328,11 +332,24 @@ impl Scheduler {
             ..Default::default()
         };
         metrics::counter!("hookline_dead_lettered_total", "reason" => hookline_core::vocabulary::DeadLetterReason::InvalidTask.as_str()).increment(1);
-        self.forward(self.topics.dlq(), String::new(), dl.encode_to_vec(), key, done);
+        let (value, headers) = self.dlq.record(&dl);
+        self.forward_with_headers(self.topics.dlq(), String::new(), value, Some(headers), key, done);
     }
 
     /// Produces in the background; the offset completes when the broker acknowledged it.
     fn forward(&self, topic: &str, key: String, payload: Vec<u8>, at: (String, i32, i64), done: &mpsc::UnboundedSender<(String, i32, i64)>) {
+        self.forward_with_headers(topic, key, payload, None, at, done);
+    }
+
+    fn forward_with_headers(
+        &self,
+        topic: &str,
+        key: String,
+        payload: Vec<u8>,
+        headers: Option<rdkafka::message::OwnedHeaders>,
+        at: (String, i32, i64),
+        done: &mpsc::UnboundedSender<(String, i32, i64)>,
+    ) {
         let topic = topic.to_owned();
         let producer = self.producer.clone();
         let shutdown = self.shutdown.clone();
@@ -340,7 +357,7 @@ impl Scheduler {
         let producer = Arc::new(producer);
         tokio::spawn(async move {
             loop {
-                match hookline_kafka::produce::send(&producer, &topic, &key, &payload).await {
+                match hookline_kafka::produce::send_with_headers(&producer, &topic, &key, &payload, headers.clone()).await {
                     Ok(_) => {
                         let _ = done.send(at);
                         return;

@@ -27,6 +27,16 @@ pub struct Config {
     pub egress: EgressSettings,
     pub notify: NotifySettings,
     pub log: LogSettings,
+    pub dlq: DlqSettings,
+}
+
+/// The dead-letter topic's record format (`[dlq]`).
+#[derive(Debug, Clone, Copy, Serialize, Deserialize, Default)]
+#[serde(deny_unknown_fields, default)]
+pub struct DlqSettings {
+    /// `protobuf` (the `DeadLetter` message) or `json` (the `hookline.dead_letter.v1` document,
+    /// docs/dead-letters.md). Readers take both, so it can be changed at any time.
+    pub format: hookline_core::dead_letter::DlqFormat,
 }
 
 #[derive(Debug, Clone, Serialize, Deserialize)]
@@ -221,24 +231,51 @@ impl Default for RetrySchedulerSettings {
 }
 
 /// E-mail to subscription owners when a policy pauses or disables their endpoint (ingest reads the `ops` topic).
-/// hookline speaks plain SMTP (no TLS) to a relay: point `smtp_addr` at a local relay or sidecar.
 #[derive(Clone, Serialize, Deserialize)]
 #[serde(deny_unknown_fields, default)]
 pub struct NotifySettings {
-    /// `host:port` of the SMTP relay. Unset: no e-mail.
+    /// `host:port` of the SMTP server. Unset: no e-mail.
     pub smtp_addr: Option<String>,
+    /// `starttls`, `implicit` (SMTPS, usually port 465) or `none`. Unset: `none` to a loopback address (a local
+    /// relay or sidecar), `starttls` to anything else.
+    pub tls: Option<SmtpTls>,
+    /// PEM file of the CA certificates that sign the server's certificate, trusted instead of the public roots
+    /// (a relay with a private CA). Unset: the public (webpki) roots.
+    pub tls_ca_file: Option<std::path::PathBuf>,
     /// Envelope sender and `From:` header.
     pub from: String,
-    /// AUTH PLAIN credentials, used only when both are set.
+    /// AUTH credentials (PLAIN or LOGIN, whichever the server offers), used only when both are set. Never sent
+    /// in plain text except to a loopback address.
     pub username: Option<String>,
     pub password: Option<String>,
-    /// Per SMTP command (connect, each reply, the message).
+    /// Per SMTP step (connect with greeting and EHLO, STARTTLS, AUTH, each command, the message).
     pub timeout_ms: u64,
+}
+
+/// How the SMTP connection is encrypted.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum SmtpTls {
+    /// Plain connect, then `STARTTLS` before anything else; a server that does not offer it is an error (never a
+    /// fallback to plain text).
+    Starttls,
+    /// TLS from the first byte (SMTPS).
+    Implicit,
+    /// No TLS: for a relay on loopback.
+    None,
 }
 
 impl Default for NotifySettings {
     fn default() -> Self {
-        Self { smtp_addr: None, from: "hookline@localhost".into(), username: None, password: None, timeout_ms: 10_000 }
+        Self {
+            smtp_addr: None,
+            tls: None,
+            tls_ca_file: None,
+            from: "hookline@localhost".into(),
+            username: None,
+            password: None,
+            timeout_ms: 10_000,
+        }
     }
 }
 
@@ -246,6 +283,8 @@ impl std::fmt::Debug for NotifySettings {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("NotifySettings")
             .field("smtp_addr", &self.smtp_addr)
+            .field("tls", &self.tls)
+            .field("tls_ca_file", &self.tls_ca_file)
             .field("from", &self.from)
             .field("username", &self.username)
             .field("password", &self.password.as_ref().map(|_| "<redacted>"))
@@ -255,21 +294,50 @@ impl std::fmt::Debug for NotifySettings {
 }
 
 impl NotifySettings {
+    /// The host and port of `smtp_addr` (`[::1]:25` gives `::1`).
+    pub fn host_port(&self) -> Option<(String, u16)> {
+        let (host, port) = self.smtp_addr.as_deref()?.rsplit_once(':')?;
+        let host = host.strip_prefix('[').and_then(|h| h.strip_suffix(']')).unwrap_or(host);
+        let port = port.parse::<u16>().ok().filter(|p| *p != 0)?;
+        (!host.is_empty()).then(|| (host.to_owned(), port))
+    }
+
+    /// Whether `smtp_addr` is on this machine (`localhost`, 127.0.0.0/8, `::1`).
+    pub fn is_loopback(&self) -> bool {
+        self.host_port().is_some_and(|(h, _)| h.eq_ignore_ascii_case("localhost") || h.parse::<std::net::IpAddr>().is_ok_and(|ip| ip.is_loopback()))
+    }
+
+    /// `tls`, or its default for `smtp_addr`.
+    pub fn tls_mode(&self) -> SmtpTls {
+        self.tls.unwrap_or(if self.is_loopback() { SmtpTls::None } else { SmtpTls::Starttls })
+    }
+
     pub fn validate(&self) -> Result<(), ConfigError> {
-        let invalid = |m: &str| Err(ConfigError::Invalid(m.into()));
+        let invalid = |m: String| Err(ConfigError::Invalid(m));
         let Some(addr) = &self.smtp_addr else { return Ok(()) };
-        if addr.rsplit_once(':').is_none_or(|(host, port)| host.is_empty() || port.parse::<u16>().is_err()) {
-            return invalid("notify.smtp_addr: must be host:port");
+        if self.host_port().is_none() {
+            return invalid(format!("notify.smtp_addr: must be host:port (a port 1-65535), got {addr:?}"));
         }
         let plain = |s: &str| s.bytes().all(|b| b.is_ascii_graphic() && !b"<>(),;\\".contains(&b));
         if !self.from.contains('@') || !plain(&self.from) {
-            return invalid("notify.from: must be an e-mail address such as hookline@example.com");
+            return invalid("notify.from: must be an e-mail address such as hookline@example.com".into());
         }
         if self.username.is_some() != self.password.is_some() {
-            return invalid("notify.username, notify.password: set both or neither");
+            return invalid("notify.username, notify.password: set both or neither".into());
+        }
+        let tls = self.tls_mode();
+        // The password would cross the network readable by anyone on the path.
+        if self.username.is_some() && tls == SmtpTls::None && !self.is_loopback() {
+            return invalid(format!(
+                "notify.tls: \"none\" would send notify.username/notify.password in plain text to {addr}; use \"starttls\" \
+                 or \"implicit\" (plain text is allowed only to a loopback relay)"
+            ));
+        }
+        if self.tls_ca_file.is_some() && tls == SmtpTls::None {
+            return invalid("notify.tls_ca_file: set, but notify.tls is \"none\" (no TLS to verify)".into());
         }
         if self.timeout_ms == 0 {
-            return invalid("notify.timeout_ms: must be at least 1");
+            return invalid("notify.timeout_ms: must be at least 1".into());
         }
         Ok(())
     }
@@ -554,6 +622,19 @@ mod tests {
 
     fn env(pairs: &[(&str, &str)]) -> Vec<(String, String)> {
         pairs.iter().map(|(k, v)| (k.to_string(), v.to_string())).collect()
+    }
+
+    #[test]
+    fn dlq_format_is_read_from_file_and_env_and_a_wrong_one_names_the_key() {
+        use hookline_core::dead_letter::DlqFormat;
+        assert_eq!(Config::from_toml_with_env("", "t", env(&[])).unwrap().dlq.format, DlqFormat::Protobuf);
+        assert_eq!(Config::from_toml_with_env("[dlq]\nformat = \"json\"\n", "t", env(&[])).unwrap().dlq.format, DlqFormat::Json);
+        let c = Config::from_toml_with_env("", "t", env(&[("HOOKLINE_DLQ__FORMAT", "json")])).unwrap();
+        assert_eq!(c.dlq.format, DlqFormat::Json);
+        let e = Config::from_toml_with_env("[dlq]\nformat = \"avro\"\n", "t", env(&[])).unwrap_err().to_string();
+        assert!(e.contains("format") && e.contains("json"), "{e}");
+        let e = Config::from_toml_with_env("", "t", env(&[("HOOKLINE_DLQ__FORMAT", "xml")])).unwrap_err().to_string();
+        assert!(e.contains("HOOKLINE_DLQ__FORMAT"), "{e}");
     }
 
     #[test]

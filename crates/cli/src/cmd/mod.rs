@@ -3,7 +3,9 @@
 pub mod bench;
 pub mod dev;
 pub mod dev_broker;
+pub mod dlq;
 pub mod egress;
+pub mod filter;
 pub mod log;
 pub mod numbers;
 /// Not a subcommand: the human-or-JSON output the listing commands share.

@@ -36,7 +36,60 @@ pub struct Policy {
     pub egress: EgressRules,
     #[serde(default)]
     pub status_words: StatusWords,
+    /// When present, an endpoint must answer a challenge before it gets deliveries (on create and on URL change).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub verification: Option<Verification>,
+    /// Default per-endpoint rate limit of subscriptions under this policy (their own fields win).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub rate_limit: Option<RateLimitDefaults>,
+    /// When present, a circuit breaker per endpoint (see `crate::breaker`). Off by default: the platforms'
+    /// schedules are exact without it.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub breaker: Option<BreakerRule>,
 }
+
+/// `[breaker]`: after `consecutive_errors` connect errors, TLS errors or timeouts in a row, the endpoint gets no
+/// request for `cool_off_ms`, then one probe; a failed probe doubles the cool-off, up to `max_cool_off_ms`.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct BreakerRule {
+    pub consecutive_errors: u32,
+    pub cool_off_ms: u64,
+    #[serde(default = "default_max_cool_off")]
+    pub max_cool_off_ms: u64,
+}
+
+fn default_max_cool_off() -> u64 {
+    600_000
+}
+
+/// The longest a breaker stays open at once: an hour.
+pub const MAX_BREAKER_COOL_OFF_MS: u64 = 3_600_000;
+
+/// `[rate_limit]`: requests per second to one endpoint, with a burst (default: one second's worth).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct RateLimitDefaults {
+    pub per_s: u32,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub burst: Option<u32>,
+}
+
+/// The endpoint verification challenge: a signed POST carrying a random token the endpoint must echo.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Verification {
+    /// Bounds the whole challenge exchange (connect + answer), like `attempt.timeout_ms` bounds an attempt.
+    #[serde(default = "default_verification_timeout")]
+    pub timeout_ms: u64,
+}
+
+fn default_verification_timeout() -> u64 {
+    5_000
+}
+
+/// The longest a challenge may wait: the API answers the create or verify request only after it.
+pub const MAX_VERIFICATION_TIMEOUT_MS: u64 = 10_000;
 
 /// Waits between attempts, each measured from the end of the previous attempt.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]

@@ -48,6 +48,34 @@ pub fn validate(p: &Policy) -> Result<(), PolicyError> {
         v.push("name", "must not be empty");
     }
     schedule(p, &mut v);
+    if let Some(r) = &p.rate_limit {
+        if !(1..=crate::rate_limit::MAX_PER_S).contains(&r.per_s) {
+            v.push("rate_limit.per_s", format!("must be from 1 to {}, got {}", crate::rate_limit::MAX_PER_S, r.per_s));
+        }
+        if let Some(b) = r.burst.filter(|b| !(1..=crate::rate_limit::MAX_BURST).contains(b)) {
+            v.push("rate_limit.burst", format!("must be from 1 to {}, got {b}", crate::rate_limit::MAX_BURST));
+        }
+    }
+    if let Some(b) = &p.breaker {
+        if !(1..=1_000).contains(&b.consecutive_errors) {
+            v.push("breaker.consecutive_errors", format!("must be from 1 to 1000, got {}", b.consecutive_errors));
+        }
+        let max = super::document::MAX_BREAKER_COOL_OFF_MS;
+        if !(100..=max).contains(&b.cool_off_ms) {
+            v.push("breaker.cool_off_ms", format!("must be from 100 to {max}, got {}", b.cool_off_ms));
+        }
+        if b.max_cool_off_ms < b.cool_off_ms || b.max_cool_off_ms > max {
+            v.push("breaker.max_cool_off_ms", format!("must be from cool_off_ms ({}) to {max}, got {}", b.cool_off_ms, b.max_cool_off_ms));
+        }
+    }
+    if let Some(ver) = &p.verification {
+        if !(1..=super::document::MAX_VERIFICATION_TIMEOUT_MS).contains(&ver.timeout_ms) {
+            v.push(
+                "verification.timeout_ms",
+                format!("must be from 1 to {} (the API waits for the challenge), got {}", super::document::MAX_VERIFICATION_TIMEOUT_MS, ver.timeout_ms),
+            );
+        }
+    }
     if p.attempt.timeout_ms == 0 {
         v.push("attempt.timeout_ms", "must be greater than 0");
     } else if p.attempt.timeout_ms > MAX_TIMEOUT_MS {

@@ -7,6 +7,7 @@ mod openapi;
 mod portal;
 mod stats;
 mod subscriptions;
+pub mod verify;
 
 /// The stats' outcome classes (docs/api.md's vocabulary table is tested against them).
 pub use stats::CLASSES as STATS_CLASSES;
@@ -41,6 +42,8 @@ pub struct ApiState {
     pub kafka: hookline_kafka::KafkaSettings,
     /// Off unless `telemetry.otlp_endpoint` is set: then a `traceparent` header on `POST /v1/events` is carried.
     pub tracer: hookline_service::traces::Tracer,
+    /// Sends endpoint verification challenges (policies with `[verification]`).
+    pub challenger: verify::Challenger,
 }
 
 pub fn router(state: Arc<ApiState>, max_request_bytes: usize) -> Router {
@@ -54,6 +57,7 @@ pub fn router(state: Arc<ApiState>, max_request_bytes: usize) -> Router {
         .route("/v1/subscriptions/{id}/pause", post(subscriptions::pause))
         .route("/v1/subscriptions/{id}/resume", post(subscriptions::resume))
         .route("/v1/subscriptions/{id}/rotate-secret", post(subscriptions::rotate_secret))
+        .route("/v1/subscriptions/{id}/verify", post(verify::verify))
         .route("/v1/subscriptions/{id}/deliveries", get(deliveries::list))
         .route("/v1/subscriptions/{id}/replay", post(deliveries::replay_since))
         .route("/v1/subscriptions/{id}/stats", get(stats::get))

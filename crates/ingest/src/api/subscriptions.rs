@@ -42,6 +42,14 @@ pub struct CreateSubscription {
     owner_email: Option<String>,
     #[serde(default)]
     tenant: Option<String>,
+    #[serde(default)]
+    headers: Option<HashMap<String, String>>,
+    #[serde(default)]
+    filter: Option<Value>,
+    #[serde(default)]
+    rate_limit_per_s: Option<u32>,
+    #[serde(default)]
+    burst: Option<u32>,
 }
 
 #[derive(Deserialize)]
@@ -55,6 +63,19 @@ pub struct UpdateSubscription {
     metadata: Option<HashMap<String, String>>,
     enabled: Option<bool>,
     owner_email: Option<String>,
+    /// Replaces every custom header (`{}` removes them all).
+    headers: Option<HashMap<String, String>>,
+    /// Replaces the payload filter; `null` removes it.
+    #[serde(default, deserialize_with = "present")]
+    filter: Option<Value>,
+    /// 0 = back to the policy's default (or none).
+    rate_limit_per_s: Option<u32>,
+    burst: Option<u32>,
+}
+
+/// A field that is present, even as `null` (which a plain `Option` would read as absent).
+fn present<'de, D: serde::Deserializer<'de>>(d: D) -> Result<Option<Value>, D::Error> {
+    Value::deserialize(d).map(Some)
 }
 
 #[derive(Deserialize)]
@@ -78,7 +99,9 @@ fn idempotency_key(headers: &HeaderMap) -> Result<Option<String>, ApiError> {
 /// A digest of everything a create request asks for (the secret only as its own digest).
 fn fingerprint(req: &CreateSubscription) -> String {
     let metadata: std::collections::BTreeMap<_, _> = req.metadata.iter().flatten().collect();
+    let headers: Option<std::collections::BTreeMap<_, _>> = req.headers.as_ref().map(|h| h.iter().collect());
     let canonical = json!({
+        "headers": headers, "filter": req.filter, "rate_limit_per_s": req.rate_limit_per_s, "burst": req.burst,
         "url": req.url, "event_types": req.event_types, "policy": req.policy, "policy_toml": req.policy_toml,
         "secret": req.secret.as_deref().map(|x| hookline_core::model::sha256_hex(x.as_bytes())),
         "description": req.description, "metadata": metadata, "enabled": req.enabled,
@@ -121,6 +144,10 @@ pub async fn create(
         updated_at_ms: now,
         tenant: req.tenant.unwrap_or_default(),
         owner_email: req.owner_email.unwrap_or_default(),
+        headers: req.headers.unwrap_or_default(),
+        filter_json: stored_filter(req.filter.as_ref())?,
+        rate_limit_per_s: req.rate_limit_per_s.unwrap_or(0),
+        burst: req.burst.unwrap_or(0),
         ..Default::default()
     };
     let secret = match req.secret {
@@ -132,7 +159,11 @@ pub async fn create(
         None => hookline_core::sign::generate_secret(&mut rand::rng()),
     };
     sub.secrets = vec![Secret { value: secret.clone(), expires_at_ms: 0 }];
-    validate(&s, &sub).await?;
+    let pol = validate(&s, &sub).await?;
+    // Written once, with the challenge's result: until then the subscription does not exist, so nothing is sent.
+    if super::verify::needs_challenge(&mut sub, None, &pol) {
+        super::verify::challenge(&s, &mut sub, &pol).await;
+    }
     write(&s, &sub).await?;
     let mut view = view(&s, &SubscriptionEntry::new(sub));
     // The only time the secret is shown (and on a retry with the same Idempotency-Key).
@@ -210,6 +241,18 @@ pub async fn update(
     if let Some(v) = req.owner_email {
         sub.owner_email = v;
     }
+    if let Some(v) = req.headers {
+        sub.headers = v;
+    }
+    if let Some(v) = req.filter {
+        sub.filter_json = stored_filter(Some(&v))?;
+    }
+    if let Some(v) = req.rate_limit_per_s {
+        sub.rate_limit_per_s = v;
+    }
+    if let Some(v) = req.burst {
+        sub.burst = v;
+    }
     if let Some(enabled) = req.enabled {
         // Gauge: `PATCH {"enabled": true}` switches an endpoint back on and clears `disabled_reason`.
         if enabled && !activity(&sub, s.states.get(&id).as_ref()).is_active() {
@@ -219,7 +262,11 @@ pub async fn update(
         sub.enabled = enabled;
     }
     sub.updated_at_ms = crate::now_ms();
-    validate(&s, &sub).await?;
+    let pol = validate(&s, &sub).await?;
+    // A new URL is challenged before it is saved: until it passes, deliveries wait (held) rather than reach it.
+    if super::verify::needs_challenge(&mut sub, Some(&entry.sub), &pol) {
+        super::verify::challenge(&s, &mut sub, &pol).await;
+    }
     write(&s, &sub).await?;
     Ok(Json(view(&s, &SubscriptionEntry::new(sub))))
 }
@@ -305,7 +352,7 @@ pub async fn rotate_secret(
     Ok(Json(v))
 }
 
-fn find(s: &ApiState, id: &str) -> Result<Arc<SubscriptionEntry>, ApiError> {
+pub(super) fn find(s: &ApiState, id: &str) -> Result<Arc<SubscriptionEntry>, ApiError> {
     s.subs
         .get(id)
         .ok_or_else(|| ApiError::new(StatusCode::NOT_FOUND, "not_found", format!("no subscription {id}")).with_field("id"))
@@ -326,6 +373,20 @@ pub const MAX_POLICY_NAME_BYTES: usize = 100;
 pub const MAX_POLICY_TOML_BYTES: usize = 64 << 10;
 pub const MAX_TENANT_BYTES: usize = hookline_core::filter::MAX_TENANT_LEN;
 pub const MAX_SECRET_BYTES: usize = 512;
+
+/// A payload filter as stored: parsed (a 422 naming the place in the filter, e.g. `filter.all[1].path`) and
+/// written back canonically; `None` or `null` = no filter.
+fn stored_filter(filter: Option<&Value>) -> Result<String, ApiError> {
+    match filter {
+        None | Some(Value::Null) => Ok(String::new()),
+        Some(v) => {
+            let parsed = hookline_core::payload_filter::Filter::parse(v).map_err(|e| ApiError::field(&e.location, e.message))?;
+            let text = parsed.to_json().to_string();
+            at_most("filter", &text, hookline_core::payload_filter::MAX_FILTER_BYTES)?;
+            Ok(text)
+        }
+    }
+}
 
 fn at_most(field: &str, value: &str, max: usize) -> Result<(), ApiError> {
     if value.len() > max {
@@ -366,7 +427,8 @@ fn bounds(sub: &Subscription) -> Result<(), ApiError> {
     Ok(())
 }
 
-async fn validate(s: &ApiState, sub: &Subscription) -> Result<(), ApiError> {
+/// Checks a subscription about to be saved; returns its policy.
+async fn validate(s: &ApiState, sub: &Subscription) -> Result<policy::Policy, ApiError> {
     bounds(sub)?;
     if sub.event_types.is_empty() {
         return Err(ApiError::field("event_types", "at least one event type (or \"*\") is required"));
@@ -379,6 +441,11 @@ async fn validate(s: &ApiState, sub: &Subscription) -> Result<(), ApiError> {
         let field = if sub.policy_toml.is_empty() { "policy" } else { "policy_toml" };
         ApiError::field(field, e.to_string())
     })?;
+    hookline_core::custom_headers::validate(&sub.headers, &pol).map_err(|e| {
+        let field = if e.name.is_empty() { "headers".to_owned() } else { format!("headers.{}", e.name) };
+        ApiError::field(&field, e.message)
+    })?;
+    hookline_core::rate_limit::validate(sub.rate_limit_per_s, sub.burst, &pol).map_err(|(field, e)| ApiError::field(field, e))?;
     let guard = EgressGuard::new(&s.egress, &pol.egress).map_err(|e| ApiError::field("policy_toml", e.to_string()))?;
     let target = guard.check_url(&sub.url).map_err(|r| ApiError::field("url", r.reason))?;
     // Resolved now as well as on every attempt: a name that points inside is refused when it is saved.
@@ -391,10 +458,10 @@ async fn validate(s: &ApiState, sub: &Subscription) -> Result<(), ApiError> {
             .collect(),
     };
     guard.check_resolved(&target, &addrs).map_err(|r| ApiError::field("url", r.reason))?;
-    Ok(())
+    Ok(pol)
 }
 
-async fn write(s: &ApiState, sub: &Subscription) -> Result<(), ApiError> {
+pub(super) async fn write(s: &ApiState, sub: &Subscription) -> Result<(), ApiError> {
     let (p, o) = produce(s, &sub.id, Some(sub.encode_to_vec())).await?;
     s.subs_reader.wait_for(p, o + 1).await;
     Ok(())
@@ -415,7 +482,7 @@ async fn produce(s: &ApiState, id: &str, value: Option<Vec<u8>>) -> Result<(i32,
 }
 
 /// The API's view: never the secret.
-fn view(s: &ApiState, e: &SubscriptionEntry) -> Value {
+pub(super) fn view(s: &ApiState, e: &SubscriptionEntry) -> Value {
     let sub = &e.sub;
     let state = s.states.get(&sub.id);
     let act = activity(sub, state.as_ref());
@@ -440,11 +507,37 @@ fn view(s: &ApiState, e: &SubscriptionEntry) -> Value {
         "first_failure_at_ms": (st.first_failure_at_ms > 0).then_some(st.first_failure_at_ms),
         "last_success_at_ms": (st.last_success_at_ms > 0).then_some(st.last_success_at_ms),
         "endpoint_condition": hookline_core::vocabulary::endpoint_condition(st.condition),
+        // The policy's `[breaker]`: open while the endpoint gets no requests after repeated connect errors.
+        "circuit_breaker": match st.breaker_open_until_ms {
+            0 => json!({"state": "closed", "open_until_ms": null}),
+            until if until > crate::now_ms() => json!({"state": "open", "open_until_ms": until}),
+            // Past its cool-off: the next delivery is the probe.
+            until => json!({"state": "probing", "open_until_ms": until}),
+        },
         "owner_email": sub.owner_email,
         "tenant": sub.tenant,
+        // Values are write-only (they often carry credentials), as the secret is.
+        "header_names": header_names(sub),
+        "rate_limit_per_s": (sub.rate_limit_per_s > 0).then_some(sub.rate_limit_per_s),
+        "burst": (sub.burst > 0).then_some(sub.burst),
+        // What the dispatcher enforces: these fields over the policy's `[rate_limit]` defaults.
+        "rate_limit": e.rate_limit.map(|r| json!({"per_s": r.per_s, "burst": r.burst})),
+        "verification": hookline_core::vocabulary::verification_state(sub.verification),
+        "verification_error": (!sub.verification_error.is_empty()).then_some(&sub.verification_error),
+        "verified_at_ms": (sub.verified_at_ms > 0).then_some(sub.verified_at_ms),
+        "filter": match &e.filter {
+            Ok(Some(f)) => f.to_json(),
+            _ => Value::Null,
+        },
         "created_at_ms": sub.created_at_ms,
         "updated_at_ms": sub.updated_at_ms,
     })
+}
+
+fn header_names(sub: &Subscription) -> Vec<&str> {
+    let mut v: Vec<&str> = sub.headers.keys().map(String::as_str).collect();
+    v.sort_unstable();
+    v
 }
 
 fn hex_id() -> String {

@@ -7,7 +7,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-use hookline_core::model::{AttemptRecord, DeadLetter};
+use hookline_core::model::AttemptRecord;
 use hookline_kafka::Topics;
 use hookline_service::Config;
 use prost::Message;
@@ -105,7 +105,7 @@ impl Ledger {
             topics.dlq(),
             "soak-dlq",
             move |_, _, v| {
-                let Some(d) = v.and_then(|v| DeadLetter::decode(v).ok()) else { return };
+                let Some(d) = v.and_then(|v| hookline_core::dead_letter::decode(v, None).ok()) else { return };
                 let Some(event) = d.event else { return };
                 l.state.lock().unwrap().dead_letters.insert((event.id, d.subscription_id));
             },

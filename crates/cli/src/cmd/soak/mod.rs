@@ -142,7 +142,8 @@ async fn soak(args: SoakArgs) -> anyhow::Result<Value> {
     config.kafka.session_timeout_ms = args.session_timeout_ms;
     config.dispatcher.max_in_flight = args.max_in_flight;
     config.ingest.listen_addr = format!("127.0.0.1:{}", free_port()?).parse()?;
-    config.telemetry.log_level = if args.verbose { "info".into() } else { "warn".into() };
+    // Lifecycle lines only at info (nothing per delivery): to the terminal with --verbose, else to a file per service.
+    config.telemetry.log_level = "info".into();
     let dir = std::env::temp_dir().join(format!("hookline-soak-{}", std::process::id()));
     std::fs::create_dir_all(&dir)?;
     let config_path = dir.join("config.toml");

@@ -75,12 +75,15 @@ pub struct Service {
     bin: PathBuf,
     config: PathBuf,
     verbose: bool,
+    /// Without `--verbose`, the service's output goes here (appended over restarts), for the report of a failure.
+    log: PathBuf,
     child: Option<Child>,
     pub starts: u32,
 }
 
 impl Service {
     pub fn new(role: Role, name: String, bin_dir: &Path, config: &Path, verbose: bool) -> anyhow::Result<Service> {
+        let log = config.with_file_name(format!("{name}.log"));
         let bin = bin_dir.join(role.binary());
         anyhow::ensure!(
             bin.is_file(),
@@ -88,12 +91,18 @@ impl Service {
              hookline) or pass --bin-dir",
             bin.display()
         );
-        Ok(Service { name, bin, config: config.to_owned(), verbose, child: None, starts: 0 })
+        Ok(Service { name, bin, config: config.to_owned(), verbose, log, child: None, starts: 0 })
     }
 
     pub fn start(&mut self) -> anyhow::Result<()> {
         anyhow::ensure!(self.child.is_none(), "{} is already running", self.name);
-        let out = || if self.verbose { Stdio::inherit() } else { Stdio::null() };
+        let out = || -> anyhow::Result<Stdio> {
+            if self.verbose {
+                return Ok(Stdio::inherit());
+            }
+            let file = std::fs::OpenOptions::new().create(true).append(true).open(&self.log);
+            Ok(file.with_context(|| format!("opening {}", self.log.display()))?.into())
+        };
         let mut cmd = Command::new(&self.bin);
         // The harness's own environment must not reconfigure the services under test.
         for (k, _) in std::env::vars_os() {
@@ -105,8 +114,8 @@ impl Service {
             .arg("--config")
             .arg(&self.config)
             .stdin(Stdio::null())
-            .stdout(out())
-            .stderr(out())
+            .stdout(out()?)
+            .stderr(out()?)
             .spawn()
             .with_context(|| format!("starting {}", self.bin.display()))?;
         self.child = Some(child);
@@ -139,19 +148,44 @@ impl Service {
     pub async fn terminate(&mut self, limit: Duration) -> anyhow::Result<ExitStatus> {
         self.signal(libc::SIGTERM)?;
         let deadline = Instant::now() + limit;
-        let child = self.child.as_mut().expect("signalled, so running");
         loop {
+            let child = self.child.as_mut().expect("signalled, so running");
+            let pid = child.id();
             if let Some(status) = child.try_wait()? {
                 self.child = None;
                 return Ok(status);
             }
             if Instant::now() >= deadline {
+                // What it was stuck on, before the SIGKILL erases it: the threads' stacks and the log's end.
+                eprintln!("soak: {} did not exit within {limit:?} of SIGTERM\n{}", self.name, self.post_mortem(pid));
                 self.kill9()?;
                 anyhow::bail!("{} did not exit within {limit:?} of SIGTERM", self.name);
             }
             // std's Child has no async wait (tokio's `process` feature is off): a short poll.
             tokio::time::sleep(Duration::from_millis(20)).await;
         }
+    }
+
+    /// The end of the service's log and, when gdb is installed, every thread's stack.
+    fn post_mortem(&self, pid: u32) -> String {
+        let mut out = String::new();
+        if let Ok(log) = std::fs::read_to_string(&self.log) {
+            let lines: Vec<&str> = log.lines().collect();
+            out.push_str(&format!("--- last lines of {} ---\n", self.log.display()));
+            for l in &lines[lines.len().saturating_sub(40)..] {
+                out.push_str(l);
+                out.push('\n');
+            }
+        }
+        let gdb = Command::new("gdb")
+            .args(["-p", &pid.to_string(), "-batch", "-ex", "thread apply all bt 25"])
+            .stdin(Stdio::null())
+            .output();
+        if let Ok(o) = gdb {
+            out.push_str("--- thread stacks (gdb) ---\n");
+            out.push_str(&String::from_utf8_lossy(&o.stdout));
+        }
+        out
     }
 
     pub fn freeze(&self) -> anyhow::Result<()> {
