@@ -32,7 +32,7 @@ fn migrate_applies_once_then_reports_the_version() {
     let dir = temp("migrate");
     let url = format!("sqlite:{}", dir.join("nested/log.sqlite3").display());
     let first = json(&hookline(&["log", "migrate", "--url", &url, "--json"], &[]));
-    assert_eq!((first["applied"].clone(), first["schema_version"].clone()), (serde_json::json!([1]), serde_json::json!(1)));
+    assert_eq!((first["applied"].clone(), first["schema_version"].clone()), (serde_json::json!([1, 2]), serde_json::json!(2)));
     let again = json(&hookline(&["log", "migrate", "--url", &url, "--json"], &[]));
     assert_eq!(again["applied"], serde_json::json!([]));
     let human = hookline(&["log", "migrate", "--url", &url, "--format", "human"], &[]);

@@ -18,7 +18,7 @@ use hookline_service::config::{LogSettings, LogStoreKind};
 use prost::Message as _;
 
 pub use model::{
-    Batch, Cursor, DeliveryDetail, DeliveryRow, DeliveryState, IndexSummary, ListQuery, Page, Scope, Stats, UnknownState,
+    AttemptPoint, Batch, Cursor, DeliveryDetail, InvalidCursor, MAX_ATTEMPT_POINTS, DeliveryRow, DeliveryState, IndexSummary, ListQuery, Page, Scope, Stats, UnknownState,
 };
 
 #[derive(Debug, thiserror::Error)]
@@ -195,6 +195,23 @@ impl LogStore {
         match self {
             Self::Sqlite(s) => s.stats(scope.clone(), since_ms, until_ms).await,
             Self::Postgres(s) => s.stats(scope.clone(), since_ms, until_ms).await,
+        }
+    }
+
+    /// A subscription's tries that started in `[since_ms, until_ms)`, at most [`MAX_ATTEMPT_POINTS`] (the newest).
+    pub async fn attempt_points(&self, subscription_id: &str, since_ms: i64, until_ms: i64) -> Result<Vec<AttemptPoint>, StoreError> {
+        let q = sql::attempt_points(
+            match self {
+                Self::Sqlite(_) => sql::Dialect::Sqlite,
+                Self::Postgres(_) => sql::Dialect::Postgres,
+            },
+            subscription_id,
+            since_ms,
+            until_ms,
+        );
+        match self {
+            Self::Sqlite(s) => s.attempt_points(q).await,
+            Self::Postgres(s) => s.attempt_points(q).await,
         }
     }
 

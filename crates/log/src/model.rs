@@ -19,11 +19,13 @@ pub enum DeliveryState {
     Failed,
     Dead,
     Cancelled,
+    /// Not sent: the subscription's policy skipped it (e.g. while paused with `on_pause = "skip"`).
+    Skipped,
 }
 
 impl DeliveryState {
-    pub const ALL: [DeliveryState; 5] =
-        [Self::Pending, Self::Succeeded, Self::Failed, Self::Dead, Self::Cancelled];
+    pub const ALL: [DeliveryState; 6] =
+        [Self::Pending, Self::Succeeded, Self::Failed, Self::Dead, Self::Cancelled, Self::Skipped];
 
     pub fn as_str(self) -> &'static str {
         match self {
@@ -32,6 +34,7 @@ impl DeliveryState {
             Self::Failed => "failed",
             Self::Dead => "dead",
             Self::Cancelled => "cancelled",
+            Self::Skipped => "skipped",
         }
     }
 
@@ -53,7 +56,7 @@ impl fmt::Display for DeliveryState {
 }
 
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
-#[error("unknown delivery state {got:?}: expected one of pending, succeeded, failed, dead, cancelled")]
+#[error("unknown delivery state {got:?}: expected one of pending, succeeded, failed, dead, cancelled, skipped")]
 pub struct UnknownState {
     pub got: String,
 }
@@ -251,6 +254,18 @@ pub struct Stats {
     pub total: u64,
     pub by_state: Vec<(DeliveryState, u64)>,
 }
+
+/// What the per-minute statistics need of one try: when, how long, and how it ended.
+#[derive(Debug, Clone, PartialEq, Eq, Default)]
+pub struct AttemptPoint {
+    pub started_at_ms: i64,
+    pub duration_ms: i64,
+    pub verdict: String,
+    pub final_state: String,
+}
+
+/// Most tries one statistics query reads (a window with more is counted up to this many, the newest kept).
+pub const MAX_ATTEMPT_POINTS: usize = 200_000;
 
 /// One Kafka record's worth of input to [`crate::LogStore::index`].
 #[derive(Debug, Clone, Default)]

@@ -353,6 +353,12 @@ impl PgStore {
         Ok(crate::page(items, query.page_size()))
     }
 
+    pub async fn attempt_points(&self, q: sql::Query) -> Result<Vec<crate::AttemptPoint>, StoreError> {
+        let r = self.reader().await?;
+        let params = boxed(q.params);
+        r.query(&q.text, &refs(&params)).await?.iter().map(sql::attempt_point).collect()
+    }
+
     pub async fn stats(&self, scope: Scope, since_ms: i64, until_ms: i64) -> Result<Stats, StoreError> {
         let r = self.reader().await?;
         let q = sql::stats(Dialect::Postgres, &scope, since_ms, until_ms);

@@ -5,7 +5,8 @@
 /// `(version, name, SQL)`, in order.
 pub type Migration = (u32, &'static str, &'static str);
 
-pub const SQLITE: &[Migration] = &[(
+pub const SQLITE: &[Migration] = &[
+(
     1,
     "delivery log: deliveries, attempts, events",
     r#"
@@ -69,11 +70,14 @@ CREATE TABLE events (
 ) WITHOUT ROWID;
 CREATE INDEX events_by_time ON events (at_ms);
 "#,
-)];
+),
+(2, "attempts by subscription and time (the API's per-minute stats)", ATTEMPTS_BY_SUBSCRIPTION),
+];
 
 /// PostgreSQL: `attempts` and `events` are range-partitioned by time (one partition per UTC day, created ahead by
 /// the store), so retention drops whole partitions. `deliveries` is one table (a row is updated over its life).
-pub const POSTGRES: &[Migration] = &[(
+pub const POSTGRES: &[Migration] = &[
+(
     1,
     "delivery log: deliveries, attempts and events partitioned by day",
     r#"
@@ -135,7 +139,12 @@ CREATE TABLE events (
     PRIMARY KEY (event_id, at_ms)
 ) PARTITION BY RANGE (at_ms);
 "#,
-)];
+),
+(2, "attempts by subscription and time (the API's per-minute stats)", ATTEMPTS_BY_SUBSCRIPTION),
+];
+
+/// The same in both dialects (PostgreSQL creates it on every partition, present and future).
+const ATTEMPTS_BY_SUBSCRIPTION: &str = "CREATE INDEX attempts_by_subscription ON attempts (subscription_id, started_at_ms)";
 
 /// The newest version this build knows (both lists move together).
 pub fn latest(migrations: &[Migration]) -> u32 {

@@ -136,6 +136,32 @@ pub fn stats(d: Dialect, scope: &Scope, since_ms: i64, until_ms: i64) -> Query {
     }
 }
 
+/// `started_at_ms, duration_ms, verdict, final_state` of a subscription's tries in a window (the
+/// `attempts_by_subscription` index), newest first so a cut keeps the recent ones.
+pub fn attempt_points(d: Dialect, subscription_id: &str, since_ms: i64, until_ms: i64) -> Query {
+    Query {
+        text: format!(
+            "SELECT started_at_ms, duration_ms, verdict, final_state FROM attempts \
+             WHERE subscription_id = {} AND started_at_ms >= {} AND started_at_ms < {} ORDER BY started_at_ms DESC LIMIT {}",
+            d.ph(1),
+            d.ph(2),
+            d.ph(3),
+            d.ph(4)
+        ),
+        params: vec![
+            Param::Text(subscription_id.to_owned()),
+            Param::Int(since_ms),
+            Param::Int(until_ms),
+            Param::Int(crate::model::MAX_ATTEMPT_POINTS as i64),
+        ],
+    }
+}
+
+/// A row of [`attempt_points`].
+pub fn attempt_point(r: &impl RowGet) -> Result<crate::model::AttemptPoint, crate::StoreError> {
+    Ok(crate::model::AttemptPoint { started_at_ms: r.int(0)?, duration_ms: r.int(1)?, verdict: r.text(2)?, final_state: r.text(3)? })
+}
+
 /// Column access shared by the two drivers' rows.
 pub trait RowGet {
     fn text(&self, i: usize) -> Result<String, crate::StoreError>;

@@ -84,17 +84,18 @@ conformance!(
     filters_combine_and_scope_by_tenant,
     search_by_event_id_finds_every_subscription,
     stats_count_by_state_in_a_window,
+    attempt_points_are_one_subscriptions_tries_in_a_window,
     retention_skips_and_removes_old_history,
 );
 
 async fn migrations_apply_once_and_a_newer_schema_is_refused(target: Target) {
     let first = open(&target).await;
-    assert_eq!(first.migrations_applied(), [1]);
-    assert_eq!(first.schema_version().await.unwrap(), 1);
+    assert_eq!(first.migrations_applied(), [1, 2]);
+    assert_eq!(first.schema_version().await.unwrap(), 2);
     drop(first);
     let (applied, version) = hookline_log::migrate(&target).await.unwrap();
     assert!(applied.is_empty(), "nothing left to apply: {applied:?}");
-    assert_eq!(version, 1);
+    assert_eq!(version, 2);
     // A newer hookline migrated this database: this one must not write to it.
     match &target {
         Target::Sqlite(path) => {
@@ -108,7 +109,7 @@ async fn migrations_apply_once_and_a_newer_schema_is_refused(target: Target) {
         }
     }
     match LogStore::open(&target).await {
-        Err(e @ StoreError::SchemaTooNew { found: 99, known: 1 }) => assert!(e.to_string().contains("upgrade hookline"), "{e}"),
+        Err(e @ StoreError::SchemaTooNew { found: 99, known: 2 }) => assert!(e.to_string().contains("upgrade hookline"), "{e}"),
         Err(e) => panic!("expected SchemaTooNew, got {e}"),
         Ok(_) => panic!("a newer schema was accepted"),
     }
@@ -317,6 +318,18 @@ async fn stats_count_by_state_in_a_window(target: Target) {
     assert_eq!(s.total, 3);
     let s = store.stats(&Scope::Tenant("globex".into()), T0, T0 + DAY).await.unwrap();
     assert_eq!(s.total, 30);
+}
+
+async fn attempt_points_are_one_subscriptions_tries_in_a_window(target: Target) {
+    let store = open(&target).await;
+    seed_many(&store).await;
+    let all = store.attempt_points("sub_a", T0, T0 + DAY).await.unwrap();
+    assert_eq!(all.len(), 25, "sub_b's tries are not counted");
+    assert!(all.windows(2).all(|w| w[0].started_at_ms >= w[1].started_at_ms), "newest first");
+    let some = store.attempt_points("sub_a", T0 + 3_000, T0 + 4_000).await.unwrap();
+    assert_eq!(some.len(), 3);
+    assert_eq!(some.iter().filter(|p| p.final_state == "succeeded").count(), 1);
+    assert!(store.attempt_points("sub_none", T0, T0 + DAY).await.unwrap().is_empty());
 }
 
 async fn retention_skips_and_removes_old_history(target: Target) {
