@@ -18,7 +18,7 @@ use hookline_service::config::{LogSettings, LogStoreKind};
 use prost::Message as _;
 
 pub use model::{
-    AttemptPoint, Batch, Cursor, DeliveryDetail, InvalidCursor, MAX_ATTEMPT_POINTS, DeliveryRow, DeliveryState, IndexSummary, ListQuery, Page, Scope, Stats, UnknownState,
+    AttemptPoint, AttemptRow, Batch, Cursor, DeliveryDetail, InvalidCursor, MAX_ATTEMPT_POINTS, DeliveryRow, DeliveryState, IndexSummary, ListQuery, Page, Scope, Stats, UnknownState,
 };
 
 #[derive(Debug, thiserror::Error)]
@@ -198,17 +198,40 @@ impl LogStore {
         }
     }
 
+    /// The latest try of each delivery of a page (keyed by delivery id), for the list's `last_attempt`.
+    pub async fn last_attempts(&self, page: &[DeliveryRow]) -> Result<std::collections::HashMap<String, model::AttemptRow>, StoreError> {
+        let mut out = std::collections::HashMap::new();
+        if page.is_empty() {
+            return Ok(out);
+        }
+        let ids: Vec<String> = page.iter().map(|d| d.delivery_id.clone()).collect();
+        let since = page.iter().map(|d| d.first_at_ms).min().unwrap_or(0);
+        let q = sql::last_attempts(self.dialect(), &ids, since);
+        let rows = match self {
+            Self::Sqlite(s) => s.attempt_rows(q).await?,
+            Self::Postgres(s) => s.attempt_rows(q).await?,
+        };
+        for row in rows {
+            let newer = out
+                .get(&row.delivery_id)
+                .is_none_or(|o: &model::AttemptRow| (row.attempt, row.try_no, row.concludes_attempt) >= (o.attempt, o.try_no, o.concludes_attempt));
+            if newer {
+                out.insert(row.delivery_id.clone(), row);
+            }
+        }
+        Ok(out)
+    }
+
+    fn dialect(&self) -> sql::Dialect {
+        match self {
+            Self::Sqlite(_) => sql::Dialect::Sqlite,
+            Self::Postgres(_) => sql::Dialect::Postgres,
+        }
+    }
+
     /// A subscription's tries that started in `[since_ms, until_ms)`, at most [`MAX_ATTEMPT_POINTS`] (the newest).
     pub async fn attempt_points(&self, subscription_id: &str, since_ms: i64, until_ms: i64) -> Result<Vec<AttemptPoint>, StoreError> {
-        let q = sql::attempt_points(
-            match self {
-                Self::Sqlite(_) => sql::Dialect::Sqlite,
-                Self::Postgres(_) => sql::Dialect::Postgres,
-            },
-            subscription_id,
-            since_ms,
-            until_ms,
-        );
+        let q = sql::attempt_points(self.dialect(), subscription_id, since_ms, until_ms);
         match self {
             Self::Sqlite(s) => s.attempt_points(q).await,
             Self::Postgres(s) => s.attempt_points(q).await,

@@ -353,6 +353,12 @@ impl PgStore {
         Ok(crate::page(items, query.page_size()))
     }
 
+    pub async fn attempt_rows(&self, q: sql::Query) -> Result<Vec<crate::AttemptRow>, StoreError> {
+        let r = self.reader().await?;
+        let params = boxed(q.params);
+        r.query(&q.text, &refs(&params)).await?.iter().map(sql::attempt).collect()
+    }
+
     pub async fn attempt_points(&self, q: sql::Query) -> Result<Vec<crate::AttemptPoint>, StoreError> {
         let r = self.reader().await?;
         let params = boxed(q.params);

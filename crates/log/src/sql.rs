@@ -157,6 +157,23 @@ pub fn attempt_points(d: Dialect, subscription_id: &str, since_ms: i64, until_ms
     }
 }
 
+/// The latest try of each of `ids` (a page's deliveries, bounded by the page size): one query, each delivery's
+/// maximum found through the primary key. `since_ms` (the page's oldest first attempt) lets PostgreSQL skip older
+/// partitions. A delivery may return more than one row (tries that share the millisecond).
+pub fn last_attempts(d: Dialect, ids: &[String], since_ms: i64) -> Query {
+    let mut params: Vec<Param> = ids.iter().map(|i| Param::Text(i.clone())).collect();
+    let list = (1..=ids.len()).map(|n| d.ph(n)).collect::<Vec<_>>().join(", ");
+    params.push(Param::Int(since_ms));
+    let since = d.ph(params.len());
+    Query {
+        text: format!(
+            "SELECT {ATTEMPT_COLS} FROM attempts a WHERE a.delivery_id IN ({list}) AND a.started_at_ms >= {since} \
+             AND a.started_at_ms = (SELECT max(b.started_at_ms) FROM attempts b WHERE b.delivery_id = a.delivery_id AND b.started_at_ms >= {since})"
+        ),
+        params,
+    }
+}
+
 /// A row of [`attempt_points`].
 pub fn attempt_point(r: &impl RowGet) -> Result<crate::model::AttemptPoint, crate::StoreError> {
     Ok(crate::model::AttemptPoint { started_at_ms: r.int(0)?, duration_ms: r.int(1)?, verdict: r.text(2)?, final_state: r.text(3)? })

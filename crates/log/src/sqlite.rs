@@ -151,6 +151,18 @@ impl SqliteStore {
         .await
     }
 
+    pub async fn attempt_rows(&self, q: sql::Query) -> Result<Vec<crate::AttemptRow>, StoreError> {
+        self.read(move |c| {
+            let mut stmt = c.prepare(&q.text)?;
+            let out = stmt
+                .query_map(rusqlite::params_from_iter(values(q.params)), |r| Ok(sql::attempt(r)))?
+                .map(|r| r.map_err(StoreError::from).and_then(|x| x))
+                .collect();
+            out
+        })
+        .await
+    }
+
     pub async fn attempt_points(&self, q: sql::Query) -> Result<Vec<crate::AttemptPoint>, StoreError> {
         self.read(move |c| {
             let mut stmt = c.prepare_cached(&q.text)?;

@@ -85,6 +85,7 @@ conformance!(
     search_by_event_id_finds_every_subscription,
     stats_count_by_state_in_a_window,
     attempt_points_are_one_subscriptions_tries_in_a_window,
+    a_page_gets_the_latest_try_of_each_delivery,
     retention_skips_and_removes_old_history,
 );
 
@@ -330,6 +331,28 @@ async fn attempt_points_are_one_subscriptions_tries_in_a_window(target: Target) 
     assert_eq!(some.len(), 3);
     assert_eq!(some.iter().filter(|p| p.final_state == "succeeded").count(), 1);
     assert!(store.attempt_points("sub_none", T0, T0 + DAY).await.unwrap().is_empty());
+}
+
+async fn a_page_gets_the_latest_try_of_each_delivery(target: Target) {
+    let store = open(&target).await;
+    index(
+        &store,
+        Batch {
+            attempts: vec![
+                attempt("dlv_x", "sub_a", "evt_x", 1, T0, 503, ""),
+                attempt("dlv_x", "sub_a", "evt_x", 2, T0 + 500, 200, "succeeded"),
+                attempt("dlv_y", "sub_a", "evt_y", 1, T0 + 100, 404, "failed"),
+            ],
+            ..Default::default()
+        },
+    )
+    .await;
+    let page = store.list(&ListQuery::new(Scope::Subscription("sub_a".into()))).await.unwrap();
+    let last = store.last_attempts(&page.items).await.unwrap();
+    assert_eq!(last.len(), 2);
+    assert_eq!((last["dlv_x"].attempt, last["dlv_x"].http_status), (2, 200));
+    assert_eq!((last["dlv_y"].attempt, last["dlv_y"].http_status), (1, 404));
+    assert!(store.last_attempts(&[]).await.unwrap().is_empty());
 }
 
 async fn retention_skips_and_removes_old_history(target: Target) {
