@@ -131,10 +131,6 @@ pub struct IngestSettings {
     pub max_request_bytes: usize,
     /// Consumer group of the fan-out.
     pub group_id: String,
-    /// How long the delivery log keeps a delivery (Gauge keeps 30 days). Match the `attempts` topic retention.
-    pub delivery_log_retention_ms: i64,
-    /// Most deliveries the log keeps in memory; the oldest go first.
-    pub delivery_log_max_deliveries: usize,
     /// Timeouts and connection cap of the API's listener (`[ingest.http]`).
     pub http: HttpServerSettings,
 }
@@ -147,8 +143,6 @@ impl Default for IngestSettings {
             max_event_bytes: 960 << 10,
             max_request_bytes: 2 << 20,
             group_id: "hookline-ingest".into(),
-            delivery_log_retention_ms: 30 * 24 * 3_600_000,
-            delivery_log_max_deliveries: 1_000_000,
             http: HttpServerSettings::default(),
         }
     }

@@ -36,6 +36,11 @@ pub struct LogSettings {
     pub batch_max_records: usize,
     /// Longest a record waits for its batch to fill before the batch is written anyway.
     pub batch_max_wait_ms: u64,
+    /// Whether the ingest process runs the indexer in-process (beside the API and the fan-out, never in their way).
+    /// Must be true with `store = "sqlite"` (the file is the process's own). With PostgreSQL, set it false on all
+    /// API replicas but one (or some): the indexers share one consumer group, so any number is correct, but one or
+    /// two is enough.
+    pub run_indexer: bool,
 }
 
 impl Default for LogSettings {
@@ -49,6 +54,7 @@ impl Default for LogSettings {
             group_id: "hookline-log-indexer".into(),
             batch_max_records: 2_000,
             batch_max_wait_ms: 200,
+            run_indexer: true,
         }
     }
 }
@@ -64,6 +70,7 @@ impl std::fmt::Debug for LogSettings {
             .field("group_id", &self.group_id)
             .field("batch_max_records", &self.batch_max_records)
             .field("batch_max_wait_ms", &self.batch_max_wait_ms)
+            .field("run_indexer", &self.run_indexer)
             .finish()
     }
 }
@@ -82,6 +89,9 @@ impl LogSettings {
         }
         if self.group_id.trim().is_empty() {
             return invalid("log.group_id: must not be empty".into());
+        }
+        if self.store == LogStoreKind::Sqlite && !self.run_indexer {
+            return invalid("log.run_indexer: must be true with log.store = \"sqlite\" (only this process writes its file)".into());
         }
         match self.store {
             LogStoreKind::Sqlite if self.sqlite_path.as_os_str().is_empty() => {
@@ -134,6 +144,9 @@ mod tests {
         assert_eq!(c.log.store, LogStoreKind::Sqlite);
         assert_eq!(c.log.retention_days, 30);
         assert!(c.log.sqlite_path.ends_with("delivery-log.sqlite3"));
+        assert!(c.log.run_indexer);
+        let c = load("[log]\nstore = \"postgres\"\npostgres_url = \"postgres://a@h/db\"\nrun_indexer = false\n", &[]).unwrap();
+        assert!(!c.log.run_indexer, "an API replica that leaves indexing to another");
     }
 
     #[test]
@@ -161,6 +174,7 @@ mod tests {
             ("[log]\nbatch_max_records = 0\n", "log.batch_max_records"),
             ("[log]\nbatch_max_wait_ms = 0\n", "log.batch_max_wait_ms"),
             ("[log]\nsqlite_path = \"\"\n", "log.sqlite_path"),
+            ("[log]\nrun_indexer = false\n", "log.run_indexer"),
             ("[log]\nretention = 3\n", "retention"),
             ("[log]\nstore = \"postgres\"\npostgres_url = \"x\"\npostgres_url_file = \"/y\"\n", "log.postgres_url_file"),
         ] {
