@@ -606,8 +606,18 @@ impl Config {
         c.egress.allow_http = true;
         c.telemetry.log_format = LogFormat::Pretty;
         c.telemetry.log_level = "warn".into();
+        // Like the embedded broker, the delivery log does not outlive the run: a file of its own under the temp
+        // dir (unique per call, so tests running side by side never share one), which `hookline dev` removes.
+        c.log.sqlite_path = dev_log_dir().join("delivery-log.sqlite3");
         c
     }
+}
+
+/// A directory name (not created) under the temp dir, unique per call and per process.
+fn dev_log_dir() -> std::path::PathBuf {
+    static N: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
+    let n = N.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+    std::env::temp_dir().join(format!("hookline-dev-{}-{n}", std::process::id()))
 }
 
 #[cfg(test)]
