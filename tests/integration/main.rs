@@ -17,3 +17,4 @@ mod kafka_tls;
 mod tenants;
 mod tracing;
 mod delivery_control;
+mod delivery_log;

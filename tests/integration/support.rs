@@ -173,6 +173,12 @@ impl Pipeline {
         panic!("GET {path} never reached the expected state: {v}");
     }
 
+    /// Like [`Pipeline::get_when`], for a 200 answer: (status, body).
+    pub async fn get_when_ok(&self, path: &str, done: impl Fn(&Value) -> bool) -> (u16, Value) {
+        let v = self.get_when(path, |v| v.get("error").is_none() && done(v)).await;
+        (200, v)
+    }
+
     pub async fn subscription_when(&self, id: &str, done: impl Fn(&Value) -> bool) -> Value {
         self.get_when(&format!("/v1/subscriptions/{id}"), done).await
     }
