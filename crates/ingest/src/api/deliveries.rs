@@ -291,3 +291,50 @@ fn attempt_view(a: &AttemptRow, detail: bool) -> Value {
     }
     v
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn parse(query: &str) -> Result<ListQuery, ApiError> {
+        let q: LogQuery = serde_urlencoded::from_str(query).unwrap();
+        list_query(Scope::Subscription("sub".into()), &q)
+    }
+
+    #[test]
+    fn filters_parse_into_the_store_query() {
+        let q = parse("state=dead&http_status=410&event_type=order.paid&since_ms=5&until_ms=9&limit=7&after=12.dlv_x").unwrap();
+        assert_eq!(q.state, Some(DeliveryState::Dead));
+        assert_eq!((q.http_status, q.event_type.as_deref(), q.since_ms, q.until_ms, q.limit), (Some(410), Some("order.paid"), Some(5), Some(9), 7));
+        assert_eq!(q.after, Some(Cursor { first_at_ms: 12, delivery_id: "dlv_x".into() }));
+        assert_eq!(parse("http_status=0").unwrap().http_status, Some(0), "0: no response");
+        assert_eq!(parse("state=skipped").unwrap().state, Some(DeliveryState::Skipped));
+    }
+
+    #[test]
+    fn every_bad_filter_names_its_parameter() {
+        for (query, field, status) in [
+            ("state=delivered", "state", 400),
+            ("http_status=42", "http_status", 400),
+            ("http_status=600", "http_status", 400),
+            ("event_type=", "event_type", 400),
+            ("since_ms=9&until_ms=9", "until_ms", 400),
+            ("after=nope", "after", 400),
+            ("limit=0", "limit", 422),
+            ("limit=501", "limit", 422),
+        ] {
+            let e = parse(query).err().unwrap_or_else(|| panic!("{query} was accepted"));
+            assert_eq!((e.status.as_u16(), e.field.as_deref()), (status, Some(field)), "{query}: {}", e.message);
+        }
+    }
+
+    #[test]
+    fn the_event_id_search_applies_the_other_filters_too() {
+        let d = DeliveryRow { state: DeliveryState::Dead, last_http_status: 410, event_type: "a".into(), first_at_ms: 10, delivery_id: "d".into(), ..Default::default() };
+        assert!(matches(&d, &parse("state=dead&http_status=410&event_type=a&since_ms=10&until_ms=11").unwrap()));
+        for q in ["state=succeeded", "http_status=200", "event_type=b", "since_ms=11", "until_ms=10", "after=10.d", "after=9.z"] {
+            assert!(!matches(&d, &parse(q).unwrap()), "{q}");
+        }
+        assert!(matches(&d, &parse("after=10.e").unwrap()), "older than the cursor (same ms, smaller id)");
+    }
+}
