@@ -36,7 +36,7 @@ fn migrate_applies_once_then_reports_the_version() {
     let again = json(&hookline(&["log", "migrate", "--url", &url, "--json"], &[]));
     assert_eq!(again["applied"], serde_json::json!([]));
     let human = hookline(&["log", "migrate", "--url", &url, "--format", "human"], &[]);
-    assert!(String::from_utf8_lossy(&human.stdout).contains("schema version 1, nothing to apply"));
+    assert!(String::from_utf8_lossy(&human.stdout).contains("schema version 2, nothing to apply"));
     // Without --url: the config's [log] table, with its environment overrides.
     let path = dir.join("other.sqlite3");
     let from_env = json(&hookline(&["log", "migrate", "--json"], &[("HOOKLINE_LOG__SQLITE_PATH", path.to_str().unwrap())]));
