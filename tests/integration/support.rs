@@ -303,7 +303,12 @@ impl Pipeline {
         config.log.sqlite_path = log_dir.join("delivery-log.sqlite3");
         let default_log = config.log.sqlite_path.clone();
         edit(&mut config);
-        let log_dir = (config.log.sqlite_path == default_log).then_some(log_dir);
+        let log_dir = if config.log.sqlite_path == default_log {
+            Some(log_dir)
+        } else {
+            let _ = std::fs::remove_dir(&log_dir);
+            None
+        };
         if std::env::var_os("RUST_LOG").is_some() {
             hookline_service::telemetry::init(&config.telemetry);
         }
