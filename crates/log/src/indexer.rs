@@ -56,7 +56,9 @@ pub async fn run_with_store(
 ) -> Result<(), IndexerError> {
     let topics = Topics::new(config.kafka.topic_prefix.clone());
     let (context, mut rebalances) = RebalanceContext::new(LAG_GROUP);
-    let mut cc = group_consumer_config(&config.kafka, &config.log.group_id, client_id)?;
+    let group = store.indexer_group(&config.log.group_id).await?;
+    tracing::info!(%group, backend = store.backend(), "delivery log indexer starting");
+    let mut cc = group_consumer_config(&config.kafka, &group, client_id)?;
     // Committed by hand, after the store's commit (never by a timer that could run ahead of it).
     cc.set("enable.auto.commit", "false");
     let consumer: StreamConsumer<RebalanceContext> = cc.create_with_context(context)?;

@@ -138,6 +138,25 @@ impl LogStore {
         }
     }
 
+    /// An id made when the store was created (migration 3): a new file, or a new database, gets a new one.
+    pub async fn store_id(&self) -> Result<String, StoreError> {
+        match self {
+            Self::Sqlite(s) => s.store_id().await,
+            Self::Postgres(s) => s.store_id().await,
+        }
+    }
+
+    /// The indexer's consumer group. PostgreSQL: `log.group_id`, shared by every indexer of the one database.
+    /// SQLite: `log.group_id` + the file's [`store_id`](Self::store_id), because the group's committed offsets
+    /// must describe this file: each process with a file of its own (several API replicas, a pod whose
+    /// `emptyDir` was renewed) indexes every partition from where its file is, or from the start for a new file.
+    pub async fn indexer_group(&self, group_id: &str) -> Result<String, StoreError> {
+        Ok(match self {
+            Self::Sqlite(_) => format!("{group_id}-{}", self.store_id().await?),
+            Self::Postgres(_) => group_id.to_owned(),
+        })
+    }
+
     pub async fn schema_version(&self) -> Result<u32, StoreError> {
         match self {
             Self::Sqlite(s) => s.schema_version().await,

@@ -304,6 +304,11 @@ impl PgStore {
         Ok(IndexSummary { attempts: f.attempts.len(), deliveries: f.deliveries.len(), events: f.events.len(), skipped: f.skipped })
     }
 
+    pub async fn store_id(&self) -> Result<String, StoreError> {
+        let r = self.reader().await?;
+        Ok(r.query_one("SELECT value FROM store_meta WHERE key = 'store_id'", &[]).await?.try_get(0)?)
+    }
+
     pub async fn delivery(&self, id: String) -> Result<Option<DeliveryDetail>, StoreError> {
         let r = self.reader().await?;
         let q = format!("SELECT {} FROM deliveries WHERE delivery_id = $1", sql::DELIVERY_COLS);

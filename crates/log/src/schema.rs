@@ -72,6 +72,12 @@ CREATE INDEX events_by_time ON events (at_ms);
 "#,
 ),
 (2, "attempts by subscription and time (the API's per-minute stats)", ATTEMPTS_BY_SUBSCRIPTION),
+(
+    3,
+    "store_meta: the store's own id",
+    "CREATE TABLE store_meta (key TEXT PRIMARY KEY, value TEXT NOT NULL) WITHOUT ROWID; \
+     INSERT INTO store_meta (key, value) VALUES ('store_id', lower(hex(randomblob(8))));",
+),
 ];
 
 /// PostgreSQL: `attempts` and `events` are range-partitioned by time (one partition per UTC day, created ahead by
@@ -141,6 +147,12 @@ CREATE TABLE events (
 "#,
 ),
 (2, "attempts by subscription and time (the API's per-minute stats)", ATTEMPTS_BY_SUBSCRIPTION),
+(
+    3,
+    "store_meta: the store's own id",
+    "CREATE TABLE store_meta (key TEXT PRIMARY KEY, value TEXT NOT NULL); \
+     INSERT INTO store_meta (key, value) VALUES ('store_id', md5(random()::text || clock_timestamp()::text));",
+),
 ];
 
 /// The same in both dialects (PostgreSQL creates it on every partition, present and future).

@@ -95,6 +95,10 @@ impl SqliteStore {
         self.read(current_version).await
     }
 
+    pub async fn store_id(&self) -> Result<String, StoreError> {
+        self.read(|c| Ok(c.query_row("SELECT value FROM store_meta WHERE key = 'store_id'", [], |r| r.get::<_, String>(0))?)).await
+    }
+
     pub async fn index(&self, folded: Folded) -> Result<IndexSummary, StoreError> {
         self.write(move |c| index(c, folded)).await
     }

@@ -91,12 +91,23 @@ conformance!(
 
 async fn migrations_apply_once_and_a_newer_schema_is_refused(target: Target) {
     let first = open(&target).await;
-    assert_eq!(first.migrations_applied(), [1, 2]);
-    assert_eq!(first.schema_version().await.unwrap(), 2);
+    assert_eq!(first.migrations_applied(), [1, 2, 3]);
+    assert_eq!(first.schema_version().await.unwrap(), 3);
     drop(first);
     let (applied, version) = hookline_log::migrate(&target).await.unwrap();
     assert!(applied.is_empty(), "nothing left to apply: {applied:?}");
-    assert_eq!(version, 2);
+    assert_eq!(version, 3);
+    // The store's id stays with it; the SQLite indexer's group is the file's own.
+    let again = open(&target).await;
+    let id = again.store_id().await.unwrap();
+    assert_eq!(id.len() >= 16, true, "{id}");
+    assert_eq!(open(&target).await.store_id().await.unwrap(), id, "stable across opens");
+    let group = again.indexer_group("hookline-log-indexer").await.unwrap();
+    match &target {
+        Target::Sqlite(_) => assert_eq!(group, format!("hookline-log-indexer-{id}")),
+        Target::Postgres(_) => assert_eq!(group, "hookline-log-indexer", "one group for the one database"),
+    }
+    drop(again);
     // A newer hookline migrated this database: this one must not write to it.
     match &target {
         Target::Sqlite(path) => {
@@ -110,7 +121,7 @@ async fn migrations_apply_once_and_a_newer_schema_is_refused(target: Target) {
         }
     }
     match LogStore::open(&target).await {
-        Err(e @ StoreError::SchemaTooNew { found: 99, known: 2 }) => assert!(e.to_string().contains("upgrade hookline"), "{e}"),
+        Err(e @ StoreError::SchemaTooNew { found: 99, known: 3 }) => assert!(e.to_string().contains("upgrade hookline"), "{e}"),
         Err(e) => panic!("expected SchemaTooNew, got {e}"),
         Ok(_) => panic!("a newer schema was accepted"),
     }
