@@ -100,7 +100,7 @@ async fn migrations_apply_once_and_a_newer_schema_is_refused(target: Target) {
     // The store's id stays with it; the SQLite indexer's group is the file's own.
     let again = open(&target).await;
     let id = again.store_id().await.unwrap();
-    assert_eq!(id.len() >= 16, true, "{id}");
+    assert!(id.len() >= 16, "{id}");
     assert_eq!(open(&target).await.store_id().await.unwrap(), id, "stable across opens");
     let group = again.indexer_group("hookline-log-indexer").await.unwrap();
     match &target {
