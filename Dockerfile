@@ -23,10 +23,13 @@ RUN apt-get update \
  && rm -rf /var/lib/apt/lists/* \
  && groupadd --system --gid 10001 hookline \
  && useradd --system --uid 10001 --gid hookline --home-dir /nonexistent --no-create-home \
-        --shell /usr/sbin/nologin hookline
+        --shell /usr/sbin/nologin hookline \
+ && mkdir -p /var/lib/hookline/data && chown -R 10001:10001 /var/lib/hookline
 COPY --from=build /out/ /usr/local/bin/
 # Numeric so that Kubernetes' runAsNonRoot can verify it.
 USER 10001:10001
+# Writable by the user: the delivery log's default SQLite file is data/delivery-log.sqlite3 under it.
+WORKDIR /var/lib/hookline
 # ingest API + health (8080), dispatcher health (9091), retry-scheduler health (9092).
 EXPOSE 8080 9091 9092
 # SIGTERM drains (dispatcher: up to dispatcher.drain_timeout_ms); give containers a stop grace period above it.

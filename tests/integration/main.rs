@@ -19,3 +19,4 @@ mod tenants;
 mod credentials;
 mod tracing;
 mod delivery_control;
+mod delivery_log;

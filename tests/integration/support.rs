@@ -55,6 +55,8 @@ pub struct Pipeline {
     pub config: hookline_service::Config,
     pub shutdown: CancellationToken,
     client: Client<HttpConnector, Full<Bytes>>,
+    /// The delivery log's SQLite directory, removed on drop, unless the test chose the file itself.
+    log_dir: Option<std::path::PathBuf>,
 }
 
 pub struct Collected<T> {
@@ -159,7 +161,9 @@ impl Pipeline {
     /// produced reaches them one fetch later; the API has no signal to wait on, hence the short, bounded re-reads.
     pub async fn get_when(&self, path: &str, done: impl Fn(&Value) -> bool) -> Value {
         let mut v = Value::Null;
-        for _ in 0..200 {
+        // The delivery log trails Kafka by an indexer batch (and, at first, the indexer's group join).
+        let deadline = Instant::now() + Duration::from_secs(30);
+        while Instant::now() < deadline {
             v = self.call("GET", path, None).await.1;
             if done(&v) {
                 return v;
@@ -167,6 +171,12 @@ impl Pipeline {
             tokio::time::sleep(Duration::from_millis(25)).await;
         }
         panic!("GET {path} never reached the expected state: {v}");
+    }
+
+    /// Like [`Pipeline::get_when`], for a 200 answer: (status, body).
+    pub async fn get_when_ok(&self, path: &str, done: impl Fn(&Value) -> bool) -> (u16, Value) {
+        let v = self.get_when(path, |v| v.get("error").is_none() && done(v)).await;
+        (200, v)
     }
 
     pub async fn subscription_when(&self, id: &str, done: impl Fn(&Value) -> bool) -> Value {
@@ -185,9 +195,21 @@ impl Pipeline {
 impl Drop for Pipeline {
     fn drop(&mut self) {
         self.shutdown.cancel();
+        if let Some(dir) = self.log_dir.take() {
+            let _ = std::fs::remove_dir_all(dir);
+        }
         // Leaked on purpose: clients still owned by the test's runtime must be able to close against it.
         std::mem::forget(self.broker.take());
     }
+}
+
+/// A new directory under the system's temp dir, unique in this process and across processes.
+pub fn temp_dir(what: &str) -> std::path::PathBuf {
+    static N: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
+    let n = N.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+    let dir = std::env::temp_dir().join(format!("hookline-it-{what}-{}-{n}", std::process::id()));
+    std::fs::create_dir_all(&dir).expect("temp dir");
+    dir
 }
 
 async fn collect<T: prost::Message + Default + Send + 'static>(
@@ -277,7 +299,16 @@ impl Pipeline {
         let mut config = hookline_service::Config::dev(&broker.bootstrap_servers(), partitions, TOKEN);
         config.telemetry.log_level = "warn".into();
         config.ingest.max_request_bytes = 16 << 10;
+        let log_dir = temp_dir("log");
+        config.log.sqlite_path = log_dir.join("delivery-log.sqlite3");
+        let default_log = config.log.sqlite_path.clone();
         edit(&mut config);
+        let log_dir = if config.log.sqlite_path == default_log {
+            Some(log_dir)
+        } else {
+            let _ = std::fs::remove_dir(&log_dir);
+            None
+        };
         if std::env::var_os("RUST_LOG").is_some() {
             hookline_service::telemetry::init(&config.telemetry);
         }
@@ -325,6 +356,7 @@ impl Pipeline {
             config,
             shutdown,
             client: Client::builder(TokioExecutor::new()).build_http(),
+            log_dir,
         }
     }
 

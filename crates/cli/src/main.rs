@@ -40,7 +40,10 @@ enum Command {
     /// Make and check the master keys that seal signing secrets at rest.
     #[command(subcommand)]
     Secrets(cmd::secrets::SecretsCmd),
-    /// Benchmark the pipeline (throughput, latency, retry-precision, isolation, memory, fanout, list, or all).
+    /// The delivery log's store: apply its schema migrations.
+    #[command(subcommand)]
+    Log(cmd::log::LogCmd),
+    /// Benchmark the pipeline (throughput, latency, retry-precision, isolation, memory, fanout, list, log, or all).
     Bench(cmd::bench::BenchArgs),
     /// Reliability soak: the broker and the three services as separate processes, a stream of events, faults
     /// (kill -9, SIGSTOP, SIGTERM, broker down, request errors); reports missing and duplicate deliveries.
@@ -59,6 +62,7 @@ fn main() -> ExitCode {
         Command::Verify(args) => cmd::verify::run(args),
         Command::Egress(c) => cmd::egress::run(c),
         Command::Secrets(c) => cmd::secrets::run(c),
+        Command::Log(c) => cmd::log::run(c),
         Command::Bench(args) => cmd::bench::run(args),
         Command::Soak(args) => cmd::soak::run(args),
     };

@@ -3,7 +3,6 @@
 
 pub mod api;
 pub mod decode;
-pub mod delivery_log;
 pub mod fanout;
 pub mod notify;
 pub mod replay;
@@ -14,9 +13,7 @@ use std::sync::Arc;
 
 use hookline_kafka::client::producer;
 use hookline_kafka::state::{SecretMode, StateTables};
-use hookline_core::model::AttemptRecord;
 use hookline_kafka::table::{self, TableError};
-use prost::Message as _;
 use hookline_kafka::Topics;
 use hookline_service::{health, telemetry, Config, Readiness};
 use rdkafka::error::KafkaError;
@@ -34,6 +31,8 @@ pub enum IngestError {
     Config(#[from] hookline_service::config::ConfigError),
     #[error(transparent)]
     Secrets(#[from] hookline_kafka::state::SecretsUnreadable),
+    #[error("the delivery log store ([log]): {0}")]
+    Log(#[from] hookline_log::StoreError),
     #[error("listening on {addr}: {source}")]
     Listen {
         addr: SocketAddr,
@@ -78,37 +77,17 @@ pub async fn run(config: Config, shutdown: CancellationToken, options: Options) 
         table::spawn(&config.kafka, topics.api_keys(), &format!("{instance}-keys"), move |_, key, v| k.apply(key, v), reader_stop.clone())
             .await?;
     let producer = producer(&config.kafka, &instance)?;
-    let log = Arc::new(delivery_log::DeliveryLog::new(
-        config.ingest.delivery_log_retention_ms,
-        config.ingest.delivery_log_max_deliveries,
-    ));
-    let l = log.clone();
-    let attempts_reader = table::spawn(
-        &config.kafka,
-        topics.attempts(),
-        &format!("{instance}-log"),
-        move |_, _, v| {
-            if let Some(rec) = v.and_then(|v| AttemptRecord::decode(v).ok()) {
-                l.apply_attempt(rec, now_ms());
+    // The delivery log is a store (opened in constant time whatever its history) that an indexer fills from
+    // Kafka; nothing here waits for it to catch up.
+    let log = Arc::new(hookline_log::LogStore::open(&hookline_log::Target::from_settings(&config.log)?).await?);
+    let indexer = config.log.run_indexer.then(|| {
+        let (config, store, stop, client_id) = (config.clone(), log.clone(), reader_stop.clone(), format!("{instance}-log-indexer"));
+        tokio::spawn(async move {
+            if let Err(e) = hookline_log::indexer::run_with_store(&config, store, &client_id, stop).await {
+                tracing::error!(error = %e, "the delivery log indexer stopped: the log no longer follows Kafka");
             }
-        },
-        reader_stop.clone(),
-    )
-    .await?;
-    let l = log.clone();
-    let dlq_reader = table::spawn(
-        &config.kafka,
-        topics.dlq(),
-        &format!("{instance}-dlq"),
-        move |_, _, v| {
-            // Either format (`dlq.format`), told apart by content: the table reader passes no headers.
-            if let Some(dl) = v.and_then(|v| hookline_core::dead_letter::decode(v, None).ok()) {
-                l.apply_dead_letter(dl);
-            }
-        },
-        reader_stop.clone(),
-    )
-    .await?;
+        })
+    });
 
     // Loudly, at start: an allow-list makes non-public addresses acceptable as subscription URLs.
     if let Ok(guard) = hookline_core::egress::EgressGuard::new(&config.egress, &Default::default()) {
@@ -154,12 +133,16 @@ pub async fn run(config: Config, shutdown: CancellationToken, options: Options) 
     tokio::select! {
         _ = async {
             tables.caught_up().await;
-            attempts_reader.wait_caught_up().await;
-            dlq_reader.wait_caught_up().await;
             tenants_reader.wait_caught_up().await;
             keys_reader.wait_caught_up().await;
         } => {}
-        _ = shutdown.cancelled() => { reader_stop.cancel(); return Ok(()) }
+        _ = shutdown.cancelled() => {
+            reader_stop.cancel();
+            if let Some(i) = indexer {
+                let _ = i.await;
+            }
+            return Ok(());
+        }
     }
     if let Err(e) = tables.check_secrets() {
         reader_stop.cancel();
@@ -205,6 +188,9 @@ pub async fn run(config: Config, shutdown: CancellationToken, options: Options) 
     let _ = server.await;
     let _ = producer.flush(std::time::Duration::from_secs(10));
     reader_stop.cancel();
+    if let Some(i) = indexer {
+        let _ = i.await;
+    }
     tracer.flush().await;
     result?;
     tracing::info!("ingest stopped");

@@ -25,6 +25,8 @@ pub enum ReplayError {
     Scan(#[from] ScanError),
     #[error("producing replayed tasks failed: {0}")]
     Produce(rdkafka::error::KafkaError),
+    #[error("reading the delivery log: {0}")]
+    Log(#[from] hookline_log::StoreError),
 }
 
 /// A new run of the delivery: its own `run_id`, so the dispatcher does not take its attempts for a redo of the
@@ -64,7 +66,7 @@ pub async fn produce(s: &ApiState, tasks: Vec<DeliveryTask>) -> Result<usize, Re
 /// Every event accepted since `since_ms` (and up to `until_ms`) of the subscription's tenant that its filter
 /// matches.
 pub async fn since(s: &ApiState, entry: &SubscriptionEntry, since_ms: i64, until_ms: Option<i64>) -> Result<usize, ReplayError> {
-    let mut tasks = Vec::new();
+    let mut events = Vec::new();
     scan(&s.kafka, s.topics.events(), Some(since_ms), SCAN_LIMIT, |m| {
         let written = m.timestamp().to_millis().unwrap_or(0);
         if until_ms.is_some_and(|u| written > u) {
@@ -85,10 +87,15 @@ pub async fn since(s: &ApiState, entry: &SubscriptionEntry, since_ms: i64, until
         if ev.accepted_at_ms == 0 {
             ev.accepted_at_ms = written;
         }
-        let prior = s.log.get(&delivery_id(&ev.id, &entry.sub.id)).map_or(0, |d| d.attempts_made);
-        tasks.push(task(ev, &entry.sub.id, prior));
+        events.push(ev);
     })
     .await?;
+    let mut tasks = Vec::with_capacity(events.len());
+    for ev in events {
+        // The attempt count continues where the log has it (a delivery never made starts at 0).
+        let prior = s.log.delivery(&delivery_id(&ev.id, &entry.sub.id)).await?.map_or(0, |d| d.delivery.attempts_made);
+        tasks.push(task(ev, &entry.sub.id, prior));
+    }
     produce(s, tasks).await
 }
 
@@ -134,8 +141,8 @@ pub async fn redrive(s: &ApiState, f: &RedriveFilter) -> Result<Redrive, ReplayE
     let mut tasks = Vec::new();
     let mut skipped = 0;
     for (_, dl) in latest {
-        let logged = s.log.get(&dl.delivery_id);
-        let succeeded_since = logged.as_ref().is_some_and(|d| d.state == "succeeded");
+        let logged = s.log.delivery(&dl.delivery_id).await?.map(|d| d.delivery);
+        let succeeded_since = logged.as_ref().is_some_and(|d| d.state == hookline_log::DeliveryState::Succeeded);
         // A dead letter of another tenant's event (fanned out before tenant isolation) is never sent again.
         let active = s.subs.get(&dl.subscription_id).is_some_and(|e| {
             dl.event.as_ref().is_some_and(|ev| ev.tenant == e.sub.tenant)

@@ -13,6 +13,9 @@ use serde::{Deserialize, Serialize};
 
 pub use crate::http_server::HttpServerSettings;
 
+mod log;
+pub use log::{LogSettings, LogStoreKind};
+
 #[derive(Debug, Clone, Serialize, Deserialize, Default)]
 #[serde(deny_unknown_fields, default)]
 pub struct Config {
@@ -23,6 +26,7 @@ pub struct Config {
     pub retry_scheduler: RetrySchedulerSettings,
     pub egress: EgressSettings,
     pub notify: NotifySettings,
+    pub log: LogSettings,
     pub dlq: DlqSettings,
     pub secrets: SecretsSettings,
 }
@@ -237,10 +241,6 @@ pub struct IngestSettings {
     pub max_request_bytes: usize,
     /// Consumer group of the fan-out.
     pub group_id: String,
-    /// How long the delivery log keeps a delivery (Gauge keeps 30 days). Match the `attempts` topic retention.
-    pub delivery_log_retention_ms: i64,
-    /// Most deliveries the log keeps in memory; the oldest go first.
-    pub delivery_log_max_deliveries: usize,
     /// Timeouts and connection cap of the API's listener (`[ingest.http]`).
     pub http: HttpServerSettings,
     /// Portal links and embedding (`[ingest.portal]`).
@@ -255,8 +255,6 @@ impl Default for IngestSettings {
             max_event_bytes: 960 << 10,
             max_request_bytes: 2 << 20,
             group_id: "hookline-ingest".into(),
-            delivery_log_retention_ms: 30 * 24 * 3_600_000,
-            delivery_log_max_deliveries: 1_000_000,
             http: HttpServerSettings::default(),
             portal: PortalSettings::default(),
         }
@@ -534,6 +532,7 @@ impl Config {
         self.kafka.validate().map_err(ConfigError::Invalid)?;
         self.egress.validate().map_err(|e| ConfigError::Invalid(e.to_string()))?;
         self.notify.validate()?;
+        self.log.validate()?;
         self.telemetry.validate()?;
         self.ingest.portal.validate()?;
         self.ingest.http.validate("ingest.http").map_err(ConfigError::Invalid)?;
@@ -725,8 +724,18 @@ impl Config {
         let mut rng = rand::rng();
         c.secrets.keys = vec![hookline_core::seal::generate_entry("dev", &mut rng)];
         c.ingest.portal.link_secret = Some(hookline_core::sign::generate_secret(&mut rng));
+        // Like the embedded broker, the delivery log does not outlive the run: a file of its own under the temp
+        // dir (unique per call, so tests running side by side never share one), which `hookline dev` removes.
+        c.log.sqlite_path = dev_log_dir().join("delivery-log.sqlite3");
         c
     }
+}
+
+/// A directory name (not created) under the temp dir, unique per call and per process.
+fn dev_log_dir() -> std::path::PathBuf {
+    static N: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
+    let n = N.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+    std::env::temp_dir().join(format!("hookline-dev-{}-{n}", std::process::id()))
 }
 
 #[cfg(test)]

@@ -105,6 +105,13 @@ health_addr = "0.0.0.0:9092"
 max_held_per_partition = {{ int .Values.retryScheduler.maxHeldPerPartition }}
 drain_timeout_ms = {{ int .Values.retryScheduler.drainTimeoutMs }}
 
+[log]
+store = {{ .Values.log.store | quote }}
+retention_days = {{ int .Values.log.retentionDays }}
+{{- if eq .Values.log.store "sqlite" }}
+sqlite_path = "/var/lib/hookline/log/delivery-log.sqlite3"
+{{- end }}
+
 [egress]
 allow_ranges = {{ .Values.egress.allowRanges | toJson }}
 allow_http = {{ .Values.egress.allowHttp }}
@@ -139,6 +146,13 @@ blocked_hostnames = {{ .Values.egress.blockedHostnames | toJson }}
       name: {{ include "hookline.secretName" .root }}
       key: master-keys
       optional: true
+{{- if eq .root.Values.log.store "postgres" }}
+- name: HOOKLINE_LOG__POSTGRES_URL
+  valueFrom:
+    secretKeyRef:
+      name: {{ include "hookline.secretName" .root }}
+      key: log-postgres-url
+{{- end }}
 {{- end -}}
 
 {{/* Kafka credentials as files (volumeMounts / volumes of every hookline pod): (dict "root" $) */}}
@@ -242,11 +256,20 @@ spec:
               mountPath: /etc/hookline
               readOnly: true
             {{- include "hookline.kafkaMounts" (dict "root" $root) | nindent 12 }}
+            {{- if and (eq .component "ingest") (eq $root.Values.log.store "sqlite") }}
+            - name: delivery-log
+              mountPath: /var/lib/hookline/log
+            {{- end }}
       volumes:
         - name: config
           configMap:
             name: {{ include "hookline.fullname" $root }}
         {{- include "hookline.kafkaVolumes" (dict "root" $root) | nindent 8 }}
+        {{- if and (eq .component "ingest") (eq $root.Values.log.store "sqlite") }}
+        - name: delivery-log
+          emptyDir:
+            sizeLimit: {{ $root.Values.log.sqliteSizeLimit }}
+        {{- end }}
       {{- with .v.nodeSelector }}
       nodeSelector:
         {{- toYaml . | nindent 8 }}

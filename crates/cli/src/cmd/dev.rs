@@ -64,6 +64,8 @@ pub fn run(args: DevArgs) -> anyhow::Result<ExitCode> {
         config.telemetry.log_level = level.clone();
         config.validate()?;
     }
+    // The delivery log's own temp file (unless the config file names one): removed with the broker below.
+    let temp_log = (config.log.sqlite_path == base.log.sqlite_path).then(|| base.log.sqlite_path.parent().map(std::path::Path::to_path_buf)).flatten();
     let topics = Topics::new(config.kafka.topic_prefix.clone());
     let broker = DevBroker::start(&topics, config.kafka.partitions, config.kafka.event_partitions)?;
     config.kafka.bootstrap_servers = broker.bootstrap_servers();
@@ -72,6 +74,9 @@ pub fn run(args: DevArgs) -> anyhow::Result<ExitCode> {
     // Every Kafka client lives in the runtime: stop them all before the broker goes away.
     rt.shutdown_timeout(Duration::from_secs(5));
     drop(broker);
+    if let Some(dir) = temp_log {
+        let _ = std::fs::remove_dir_all(dir);
+    }
     result
 }
 

@@ -6,6 +6,7 @@ pub mod dev_broker;
 pub mod dlq;
 pub mod egress;
 pub mod filter;
+pub mod log;
 pub mod numbers;
 /// Not a subcommand: the human-or-JSON output the listing commands share.
 pub mod output;

@@ -39,7 +39,8 @@ pub struct ApiState {
     pub tokens: Vec<String>,
     pub max_event_bytes: usize,
     pub egress: EgressSettings,
-    pub log: Arc<crate::delivery_log::DeliveryLog>,
+    /// The delivery log store, filled by the indexer (in this process or another).
+    pub log: Arc<hookline_log::LogStore>,
     pub kafka: hookline_kafka::KafkaSettings,
     /// Off unless `telemetry.otlp_endpoint` is set: then a `traceparent` header on `POST /v1/events` is carried.
     pub tracer: hookline_service::traces::Tracer,
@@ -69,6 +70,7 @@ pub fn router(state: Arc<ApiState>, max_request_bytes: usize) -> Router {
         .route("/v1/subscriptions/{id}/deliveries", get(deliveries::list))
         .route("/v1/subscriptions/{id}/replay", post(deliveries::replay_since))
         .route("/v1/subscriptions/{id}/stats", get(stats::get))
+        .route("/v1/deliveries", get(deliveries::search))
         .route("/v1/deliveries/{id}", get(deliveries::get))
         .route("/v1/deliveries/{id}/replay", post(deliveries::replay_one))
         .route("/v1/dlq/redrive", post(deliveries::redrive))
@@ -131,8 +133,17 @@ impl ApiError {
         Self::new(StatusCode::SERVICE_UNAVAILABLE, "kafka_unavailable", format!("could not write to Kafka: {e}"))
     }
 
+    /// The delivery log store did not answer (a database down or a file unreadable); nothing was changed.
+    pub fn log_unavailable(e: hookline_log::StoreError) -> Self {
+        tracing::warn!(error = %e, "delivery log query failed");
+        Self::new(StatusCode::SERVICE_UNAVAILABLE, "log_unavailable", format!("the delivery log store did not answer: {e}"))
+    }
+
     /// A replay or redrive that could not read or write Kafka; the message says which.
     pub fn replay_failed(e: crate::replay::ReplayError) -> Self {
+        if let crate::replay::ReplayError::Log(e) = e {
+            return Self::log_unavailable(e);
+        }
         Self::new(StatusCode::SERVICE_UNAVAILABLE, "kafka_unavailable", e.to_string())
     }
 

@@ -1,12 +1,13 @@
 //! `GET /v1/subscriptions/{id}/stats`: attempts per time bucket by outcome class, and attempt latency (p50, p95),
-//! computed from the delivery log. What the portal's chart draws.
+//! from the delivery log store's tries in the window; and the window's deliveries by state (`store.stats`). What
+//! the portal's chart draws.
 
 use std::sync::Arc;
 
 use axum::extract::{Path, State};
 
 use axum::Json;
-use hookline_core::model::AttemptRecord;
+use hookline_log::{AttemptPoint, Scope};
 use serde::Deserialize;
 use serde_json::{json, Map, Value};
 
@@ -28,7 +29,7 @@ pub struct StatsQuery {
 
 /// The class of one attempt: `succeeded` (2xx), `retried` (another attempt is scheduled), `failed` or `dead` (the
 /// delivery ended so: the delivery states' words), `cancelled` (ended `cancelled` or `skipped`), `other`.
-pub fn class_of(a: &AttemptRecord) -> usize {
+pub fn class_of(a: &AttemptPoint) -> usize {
     match a.final_state.as_str() {
         "succeeded" => 0,
         "failed" => 2,
@@ -66,13 +67,18 @@ pub async fn get(
     let n = n as usize;
     let mut counts = vec![[0u64; CLASSES.len()]; n];
     let mut durations: Vec<Vec<i64>> = vec![Vec::new(); n];
-    s.log.for_each_attempt(&id, start, until, |a| {
+    let points = s.log.attempt_points(&id, start, until).await.map_err(ApiError::log_unavailable)?;
+    let truncated = points.len() >= hookline_log::MAX_ATTEMPT_POINTS;
+    for a in &points {
         let i = ((i128::from(a.started_at_ms) - i128::from(start)) / i128::from(bucket)) as usize;
         if i < n {
             counts[i][class_of(a)] += 1;
             durations[i].push(a.duration_ms.max(0));
         }
-    });
+    }
+    drop(points);
+    let deliveries = s.log.stats(&Scope::Subscription(id.clone()), start, until).await.map_err(ApiError::log_unavailable)?;
+    let by_state: Map<String, Value> = deliveries.by_state.iter().map(|(st, n)| (st.as_str().to_owned(), json!(n))).collect();
     let mut totals = [0u64; CLASSES.len()];
     let mut all_durations = Vec::new();
     let buckets: Vec<Value> = (0..n)
@@ -104,6 +110,9 @@ pub async fn get(
         "classes": CLASSES,
         "buckets": buckets,
         "totals": {"attempts": all_durations.len(), "counts": totals, "p50_ms": percentile(&all_durations, 50), "p95_ms": percentile(&all_durations, 95)},
+        // Only the newest tries are counted when the window holds more than the store returns at once.
+        "truncated": truncated,
+        "deliveries": {"total": deliveries.total, "by_state": by_state},
     })))
 }
 
@@ -131,7 +140,7 @@ mod tests {
 
     #[test]
     fn classes_follow_the_final_state_then_the_verdict() {
-        let a = |verdict: &str, fin: &str| AttemptRecord { verdict: verdict.into(), final_state: fin.into(), ..Default::default() };
+        let a = |verdict: &str, fin: &str| AttemptPoint { verdict: verdict.into(), final_state: fin.into(), ..Default::default() };
         assert_eq!(CLASSES[class_of(&a("success", "succeeded"))], "succeeded");
         assert_eq!(CLASSES[class_of(&a("retry", ""))], "retried");
         assert_eq!(CLASSES[class_of(&a("retry", "failed"))], "failed", "the last retry of an exhausted schedule");

@@ -12,6 +12,7 @@ mod fanout;
 mod isolation;
 mod latency;
 mod list;
+mod log;
 mod memory;
 mod receiver;
 mod retry_precision;
@@ -32,6 +33,8 @@ pub enum Scenario {
     Memory,
     Fanout,
     List,
+    /// The delivery log's store (not part of `all`).
+    Log,
     All,
 }
 
@@ -45,6 +48,7 @@ impl Scenario {
             Scenario::Memory => "memory",
             Scenario::Fanout => "fanout",
             Scenario::List => "list",
+            Scenario::Log => "log",
             Scenario::All => "all",
         }
     }
@@ -53,7 +57,7 @@ impl Scenario {
 #[derive(clap::Args, Clone)]
 pub struct BenchArgs {
     /// throughput, latency, retry-precision, isolation, memory, fanout, list, or all (each in turn, one JSON line at
-    /// the end).
+    /// the end); log (the delivery log's store, not part of all).
     #[arg(value_enum, required_unless_present = "serve")]
     scenario: Option<Scenario>,
     /// A real Kafka cluster (`host:port,...`) instead of the embedded mock broker. The topics are created under a
@@ -104,6 +108,19 @@ pub struct BenchArgs {
     /// fanout, list: subscriptions in the large table (across up to 10,000 tenants; fanout compares with 16).
     #[arg(long, default_value_t = 200_000)]
     fanout_subscriptions: usize,
+    /// log: attempts written to each store (two per delivery).
+    #[arg(long, default_value_t = 200_000, value_parser = clap::value_parser!(u64).range(2..=100_000_000))]
+    log_attempts: u64,
+    /// log: queries of each kind timed on the filled store.
+    #[arg(long, default_value_t = 300, value_parser = clap::builder::RangedU64ValueParser::<usize>::new().range(1..=100_000))]
+    log_queries: usize,
+    /// log: also measure PostgreSQL on this server (`postgresql://user@host:port/postgres`); a scratch database is
+    /// created there and dropped afterwards.
+    #[arg(long, value_name = "URL")]
+    postgres_url: Option<String>,
+    /// log: measure only this backend (`sqlite`, or `postgres`, which needs --postgres-url).
+    #[arg(long, value_parser = ["sqlite", "postgres"])]
+    log_only: Option<String>,
     /// Internal: run one service as a child process (`broker`, `ingest`, `dispatcher`, `retry-scheduler`).
     #[arg(long, hide = true)]
     serve: Option<String>,
@@ -153,6 +170,7 @@ pub fn run(args: BenchArgs) -> anyhow::Result<ExitCode> {
                 Scenario::Memory => memory::run(&args).await?,
                 Scenario::Fanout => fanout::run(&args).await?,
                 Scenario::List => list::run(&args).await?,
+                Scenario::Log => log::run(&args).await?,
                 Scenario::All => unreachable!(),
             };
             met_all &= met;

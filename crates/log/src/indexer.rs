@@ -1,0 +1,331 @@
+//! The indexer: a consumer group over `attempts`, `dlq` and `events` that writes the records into the store in
+//! batches (one transaction each) and commits their offsets only after the transaction committed. Writes are
+//! idempotent upserts keyed by delivery/run/attempt/try, so a crash between the two (or a rebalance) re-reads and
+//! re-writes records without changing the log. Never on the delivery path: when the store is down, the indexer
+//! retries the same batch and falls behind (its lag metrics grow); nothing else waits for it.
+
+use std::collections::HashMap;
+use std::sync::Arc;
+use std::time::Duration;
+
+use hookline_core::model::{AttemptPhase, AttemptRecord, DeadLetter, Event};
+use hookline_kafka::client::group_consumer_config;
+use hookline_kafka::rebalance::RebalanceContext;
+use hookline_kafka::Topics;
+use hookline_service::Config;
+use prost::Message as _;
+use rdkafka::consumer::{CommitMode, Consumer, StreamConsumer};
+use rdkafka::error::KafkaError;
+use rdkafka::message::{BorrowedMessage, Message as _};
+use rdkafka::{Offset, TopicPartitionList};
+use serde::Deserialize;
+use serde_json::value::RawValue;
+use tokio_util::sync::CancellationToken;
+
+use crate::{Batch, LogStore, StoreError, Target};
+
+/// How often retention runs (and PostgreSQL's partitions ahead are created).
+const MAINTENANCE_EVERY: Duration = Duration::from_secs(3_600);
+/// Wait between attempts to write a batch the store refused.
+const RETRY_MIN: Duration = Duration::from_millis(200);
+const RETRY_MAX: Duration = Duration::from_secs(10);
+
+#[derive(Debug, thiserror::Error)]
+pub enum IndexerError {
+    #[error("kafka: {0}")]
+    Kafka(#[from] KafkaError),
+    #[error(transparent)]
+    Store(#[from] StoreError),
+}
+
+/// The group's name in `hookline_consumer_lag{group=…}`.
+pub const LAG_GROUP: &str = "log-indexer";
+
+/// Opens the store named by `[log]` and indexes until `shutdown`.
+pub async fn run(config: Config, shutdown: CancellationToken) -> Result<(), IndexerError> {
+    let store = Arc::new(LogStore::open(&Target::from_settings(&config.log)?).await?);
+    run_with_store(&config, store, "hookline-log-indexer", shutdown).await
+}
+
+/// Indexes into `store` (shared with the API in the same process) until `shutdown`.
+pub async fn run_with_store(
+    config: &Config,
+    store: Arc<LogStore>,
+    client_id: &str,
+    shutdown: CancellationToken,
+) -> Result<(), IndexerError> {
+    let topics = Topics::new(config.kafka.topic_prefix.clone());
+    let (context, mut rebalances) = RebalanceContext::new(LAG_GROUP);
+    let group = store.indexer_group(&config.log.group_id).await?;
+    tracing::info!(%group, backend = store.backend(), "delivery log indexer starting");
+    let mut cc = group_consumer_config(&config.kafka, &group, client_id)?;
+    // Committed by hand, after the store's commit (never by a timer that could run ahead of it).
+    cc.set("enable.auto.commit", "false");
+    let consumer: StreamConsumer<RebalanceContext> = cc.create_with_context(context)?;
+    consumer.subscribe(&[topics.attempts(), topics.dlq(), topics.events()])?;
+    let settings = &config.log;
+    let batch_wait = Duration::from_millis(settings.batch_max_wait_ms);
+    let mut maintenance = tokio::time::interval(MAINTENANCE_EVERY);
+    maintenance.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    let mut stopping = false;
+    // The batch being written while the next one is read (one at a time, committed in order).
+    let mut in_flight: Option<InFlight> = None;
+    while !stopping {
+        let mut batch = Batch::default();
+        // Next offset to commit per (topic, partition).
+        let mut next: HashMap<(String, i32), i64> = HashMap::new();
+        let mut newest_ts = 0i64;
+        let mut read = 0usize;
+        let deadline = tokio::time::sleep(Duration::from_secs(86_400));
+        tokio::pin!(deadline);
+        let mut started = false;
+        loop {
+            tokio::select! {
+                biased;
+                _ = shutdown.cancelled() => { stopping = true; break; }
+                // The log keeps nothing per partition in memory between batches: nothing to forget on revoke.
+                Some(_) = rebalances.recv() => {}
+                written = async { (&mut in_flight.as_mut().expect("guarded").task).await }, if in_flight.is_some() => {
+                    let done = in_flight.take().expect("guarded");
+                    if !conclude(&consumer, done.offsets, written, CommitMode::Async) {
+                        return Ok(());
+                    }
+                }
+                _ = maintenance.tick(), if read == 0 && in_flight.is_none() => {
+                    match store.apply_retention(settings.retention_days, hookline_service::now_ms()).await {
+                        Ok(r) => tracing::info!(deliveries = r.deliveries, attempts = r.attempts, events = r.events,
+                            partitions_dropped = r.partitions_dropped, "delivery log retention applied"),
+                        Err(e) => tracing::warn!(error = %e, "delivery log retention failed; retried in an hour"),
+                    }
+                }
+                _ = &mut deadline, if started => break,
+                received = consumer.recv() => {
+                    let m = match received {
+                        Ok(m) => m,
+                        Err(e) => { tracing::warn!(error = %e, "log indexer consumer error"); continue; }
+                    };
+                    if !started {
+                        started = true;
+                        deadline.as_mut().reset(tokio::time::Instant::now() + batch_wait);
+                    }
+                    read += 1;
+                    let ts = m.timestamp().to_millis().unwrap_or(0);
+                    newest_ts = newest_ts.max(ts);
+                    next.insert((m.topic().to_owned(), m.partition()), m.offset() + 1);
+                    add(&mut batch, &topics, &m, ts);
+                    if read >= settings.batch_max_records { break; }
+                }
+            }
+        }
+        if let Some(InFlight { task, offsets }) = in_flight.take() {
+            if !conclude(&consumer, offsets, task.await, CommitMode::Async) {
+                return Ok(());
+            }
+        }
+        if read == 0 {
+            continue;
+        }
+        let (store, days, stop) = (store.clone(), settings.retention_days, shutdown.clone());
+        let task = tokio::spawn(async move { write(&store, batch, days, &stop).await });
+        in_flight = Some(InFlight { task, offsets: Offsets { next, newest_ts } });
+    }
+    if let Some(InFlight { task, offsets }) = in_flight.take() {
+        conclude(&consumer, offsets, task.await, CommitMode::Sync);
+    }
+    Ok(())
+}
+
+/// A batch handed to the store, with the offsets that follow it.
+struct InFlight {
+    task: tokio::task::JoinHandle<bool>,
+    offsets: Offsets,
+}
+
+struct Offsets {
+    /// The next offset to consume per (topic, partition).
+    next: HashMap<(String, i32), i64>,
+    /// The newest record's Kafka timestamp (ms).
+    newest_ts: i64,
+}
+
+/// After a batch's write finished: commits its offsets when it was stored. False when it was not (shut down while
+/// the store refused it, or the write panicked): nothing is committed, and the records are read again next time.
+fn conclude(
+    consumer: &StreamConsumer<RebalanceContext>,
+    done: Offsets,
+    written: Result<bool, tokio::task::JoinError>,
+    mode: CommitMode,
+) -> bool {
+    match written {
+        Ok(true) => {}
+        Ok(false) => return false,
+        Err(e) => {
+            tracing::error!(error = %e, "delivery log write task failed; its records are read again at the next start");
+            return false;
+        }
+    }
+    let mut tpl = TopicPartitionList::new();
+    for ((topic, partition), offset) in &done.next {
+        let _ = tpl.add_partition_offset(topic, *partition, Offset::Offset(*offset));
+    }
+    if let Err(e) = consumer.commit(&tpl, mode) {
+        // A revoked partition cannot be committed here; its next owner re-reads (idempotently).
+        tracing::debug!(error = %e, "log indexer offset commit failed");
+    }
+    if done.newest_ts > 0 {
+        let lag = hookline_service::now_ms().saturating_sub(done.newest_ts).max(0);
+        metrics::gauge!("hookline_log_indexer_lag_ms").set(lag as f64);
+    }
+    true
+}
+
+/// Writes a batch, retrying with backoff until it is stored (true) or shutdown (false).
+async fn write(store: &LogStore, batch: Batch, retention_days: u32, shutdown: &CancellationToken) -> bool {
+    let mut wait = RETRY_MIN;
+    loop {
+        let started = std::time::Instant::now();
+        match store.index(batch.clone(), retention_days, hookline_service::now_ms()).await {
+            Ok(s) => {
+                metrics::histogram!("hookline_log_index_batch_ms").record(started.elapsed().as_secs_f64() * 1_000.0);
+                for (kind, n) in [("attempt", s.attempts), ("delivery", s.deliveries), ("event", s.events), ("skipped", s.skipped)] {
+                    metrics::counter!("hookline_log_indexed_total", "kind" => kind).increment(n as u64);
+                }
+                return true;
+            }
+            Err(e) => {
+                metrics::counter!("hookline_log_index_errors_total").increment(1);
+                tracing::warn!(error = %e, records = batch.len(), retry_in_ms = wait.as_millis() as u64, "delivery log write failed; retrying the batch");
+                tokio::select! {
+                    _ = shutdown.cancelled() => return false,
+                    _ = tokio::time::sleep(wait) => {}
+                }
+                wait = (wait * 2).min(RETRY_MAX);
+            }
+        }
+    }
+}
+
+fn add(batch: &mut Batch, topics: &Topics, m: &BorrowedMessage<'_>, ts: i64) {
+    let payload = m.payload().unwrap_or_default();
+    let topic = m.topic();
+    if topic == topics.attempts() {
+        // Leases (phase STARTED) live on `inflight`; only finished tries are attempts.
+        match AttemptRecord::decode(payload) {
+            Ok(rec) if rec.phase != AttemptPhase::Started as i32 => batch.attempts.push(rec),
+            _ => metrics::counter!("hookline_log_indexed_total", "kind" => "skipped").increment(1),
+        }
+    } else if topic == topics.dlq() {
+        match DeadLetter::decode(payload) {
+            Ok(dl) => batch.dead_letters.push(dl),
+            Err(_) => metrics::counter!("hookline_log_indexed_total", "kind" => "skipped").increment(1),
+        }
+    } else {
+        match decode_event(payload) {
+            Some(mut ev) => {
+                if ev.accepted_at_ms == 0 {
+                    ev.accepted_at_ms = ts;
+                }
+                batch.events.push((ev, ts));
+            }
+            // Ingest dead-letters what it cannot decode; the log has nothing to keep of it.
+            None => metrics::counter!("hookline_log_indexed_total", "kind" => "skipped").increment(1),
+        }
+    }
+}
+
+#[derive(Deserialize)]
+struct Envelope<'a> {
+    id: Option<String>,
+    #[serde(rename = "type")]
+    event_type: Option<String>,
+    #[serde(alias = "occurredAt")]
+    occurred_at: Option<serde_json::Value>,
+    tenant: Option<String>,
+    #[serde(alias = "entityId")]
+    entity_id: Option<String>,
+    #[serde(borrow)]
+    data: Option<&'a RawValue>,
+}
+
+/// A record of the events topic as ingest reads it (JSON envelope or protobuf `Event`), for keeping: an event
+/// without an id or type is not kept (ingest dead-letters it, and no delivery refers to it). Ingest validates;
+/// this only reads.
+pub fn decode_event(bytes: &[u8]) -> Option<Event> {
+    let bytes = bytes.strip_prefix(b"\xEF\xBB\xBF").unwrap_or(bytes);
+    let first = bytes.iter().copied().find(|b| !b.is_ascii_whitespace())?;
+    let ev = if first == b'{' {
+        let env: Envelope<'_> = serde_json::from_slice(bytes).ok()?;
+        let occurred_at_ms = match env.occurred_at {
+            Some(serde_json::Value::Number(n)) => n.as_i64().unwrap_or(0),
+            Some(serde_json::Value::String(s)) => rfc3339_ms(&s).unwrap_or(0),
+            _ => 0,
+        };
+        Event {
+            id: env.id?,
+            r#type: env.event_type?,
+            occurred_at_ms,
+            tenant: env.tenant.unwrap_or_default(),
+            entity_id: env.entity_id.unwrap_or_default(),
+            data_json: env.data.map(|d| bytes::Bytes::copy_from_slice(d.get().as_bytes())).unwrap_or_default(),
+            ..Default::default()
+        }
+    } else {
+        Event::decode(bytes).ok()?
+    };
+    (!ev.id.is_empty() && !ev.r#type.is_empty()).then_some(ev)
+}
+
+/// `2026-01-02T03:04:05[.fff](Z|±hh:mm)` to epoch milliseconds.
+fn rfc3339_ms(s: &str) -> Option<i64> {
+    let b = s.as_bytes();
+    if b.len() < 20 || b[4] != b'-' || b[7] != b'-' || !matches!(b[10], b'T' | b't' | b' ') || b[13] != b':' || b[16] != b':' {
+        return None;
+    }
+    let num = |from: usize, to: usize| -> Option<i64> {
+        let part = s.get(from..to)?;
+        part.bytes().all(|c| c.is_ascii_digit()).then(|| part.parse().ok()).flatten()
+    };
+    let (y, mo, d) = (num(0, 4)?, num(5, 7)?, num(8, 10)?);
+    let secs = num(11, 13)? * 3_600 + num(14, 16)? * 60 + num(17, 19)?;
+    let mut i = 19;
+    let mut millis = 0;
+    if b.get(i) == Some(&b'.') {
+        let start = i + 1;
+        i = start;
+        while b.get(i).is_some_and(u8::is_ascii_digit) {
+            i += 1;
+        }
+        let frac = s.get(start..i.min(start + 3)).filter(|f| !f.is_empty())?;
+        millis = frac.parse::<i64>().ok()? * 10i64.pow(3 - frac.len() as u32);
+    }
+    let offset = match b.get(i)? {
+        b'Z' | b'z' if i + 1 == b.len() => 0,
+        sign @ (b'+' | b'-') if i + 6 == b.len() => {
+            let v = num(i + 1, i + 3)? * 3_600 + num(i + 4, i + 6)? * 60;
+            if *sign == b'-' { -v } else { v }
+        }
+        _ => return None,
+    };
+    let days = crate::postgres::days_from_civil(y, u32::try_from(mo).ok()?, u32::try_from(d).ok()?);
+    Some((days * 86_400 + secs - offset) * 1_000 + millis)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn events_are_read_from_json_and_protobuf() {
+        let ev = decode_event(br#"{"id":"e1","type":"t.x","tenant":"acme","occurred_at":"2026-01-01T00:00:01.5Z","data":{"b":1,"a":2}}"#).unwrap();
+        assert_eq!((ev.id.as_str(), ev.r#type.as_str(), ev.tenant.as_str()), ("e1", "t.x", "acme"));
+        assert_eq!(ev.occurred_at_ms, 1_767_225_601_500);
+        assert_eq!(&ev.data_json[..], br#"{"b":1,"a":2}"#, "the data is kept byte for byte");
+        let pb = Event { id: "e2".into(), r#type: "t.y".into(), ..Default::default() }.encode_to_vec();
+        assert_eq!(decode_event(&pb).unwrap().id, "e2");
+        assert!(decode_event(br#"{"type":"no.id"}"#).is_none());
+        assert!(decode_event(b"").is_none());
+        assert!(decode_event(b"{not json").is_none());
+        assert_eq!(rfc3339_ms("1970-01-01T01:00:00+01:00"), Some(0));
+        assert_eq!(rfc3339_ms("1970-01-01T00:00:00"), None);
+    }
+}

@@ -1,0 +1,324 @@
+//! The delivery log as a store, off the delivery path: every attempt, delivery and event, indexed from Kafka
+//! (`attempts`, `dlq`, `events`) by [`indexer::run`] and queried by the API. Two backends behind one interface,
+//! [`LogStore`]: SQLite (embedded, a file; the default) and PostgreSQL (production; time-partitioned).
+//! Opening a store applies the schema migrations it lacks ([`migrate`] does only that, for `hookline log
+//! migrate`). See docs/delivery-log.md.
+
+pub mod indexer;
+pub mod model;
+pub mod postgres;
+pub mod schema;
+pub mod sql;
+pub mod sqlite;
+
+use std::path::PathBuf;
+
+use hookline_core::model::Event;
+use hookline_service::config::{LogSettings, LogStoreKind};
+use prost::Message as _;
+
+pub use model::{
+    AttemptPoint, AttemptRow, Batch, Cursor, DeliveryDetail, InvalidCursor, MAX_ATTEMPT_POINTS, DeliveryRow, DeliveryState, IndexSummary, ListQuery, Page, Scope, Stats, UnknownState,
+};
+
+#[derive(Debug, thiserror::Error)]
+pub enum StoreError {
+    #[error("opening the delivery log store: {0}")]
+    Open(String),
+    #[error("delivery log schema version {found} is newer than this hookline knows ({known}): upgrade hookline")]
+    SchemaTooNew { found: u32, known: u32 },
+    #[error("sqlite: {0}")]
+    Sqlite(#[from] rusqlite::Error),
+    #[error("postgres: {}", pg_message(.0))]
+    Postgres(#[from] tokio_postgres::Error),
+    #[error("a stored value is unreadable: {0}")]
+    Corrupt(String),
+    #[error("the store's worker thread failed: {0}")]
+    Join(#[from] tokio::task::JoinError),
+    #[error("{0}")]
+    Target(String),
+}
+
+/// The server's own message (tokio-postgres' `Display` says only "db error").
+pub fn pg_message(e: &tokio_postgres::Error) -> String {
+    match e.as_db_error() {
+        Some(db) => format!("{} ({})", db.message(), db.code().code()),
+        None => {
+            let mut s = e.to_string();
+            let mut source = std::error::Error::source(e);
+            while let Some(inner) = source {
+                s.push_str(&format!(": {inner}"));
+                source = inner.source();
+            }
+            s
+        }
+    }
+}
+
+/// Where a store lives.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Target {
+    Sqlite(PathBuf),
+    Postgres(String),
+}
+
+impl Target {
+    /// `postgres://…` / `postgresql://…`, or `sqlite:PATH` / `sqlite://PATH`, or a plain file path.
+    pub fn parse(url: &str) -> Result<Self, StoreError> {
+        let url = url.trim();
+        if url.is_empty() {
+            return Err(StoreError::Target("the store URL is empty".into()));
+        }
+        if url.starts_with("postgres://") || url.starts_with("postgresql://") {
+            return Ok(Self::Postgres(url.to_owned()));
+        }
+        if let Some(path) = url.strip_prefix("sqlite://").or_else(|| url.strip_prefix("sqlite:")) {
+            if path.is_empty() {
+                return Err(StoreError::Target("sqlite: needs a file path, e.g. sqlite:data/delivery-log.sqlite3".into()));
+            }
+            return Ok(Self::Sqlite(PathBuf::from(path)));
+        }
+        if url.contains("://") {
+            return Err(StoreError::Target(format!(
+                "{url:?}: not a store URL (postgres://…, postgresql://…, sqlite:PATH or a file path)"
+            )));
+        }
+        Ok(Self::Sqlite(PathBuf::from(url)))
+    }
+
+    pub fn from_settings(s: &LogSettings) -> Result<Self, StoreError> {
+        match s.store {
+            LogStoreKind::Sqlite => Ok(Self::Sqlite(s.sqlite_path.clone())),
+            LogStoreKind::Postgres => Ok(Self::Postgres(s.postgres_url().map_err(|e| StoreError::Target(e.to_string()))?)),
+        }
+    }
+}
+
+/// What a retention pass removed.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub struct Retention {
+    pub attempts: u64,
+    pub events: u64,
+    pub deliveries: u64,
+    /// PostgreSQL: day partitions dropped (their rows are not counted one by one).
+    pub partitions_dropped: u64,
+}
+
+/// The delivery log store. Cheap to share behind an `Arc`; every method may be called concurrently.
+// One per process, behind an `Arc`: the size of the variants does not matter.
+#[allow(clippy::large_enum_variant)]
+pub enum LogStore {
+    Sqlite(sqlite::SqliteStore),
+    Postgres(postgres::PgStore),
+}
+
+const DAY_MS: i64 = postgres::DAY_MS;
+
+impl LogStore {
+    /// Opens (creating a SQLite file and its directory when missing) and applies missing migrations.
+    pub async fn open(target: &Target) -> Result<Self, StoreError> {
+        Ok(match target {
+            Target::Sqlite(path) => Self::Sqlite(sqlite::SqliteStore::open(path).await?),
+            Target::Postgres(url) => Self::Postgres(postgres::PgStore::open(url, hookline_service::now_ms()).await?),
+        })
+    }
+
+    pub fn backend(&self) -> &'static str {
+        match self {
+            Self::Sqlite(_) => "sqlite",
+            Self::Postgres(_) => "postgres",
+        }
+    }
+
+    /// The migrations this open applied (empty when the schema was current).
+    pub fn migrations_applied(&self) -> &[u32] {
+        match self {
+            Self::Sqlite(s) => &s.applied,
+            Self::Postgres(s) => &s.applied,
+        }
+    }
+
+    /// An id made when the store was created (migration 3): a new file, or a new database, gets a new one.
+    pub async fn store_id(&self) -> Result<String, StoreError> {
+        match self {
+            Self::Sqlite(s) => s.store_id().await,
+            Self::Postgres(s) => s.store_id().await,
+        }
+    }
+
+    /// The indexer's consumer group. PostgreSQL: `log.group_id`, shared by every indexer of the one database.
+    /// SQLite: `log.group_id` + the file's [`store_id`](Self::store_id), because the group's committed offsets
+    /// must describe this file: each process with a file of its own (several API replicas, a pod whose
+    /// `emptyDir` was renewed) indexes every partition from where its file is, or from the start for a new file.
+    pub async fn indexer_group(&self, group_id: &str) -> Result<String, StoreError> {
+        Ok(match self {
+            Self::Sqlite(_) => format!("{group_id}-{}", self.store_id().await?),
+            Self::Postgres(_) => group_id.to_owned(),
+        })
+    }
+
+    pub async fn schema_version(&self) -> Result<u32, StoreError> {
+        match self {
+            Self::Sqlite(s) => s.schema_version().await,
+            Self::Postgres(s) => s.schema_version().await,
+        }
+    }
+
+    /// Writes a batch in one transaction: idempotent (a record indexed twice changes nothing), so the indexer may
+    /// re-read anything it had not committed offsets for. Records older than `retention_days` before `now_ms`
+    /// are skipped.
+    pub async fn index(&self, batch: Batch, retention_days: u32, now_ms: i64) -> Result<IndexSummary, StoreError> {
+        let cutoff = cutoff_ms(retention_days, now_ms);
+        let folded = model::fold(batch, cutoff);
+        match self {
+            Self::Sqlite(s) => s.index(folded).await,
+            Self::Postgres(s) => s.index(folded).await,
+        }
+    }
+
+    /// A delivery with its attempts (oldest first) and its event (what a resend sends again).
+    pub async fn delivery(&self, delivery_id: &str) -> Result<Option<DeliveryDetail>, StoreError> {
+        match self {
+            Self::Sqlite(s) => s.delivery(delivery_id.to_owned()).await,
+            Self::Postgres(s) => s.delivery(delivery_id.to_owned()).await,
+        }
+    }
+
+    /// The stored event, for a resend.
+    pub async fn event(&self, event_id: &str) -> Result<Option<Event>, StoreError> {
+        match self {
+            Self::Sqlite(s) => s.event(event_id.to_owned()).await,
+            Self::Postgres(s) => s.event(event_id.to_owned()).await,
+        }
+    }
+
+    /// Every delivery of an event (one per subscription it matched), newest first; within a tenant when given.
+    pub async fn by_event_id(&self, event_id: &str, tenant: Option<&str>, limit: usize) -> Result<Vec<DeliveryRow>, StoreError> {
+        let limit = limit.clamp(1, model::MAX_PAGE);
+        match self {
+            Self::Sqlite(s) => s.by_event_id(event_id.to_owned(), tenant.map(str::to_owned), limit).await,
+            Self::Postgres(s) => s.by_event_id(event_id.to_owned(), tenant.map(str::to_owned), limit).await,
+        }
+    }
+
+    /// A page of a subscription's or tenant's deliveries, newest first.
+    pub async fn list(&self, query: &ListQuery) -> Result<Page, StoreError> {
+        match self {
+            Self::Sqlite(s) => s.list(query.clone()).await,
+            Self::Postgres(s) => s.list(query.clone()).await,
+        }
+    }
+
+    /// Deliveries by state among those first attempted in `[since_ms, until_ms)`.
+    pub async fn stats(&self, scope: &Scope, since_ms: i64, until_ms: i64) -> Result<Stats, StoreError> {
+        match self {
+            Self::Sqlite(s) => s.stats(scope.clone(), since_ms, until_ms).await,
+            Self::Postgres(s) => s.stats(scope.clone(), since_ms, until_ms).await,
+        }
+    }
+
+    /// The latest try of each delivery of a page (keyed by delivery id), for the list's `last_attempt`.
+    pub async fn last_attempts(&self, page: &[DeliveryRow]) -> Result<std::collections::HashMap<String, model::AttemptRow>, StoreError> {
+        let mut out = std::collections::HashMap::new();
+        if page.is_empty() {
+            return Ok(out);
+        }
+        let ids: Vec<String> = page.iter().map(|d| d.delivery_id.clone()).collect();
+        let since = page.iter().map(|d| d.first_at_ms).min().unwrap_or(0);
+        let q = sql::last_attempts(self.dialect(), &ids, since);
+        let rows = match self {
+            Self::Sqlite(s) => s.attempt_rows(q).await?,
+            Self::Postgres(s) => s.attempt_rows(q).await?,
+        };
+        for row in rows {
+            let newer = out
+                .get(&row.delivery_id)
+                .is_none_or(|o: &model::AttemptRow| (row.attempt, row.try_no, row.concludes_attempt) >= (o.attempt, o.try_no, o.concludes_attempt));
+            if newer {
+                out.insert(row.delivery_id.clone(), row);
+            }
+        }
+        Ok(out)
+    }
+
+    fn dialect(&self) -> sql::Dialect {
+        match self {
+            Self::Sqlite(_) => sql::Dialect::Sqlite,
+            Self::Postgres(_) => sql::Dialect::Postgres,
+        }
+    }
+
+    /// A subscription's tries that started in `[since_ms, until_ms)`, at most [`MAX_ATTEMPT_POINTS`] (the newest).
+    pub async fn attempt_points(&self, subscription_id: &str, since_ms: i64, until_ms: i64) -> Result<Vec<AttemptPoint>, StoreError> {
+        let q = sql::attempt_points(self.dialect(), subscription_id, since_ms, until_ms);
+        match self {
+            Self::Sqlite(s) => s.attempt_points(q).await,
+            Self::Postgres(s) => s.attempt_points(q).await,
+        }
+    }
+
+    /// Removes what is older than the retention (PostgreSQL: drops whole day partitions, and creates those ahead).
+    pub async fn apply_retention(&self, retention_days: u32, now_ms: i64) -> Result<Retention, StoreError> {
+        let cutoff = cutoff_ms(retention_days, now_ms);
+        match self {
+            Self::Sqlite(s) => s.apply_retention(cutoff).await,
+            Self::Postgres(s) => s.apply_retention(cutoff, now_ms).await,
+        }
+    }
+}
+
+/// Everything before this is outside the retention. PostgreSQL drops whole days, so it keeps up to a day more.
+pub fn cutoff_ms(retention_days: u32, now_ms: i64) -> i64 {
+    now_ms.saturating_sub(i64::from(retention_days).saturating_mul(DAY_MS))
+}
+
+/// Applies the migrations a store lacks and returns (versions applied now, schema version after).
+pub async fn migrate(target: &Target) -> Result<(Vec<u32>, u32), StoreError> {
+    let store = LogStore::open(target).await?;
+    let version = store.schema_version().await?;
+    Ok((store.migrations_applied().to_vec(), version))
+}
+
+pub(crate) fn decode_event(payload: &[u8]) -> Result<Event, StoreError> {
+    Event::decode(payload).map_err(|e| StoreError::Corrupt(format!("stored event: {e}")))
+}
+
+pub(crate) fn page(mut items: Vec<DeliveryRow>, size: usize) -> Page {
+    let next = if items.len() > size {
+        items.truncate(size);
+        items.last().map(|l| Cursor { first_at_ms: l.first_at_ms, delivery_id: l.delivery_id.clone() })
+    } else {
+        None
+    };
+    Page { items, next }
+}
+
+pub(crate) fn stats(since_ms: i64, until_ms: i64, counts: Vec<(String, i64)>) -> Result<Stats, StoreError> {
+    let mut by_state = Vec::new();
+    let mut total = 0u64;
+    for (state, n) in counts {
+        let state: DeliveryState = state.parse().map_err(|e: UnknownState| StoreError::Corrupt(e.to_string()))?;
+        let n = u64::try_from(n).unwrap_or(0);
+        total = total.saturating_add(n);
+        by_state.push((state, n));
+    }
+    by_state.sort();
+    Ok(Stats { since_ms, until_ms, total, by_state })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn targets_parse_and_bad_ones_say_why() {
+        assert_eq!(Target::parse("postgres://u@h/db").unwrap(), Target::Postgres("postgres://u@h/db".into()));
+        assert_eq!(Target::parse("postgresql://u@h/db").unwrap(), Target::Postgres("postgresql://u@h/db".into()));
+        assert_eq!(Target::parse("sqlite:a/b.db").unwrap(), Target::Sqlite("a/b.db".into()));
+        assert_eq!(Target::parse("sqlite:///tmp/x.db").unwrap(), Target::Sqlite("/tmp/x.db".into()));
+        assert_eq!(Target::parse("/var/lib/log.db").unwrap(), Target::Sqlite("/var/lib/log.db".into()));
+        assert!(Target::parse("mysql://h/db").unwrap_err().to_string().contains("not a store URL"));
+        assert!(Target::parse("").is_err());
+        assert!(Target::parse("sqlite:").is_err());
+    }
+}

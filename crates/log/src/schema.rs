@@ -1,0 +1,178 @@
+//! Versioned schema migrations, one list per backend. A migration is applied once, in its own transaction, and
+//! recorded in `schema_migrations`; a database whose recorded version is newer than this build knows is refused
+//! (an older hookline must not write to a schema it does not understand). Never edit a released migration: add one.
+
+/// `(version, name, SQL)`, in order.
+pub type Migration = (u32, &'static str, &'static str);
+
+pub const SQLITE: &[Migration] = &[
+(
+    1,
+    "delivery log: deliveries, attempts, events",
+    r#"
+CREATE TABLE deliveries (
+    delivery_id TEXT PRIMARY KEY,
+    subscription_id TEXT NOT NULL,
+    tenant TEXT NOT NULL,
+    event_id TEXT NOT NULL,
+    event_type TEXT NOT NULL,
+    state TEXT NOT NULL,
+    status_word TEXT NOT NULL,
+    first_at_ms INTEGER NOT NULL,
+    last_at_ms INTEGER NOT NULL,
+    attempts_made INTEGER NOT NULL,
+    last_http_status INTEGER NOT NULL,
+    last_outcome TEXT NOT NULL,
+    run_id TEXT NOT NULL,
+    dead_letter_reason TEXT NOT NULL
+) WITHOUT ROWID;
+CREATE INDEX deliveries_by_subscription ON deliveries (subscription_id, first_at_ms DESC, delivery_id DESC);
+CREATE INDEX deliveries_by_subscription_state ON deliveries (subscription_id, state, first_at_ms DESC, delivery_id DESC);
+CREATE INDEX deliveries_by_subscription_type ON deliveries (subscription_id, event_type, first_at_ms DESC, delivery_id DESC);
+CREATE INDEX deliveries_by_tenant ON deliveries (tenant, first_at_ms DESC, delivery_id DESC);
+CREATE INDEX deliveries_by_event ON deliveries (event_id);
+CREATE INDEX deliveries_by_last_at ON deliveries (last_at_ms);
+
+CREATE TABLE attempts (
+    delivery_id TEXT NOT NULL,
+    run_id TEXT NOT NULL,
+    attempt INTEGER NOT NULL,
+    try_no INTEGER NOT NULL,
+    started_at_ms INTEGER NOT NULL,
+    subscription_id TEXT NOT NULL,
+    duration_ms INTEGER NOT NULL,
+    outcome TEXT NOT NULL,
+    http_status INTEGER NOT NULL,
+    reason TEXT NOT NULL,
+    request_headers TEXT NOT NULL,
+    body_ref TEXT NOT NULL,
+    response_headers TEXT NOT NULL,
+    response_excerpt TEXT NOT NULL,
+    verdict TEXT NOT NULL,
+    counts_toward_disable INTEGER NOT NULL,
+    next_due_at_ms INTEGER NOT NULL,
+    final_state TEXT NOT NULL,
+    status_word TEXT NOT NULL,
+    policy TEXT NOT NULL,
+    concludes_attempt INTEGER NOT NULL,
+    traceparent TEXT NOT NULL,
+    PRIMARY KEY (delivery_id, run_id, attempt, try_no, started_at_ms)
+) WITHOUT ROWID;
+CREATE INDEX attempts_by_time ON attempts (started_at_ms);
+
+CREATE TABLE events (
+    event_id TEXT NOT NULL,
+    at_ms INTEGER NOT NULL,
+    event_type TEXT NOT NULL,
+    tenant TEXT NOT NULL,
+    payload BLOB NOT NULL,
+    PRIMARY KEY (event_id, at_ms)
+) WITHOUT ROWID;
+CREATE INDEX events_by_time ON events (at_ms);
+"#,
+),
+(2, "attempts by subscription and time (the API's per-minute stats)", ATTEMPTS_BY_SUBSCRIPTION),
+(
+    3,
+    "store_meta: the store's own id",
+    "CREATE TABLE store_meta (key TEXT PRIMARY KEY, value TEXT NOT NULL) WITHOUT ROWID; \
+     INSERT INTO store_meta (key, value) VALUES ('store_id', lower(hex(randomblob(8))));",
+),
+];
+
+/// PostgreSQL: `attempts` and `events` are range-partitioned by time (one partition per UTC day, created ahead by
+/// the store), so retention drops whole partitions. `deliveries` is one table (a row is updated over its life).
+pub const POSTGRES: &[Migration] = &[
+(
+    1,
+    "delivery log: deliveries, attempts and events partitioned by day",
+    r#"
+CREATE TABLE deliveries (
+    delivery_id TEXT PRIMARY KEY,
+    subscription_id TEXT NOT NULL,
+    tenant TEXT NOT NULL,
+    event_id TEXT NOT NULL,
+    event_type TEXT NOT NULL,
+    state TEXT NOT NULL,
+    status_word TEXT NOT NULL,
+    first_at_ms BIGINT NOT NULL,
+    last_at_ms BIGINT NOT NULL,
+    attempts_made BIGINT NOT NULL,
+    last_http_status BIGINT NOT NULL,
+    last_outcome TEXT NOT NULL,
+    run_id TEXT NOT NULL,
+    dead_letter_reason TEXT NOT NULL
+);
+CREATE INDEX deliveries_by_subscription ON deliveries (subscription_id, first_at_ms DESC, delivery_id DESC);
+CREATE INDEX deliveries_by_subscription_state ON deliveries (subscription_id, state, first_at_ms DESC, delivery_id DESC);
+CREATE INDEX deliveries_by_subscription_type ON deliveries (subscription_id, event_type, first_at_ms DESC, delivery_id DESC);
+CREATE INDEX deliveries_by_tenant ON deliveries (tenant, first_at_ms DESC, delivery_id DESC);
+CREATE INDEX deliveries_by_event ON deliveries (event_id);
+CREATE INDEX deliveries_by_last_at ON deliveries (last_at_ms);
+
+CREATE TABLE attempts (
+    delivery_id TEXT NOT NULL,
+    run_id TEXT NOT NULL,
+    attempt BIGINT NOT NULL,
+    try_no BIGINT NOT NULL,
+    started_at_ms BIGINT NOT NULL,
+    subscription_id TEXT NOT NULL,
+    duration_ms BIGINT NOT NULL,
+    outcome TEXT NOT NULL,
+    http_status BIGINT NOT NULL,
+    reason TEXT NOT NULL,
+    request_headers TEXT NOT NULL,
+    body_ref TEXT NOT NULL,
+    response_headers TEXT NOT NULL,
+    response_excerpt TEXT NOT NULL,
+    verdict TEXT NOT NULL,
+    counts_toward_disable BOOLEAN NOT NULL,
+    next_due_at_ms BIGINT NOT NULL,
+    final_state TEXT NOT NULL,
+    status_word TEXT NOT NULL,
+    policy TEXT NOT NULL,
+    concludes_attempt BIGINT NOT NULL,
+    traceparent TEXT NOT NULL,
+    PRIMARY KEY (delivery_id, run_id, attempt, try_no, started_at_ms)
+) PARTITION BY RANGE (started_at_ms);
+
+CREATE TABLE events (
+    event_id TEXT NOT NULL,
+    at_ms BIGINT NOT NULL,
+    event_type TEXT NOT NULL,
+    tenant TEXT NOT NULL,
+    payload BYTEA NOT NULL,
+    PRIMARY KEY (event_id, at_ms)
+) PARTITION BY RANGE (at_ms);
+"#,
+),
+(2, "attempts by subscription and time (the API's per-minute stats)", ATTEMPTS_BY_SUBSCRIPTION),
+(
+    3,
+    "store_meta: the store's own id",
+    "CREATE TABLE store_meta (key TEXT PRIMARY KEY, value TEXT NOT NULL); \
+     INSERT INTO store_meta (key, value) VALUES ('store_id', md5(random()::text || clock_timestamp()::text));",
+),
+];
+
+/// The same in both dialects (PostgreSQL creates it on every partition, present and future).
+const ATTEMPTS_BY_SUBSCRIPTION: &str = "CREATE INDEX attempts_by_subscription ON attempts (subscription_id, started_at_ms)";
+
+/// The newest version this build knows (both lists move together).
+pub fn latest(migrations: &[Migration]) -> u32 {
+    migrations.last().map_or(0, |m| m.0)
+}
+
+#[cfg(test)]
+mod tests {
+    #[test]
+    fn versions_count_up_from_one_in_both_lists() {
+        for list in [super::SQLITE, super::POSTGRES] {
+            for (i, (v, name, sql)) in list.iter().enumerate() {
+                assert_eq!(*v as usize, i + 1);
+                assert!(!name.is_empty() && !sql.trim().is_empty());
+            }
+        }
+        assert_eq!(super::latest(super::SQLITE), super::latest(super::POSTGRES));
+    }
+}

@@ -1,0 +1,410 @@
+//! The same suite against both backends: SQLite in a temporary file and a real PostgreSQL server
+//! (scripts/with-postgres). Each case gets a new, empty store.
+
+mod support;
+
+use hookline_core::model::{AttemptRecord, DeadLetter, Event};
+use hookline_log::model::MAX_PAGE;
+use hookline_log::{Batch, Cursor, DeliveryState, ListQuery, LogStore, Scope, StoreError, Target};
+
+const DAY: i64 = 86_400_000;
+/// 2026-01-01T00:00:00Z.
+const T0: i64 = 1_767_225_600_000;
+const NOW: i64 = T0 + DAY;
+const KEEP_DAYS: u32 = 30;
+
+fn event(id: &str, tenant: &str, ty: &str) -> Event {
+    Event {
+        id: id.into(),
+        r#type: ty.into(),
+        tenant: tenant.into(),
+        occurred_at_ms: T0,
+        data_json: format!("{{\"id\":\"{id}\"}}").into_bytes().into(),
+        accepted_at_ms: T0,
+        ..Default::default()
+    }
+}
+
+fn attempt(delivery: &str, sub: &str, event_id: &str, n: u32, at: i64, status: u32, final_state: &str) -> AttemptRecord {
+    AttemptRecord {
+        delivery_id: delivery.into(),
+        subscription_id: sub.into(),
+        event_id: event_id.into(),
+        event_type: "order.created".into(),
+        attempt: n,
+        r#try: 1,
+        started_at_ms: at,
+        duration_ms: 12,
+        outcome: status.to_string(),
+        http_status: status,
+        reason: format!("HTTP {status}"),
+        response_excerpt: "busy".into(),
+        verdict: if final_state == "succeeded" { "success" } else { "retry" }.into(),
+        counts_toward_disable: status >= 500,
+        next_due_at_ms: if final_state.is_empty() { at + 60_000 } else { 0 },
+        final_state: final_state.into(),
+        status_word: final_state.to_uppercase(),
+        phase: 1,
+        policy: "standard".into(),
+        ..Default::default()
+    }
+}
+
+async fn open(target: &Target) -> LogStore {
+    LogStore::open(target).await.expect("store opens")
+}
+
+async fn index(store: &LogStore, batch: Batch) -> hookline_log::IndexSummary {
+    store.index(batch, KEEP_DAYS, NOW).await.expect("batch indexed")
+}
+
+macro_rules! conformance {
+    ($($case:ident),* $(,)?) => {$(
+        mod $case {
+            #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+            async fn sqlite() {
+                let dir = crate::support::TempDir::new(stringify!($case));
+                super::$case(crate::support::sqlite(&dir)).await;
+            }
+            #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+            async fn postgres() {
+                let Some(target) = crate::support::postgres().await else { return };
+                super::$case(target).await;
+            }
+        }
+    )*};
+}
+
+conformance!(
+    migrations_apply_once_and_a_newer_schema_is_refused,
+    a_delivery_comes_back_with_its_attempts_and_its_event,
+    indexing_the_same_records_again_changes_nothing,
+    records_read_out_of_order_make_the_same_delivery,
+    lists_page_newest_first_without_gaps_or_repeats,
+    filters_combine_and_scope_by_tenant,
+    search_by_event_id_finds_every_subscription,
+    stats_count_by_state_in_a_window,
+    attempt_points_are_one_subscriptions_tries_in_a_window,
+    a_page_gets_the_latest_try_of_each_delivery,
+    retention_skips_and_removes_old_history,
+);
+
+async fn migrations_apply_once_and_a_newer_schema_is_refused(target: Target) {
+    let first = open(&target).await;
+    assert_eq!(first.migrations_applied(), [1, 2, 3]);
+    assert_eq!(first.schema_version().await.unwrap(), 3);
+    drop(first);
+    let (applied, version) = hookline_log::migrate(&target).await.unwrap();
+    assert!(applied.is_empty(), "nothing left to apply: {applied:?}");
+    assert_eq!(version, 3);
+    // The store's id stays with it; the SQLite indexer's group is the file's own.
+    let again = open(&target).await;
+    let id = again.store_id().await.unwrap();
+    assert!(id.len() >= 16, "{id}");
+    assert_eq!(open(&target).await.store_id().await.unwrap(), id, "stable across opens");
+    let group = again.indexer_group("hookline-log-indexer").await.unwrap();
+    match &target {
+        Target::Sqlite(_) => assert_eq!(group, format!("hookline-log-indexer-{id}")),
+        Target::Postgres(_) => assert_eq!(group, "hookline-log-indexer", "one group for the one database"),
+    }
+    drop(again);
+    // A newer hookline migrated this database: this one must not write to it.
+    match &target {
+        Target::Sqlite(path) => {
+            let c = rusqlite::Connection::open(path).unwrap();
+            c.execute("INSERT INTO schema_migrations VALUES (99, 'future', 0)", []).unwrap();
+        }
+        Target::Postgres(url) => {
+            let (c, conn) = tokio_postgres::connect(url, tokio_postgres::NoTls).await.unwrap();
+            tokio::spawn(conn);
+            c.batch_execute("INSERT INTO schema_migrations VALUES (99, 'future', 0)").await.unwrap();
+        }
+    }
+    match LogStore::open(&target).await {
+        Err(e @ StoreError::SchemaTooNew { found: 99, known: 3 }) => assert!(e.to_string().contains("upgrade hookline"), "{e}"),
+        Err(e) => panic!("expected SchemaTooNew, got {e}"),
+        Ok(_) => panic!("a newer schema was accepted"),
+    }
+}
+
+async fn a_delivery_comes_back_with_its_attempts_and_its_event(target: Target) {
+    let store = open(&target).await;
+    let ev = event("evt_1", "acme", "order.created");
+    let s = index(
+        &store,
+        Batch {
+            events: vec![(ev.clone(), T0)],
+            attempts: vec![
+                attempt("dlv_1", "sub_a", "evt_1", 1, T0 + 10, 503, ""),
+                attempt("dlv_1", "sub_a", "evt_1", 2, T0 + 60_010, 200, "succeeded"),
+            ],
+            dead_letters: vec![],
+        },
+    )
+    .await;
+    assert_eq!((s.attempts, s.deliveries, s.events, s.skipped), (2, 1, 1, 0));
+    let d = store.delivery("dlv_1").await.unwrap().expect("stored");
+    assert_eq!(d.delivery.state, DeliveryState::Succeeded);
+    assert_eq!(d.delivery.status_word, "SUCCEEDED");
+    assert_eq!((d.delivery.first_at_ms, d.delivery.last_at_ms, d.delivery.attempts_made), (T0 + 10, T0 + 60_010, 2));
+    assert_eq!((d.delivery.tenant.as_str(), d.delivery.event_type.as_str(), d.delivery.last_http_status), ("acme", "order.created", 200));
+    assert_eq!(d.attempts.len(), 2);
+    let first = &d.attempts[0];
+    assert_eq!((first.attempt, first.http_status, first.next_due_at_ms), (1, 503, T0 + 60_010));
+    assert_eq!((first.verdict.as_str(), first.policy.as_str(), first.reason.as_str()), ("retry", "standard", "HTTP 503"));
+    assert_eq!((first.response_excerpt.as_str(), first.duration_ms, first.counts_toward_disable), ("busy", 12, true));
+    assert_eq!(first.body_ref, "event:evt_1");
+    // The event is kept whole: a resend sends exactly this.
+    assert_eq!(d.event.as_ref(), Some(&ev));
+    assert_eq!(store.event("evt_1").await.unwrap(), Some(ev));
+    assert!(store.delivery("dlv_missing").await.unwrap().is_none());
+}
+
+async fn indexing_the_same_records_again_changes_nothing(target: Target) {
+    let store = open(&target).await;
+    let mut concluding = attempt("dlv_1", "sub_a", "evt_1", 2, T0 + 50, 500, "dead");
+    let batch = Batch {
+        events: vec![(event("evt_1", "acme", "order.created"), T0)],
+        attempts: vec![attempt("dlv_1", "sub_a", "evt_1", 1, T0 + 10, 500, ""), concluding.clone()],
+        dead_letters: vec![DeadLetter {
+            reason: "retries_exhausted".into(),
+            final_state: "dead".into(),
+            status_word: "DEAD".into(),
+            subscription_id: "sub_a".into(),
+            delivery_id: "dlv_1".into(),
+            event: Some(event("evt_1", "acme", "order.created")),
+            attempts: 2,
+            last_outcome: "500".into(),
+            at_ms: T0 + 60,
+            first_attempt_at_ms: T0 + 10,
+            ..Default::default()
+        }],
+    };
+    index(&store, batch.clone()).await;
+    let before = store.delivery("dlv_1").await.unwrap().unwrap();
+    index(&store, batch.clone()).await;
+    // The record that concludes an attempt repeats its try: same row, conclusion kept.
+    concluding.concludes_attempt = 2;
+    index(&store, Batch { attempts: vec![concluding], ..Default::default() }).await;
+    let after = store.delivery("dlv_1").await.unwrap().unwrap();
+    assert_eq!(after.attempts.len(), 2, "no duplicate attempts");
+    assert_eq!(after.attempts[1].concludes_attempt, 2);
+    assert_eq!(after.delivery, before.delivery);
+    assert_eq!(after.delivery.dead_letter_reason, "retries_exhausted");
+    assert_eq!(after.delivery.state, DeliveryState::Dead);
+    assert_eq!(store.by_event_id("evt_1", None, 10).await.unwrap().len(), 1);
+}
+
+async fn records_read_out_of_order_make_the_same_delivery(target: Target) {
+    let store = open(&target).await;
+    // The three topics are read independently: the dead letter, then the last attempt, then the first, then the
+    // event (which brings the tenant).
+    let dl = DeadLetter {
+        reason: "retries_exhausted".into(),
+        final_state: "failed".into(),
+        status_word: "FAILED".into(),
+        subscription_id: "sub_a".into(),
+        delivery_id: "dlv_9".into(),
+        event: None,
+        attempts: 3,
+        last_outcome: "503".into(),
+        at_ms: T0 + 300,
+        first_attempt_at_ms: T0 + 100,
+        ..Default::default()
+    };
+    index(&store, Batch { dead_letters: vec![dl], ..Default::default() }).await;
+    index(&store, Batch { attempts: vec![attempt("dlv_9", "sub_a", "evt_9", 3, T0 + 250, 503, "failed")], ..Default::default() }).await;
+    index(&store, Batch { attempts: vec![attempt("dlv_9", "sub_a", "evt_9", 1, T0 + 100, 503, "")], ..Default::default() }).await;
+    let d = store.delivery("dlv_9").await.unwrap().unwrap().delivery;
+    assert_eq!((d.state, d.attempts_made, d.first_at_ms, d.last_at_ms), (DeliveryState::Failed, 3, T0 + 100, T0 + 300));
+    assert_eq!((d.event_id.as_str(), d.tenant.as_str()), ("evt_9", ""), "the tenant comes with the event");
+    index(&store, Batch { events: vec![(event("evt_9", "globex", "order.created"), T0 + 50)], ..Default::default() }).await;
+    let d = store.delivery("dlv_9").await.unwrap().unwrap();
+    assert_eq!(d.delivery.tenant, "globex");
+    assert_eq!(d.event.unwrap().tenant, "globex");
+    let page = store.list(&ListQuery::new(Scope::Tenant("globex".into()))).await.unwrap();
+    assert_eq!(page.items.len(), 1);
+}
+
+/// 25 deliveries of sub_a, some sharing a millisecond, plus other subscriptions' noise.
+async fn seed_many(store: &LogStore) {
+    let mut attempts = Vec::new();
+    for i in 0..25i64 {
+        let at = T0 + (i / 3) * 1_000; // three per millisecond group: the cursor must break ties
+        let (status, fin) = match i % 3 {
+            0 => (200, "succeeded"),
+            1 => (503, "dead"),
+            _ => (404, "failed"),
+        };
+        let ty = if i % 2 == 0 { "order.created" } else { "order.paid" };
+        let mut a = attempt(&format!("dlv_a{i:02}"), "sub_a", &format!("evt_{i}"), 1, at, status, fin);
+        let mut b = attempt(&format!("dlv_b{i:02}"), "sub_b", &format!("evt_{i}"), 1, at, 200, "succeeded");
+        a.event_type = ty.into();
+        b.event_type = ty.into();
+        attempts.extend([a, b]);
+    }
+    let events = (0..25).map(|i| (event(&format!("evt_{i}"), if i < 10 { "acme" } else { "globex" }, if i % 2 == 0 { "order.created" } else { "order.paid" }), T0)).collect();
+    index(store, Batch { attempts, events, dead_letters: vec![] }).await;
+}
+
+async fn lists_page_newest_first_without_gaps_or_repeats(target: Target) {
+    let store = open(&target).await;
+    seed_many(&store).await;
+    let mut q = ListQuery::new(Scope::Subscription("sub_a".into()));
+    q.limit = 10;
+    let mut seen = Vec::new();
+    let mut pages = 0;
+    loop {
+        let page = store.list(&q).await.unwrap();
+        pages += 1;
+        seen.extend(page.items.iter().map(|d| (d.first_at_ms, d.delivery_id.clone())));
+        match page.next {
+            Some(c) => q.after = Some(Cursor::decode(&c.encode()).unwrap()),
+            None => break,
+        }
+    }
+    assert_eq!(pages, 3);
+    assert_eq!(seen.len(), 25);
+    let mut sorted = seen.clone();
+    sorted.sort_by(|a, b| b.cmp(a));
+    sorted.dedup();
+    assert_eq!(seen, sorted, "newest first, each once");
+    assert!(seen.iter().all(|(_, id)| id.starts_with("dlv_a")));
+    // An exact page: no phantom next page.
+    let mut q = ListQuery::new(Scope::Subscription("sub_a".into()));
+    q.limit = 25;
+    assert!(store.list(&q).await.unwrap().next.is_none());
+    q.limit = 100_000;
+    assert_eq!(q.page_size(), MAX_PAGE);
+    let nobody = store.list(&ListQuery::new(Scope::Subscription("sub_none".into()))).await.unwrap();
+    assert!(nobody.items.is_empty() && nobody.next.is_none());
+}
+
+async fn filters_combine_and_scope_by_tenant(target: Target) {
+    let store = open(&target).await;
+    seed_many(&store).await;
+    let ids = |p: hookline_log::Page| p.items.into_iter().map(|d| d.delivery_id).collect::<Vec<_>>();
+    let mut q = ListQuery::new(Scope::Subscription("sub_a".into()));
+    q.limit = 100;
+    q.state = Some("dead".parse().unwrap());
+    let dead = ids(store.list(&q).await.unwrap());
+    assert_eq!(dead.len(), 8);
+    assert!(dead.iter().all(|id| id[5..].parse::<u32>().unwrap() % 3 == 1));
+    q.state = None;
+    q.http_status = Some(404);
+    assert_eq!(store.list(&q).await.unwrap().items.len(), 8);
+    q.http_status = None;
+    q.event_type = Some("order.paid".into());
+    assert_eq!(store.list(&q).await.unwrap().items.len(), 12);
+    q.event_type = None;
+    q.since_ms = Some(T0 + 2_000);
+    q.until_ms = Some(T0 + 4_000);
+    assert_eq!(ids(store.list(&q).await.unwrap()), ["dlv_a11", "dlv_a10", "dlv_a09", "dlv_a08", "dlv_a07", "dlv_a06"]);
+    q.state = Some(DeliveryState::Succeeded);
+    assert_eq!(ids(store.list(&q).await.unwrap()), ["dlv_a09", "dlv_a06"]);
+    let mut t = ListQuery::new(Scope::Tenant("acme".into()));
+    t.limit = 100;
+    assert_eq!(store.list(&t).await.unwrap().items.len(), 20, "10 events of acme, two subscriptions each");
+    t.state = Some(DeliveryState::Dead);
+    assert_eq!(store.list(&t).await.unwrap().items.len(), 3);
+}
+
+async fn search_by_event_id_finds_every_subscription(target: Target) {
+    let store = open(&target).await;
+    seed_many(&store).await;
+    let mut found: Vec<String> = store.by_event_id("evt_3", None, 10).await.unwrap().into_iter().map(|d| d.delivery_id).collect();
+    found.sort();
+    assert_eq!(found, ["dlv_a03", "dlv_b03"]);
+    assert_eq!(store.by_event_id("evt_3", Some("acme"), 10).await.unwrap().len(), 2);
+    assert!(store.by_event_id("evt_3", Some("globex"), 10).await.unwrap().is_empty(), "another tenant's event is not found");
+    assert!(store.by_event_id("evt_none", None, 10).await.unwrap().is_empty());
+}
+
+async fn stats_count_by_state_in_a_window(target: Target) {
+    let store = open(&target).await;
+    seed_many(&store).await;
+    let s = store.stats(&Scope::Subscription("sub_a".into()), T0, T0 + DAY).await.unwrap();
+    assert_eq!(s.total, 25);
+    assert_eq!(s.by_state, [(DeliveryState::Succeeded, 9), (DeliveryState::Failed, 8), (DeliveryState::Dead, 8)]);
+    let s = store.stats(&Scope::Subscription("sub_a".into()), T0 + 3_000, T0 + 4_000).await.unwrap();
+    assert_eq!(s.total, 3);
+    let s = store.stats(&Scope::Tenant("globex".into()), T0, T0 + DAY).await.unwrap();
+    assert_eq!(s.total, 30);
+}
+
+async fn attempt_points_are_one_subscriptions_tries_in_a_window(target: Target) {
+    let store = open(&target).await;
+    seed_many(&store).await;
+    let all = store.attempt_points("sub_a", T0, T0 + DAY).await.unwrap();
+    assert_eq!(all.len(), 25, "sub_b's tries are not counted");
+    assert!(all.windows(2).all(|w| w[0].started_at_ms >= w[1].started_at_ms), "newest first");
+    let some = store.attempt_points("sub_a", T0 + 3_000, T0 + 4_000).await.unwrap();
+    assert_eq!(some.len(), 3);
+    assert_eq!(some.iter().filter(|p| p.final_state == "succeeded").count(), 1);
+    assert!(store.attempt_points("sub_none", T0, T0 + DAY).await.unwrap().is_empty());
+}
+
+async fn a_page_gets_the_latest_try_of_each_delivery(target: Target) {
+    let store = open(&target).await;
+    index(
+        &store,
+        Batch {
+            attempts: vec![
+                attempt("dlv_x", "sub_a", "evt_x", 1, T0, 503, ""),
+                attempt("dlv_x", "sub_a", "evt_x", 2, T0 + 500, 200, "succeeded"),
+                attempt("dlv_y", "sub_a", "evt_y", 1, T0 + 100, 404, "failed"),
+            ],
+            ..Default::default()
+        },
+    )
+    .await;
+    let page = store.list(&ListQuery::new(Scope::Subscription("sub_a".into()))).await.unwrap();
+    let last = store.last_attempts(&page.items).await.unwrap();
+    assert_eq!(last.len(), 2);
+    assert_eq!((last["dlv_x"].attempt, last["dlv_x"].http_status), (2, 200));
+    assert_eq!((last["dlv_y"].attempt, last["dlv_y"].http_status), (1, 404));
+    assert!(store.last_attempts(&[]).await.unwrap().is_empty());
+}
+
+async fn retention_skips_and_removes_old_history(target: Target) {
+    let store = open(&target).await;
+    let long_ago = NOW - 40 * DAY;
+    let s = index(
+        &store,
+        Batch { attempts: vec![attempt("dlv_old", "sub_a", "evt_old", 1, long_ago, 200, "succeeded")], ..Default::default() },
+    )
+    .await;
+    assert_eq!(s.skipped, 1, "older than the retention when read: not stored");
+    assert!(store.delivery("dlv_old").await.unwrap().is_none());
+    // Stored while young (a 60-day retention then), expired under a 30-day one now.
+    store
+        .index(
+            Batch {
+                attempts: vec![attempt("dlv_aged", "sub_a", "evt_aged", 1, long_ago, 200, "succeeded")],
+                events: vec![(event("evt_aged", "acme", "order.created"), long_ago)],
+                ..Default::default()
+            },
+            60,
+            NOW,
+        )
+        .await
+        .unwrap();
+    index(&store, Batch { attempts: vec![attempt("dlv_new", "sub_a", "evt_new", 1, NOW - 1_000, 200, "succeeded")], ..Default::default() }).await;
+    assert!(store.delivery("dlv_aged").await.unwrap().is_some());
+    let r = store.apply_retention(KEEP_DAYS, NOW).await.unwrap();
+    assert_eq!(r.deliveries, 1);
+    assert!(store.delivery("dlv_aged").await.unwrap().is_none());
+    assert!(store.event("evt_aged").await.unwrap().is_none(), "the event went with it");
+    let young = store.delivery("dlv_new").await.unwrap().expect("kept");
+    assert_eq!(young.attempts.len(), 1);
+    if let LogStore::Postgres(pg) = &store {
+        assert!(r.partitions_dropped >= 2, "the old day's attempts and events partitions: {r:?}");
+        let days = pg.partition_days().await.unwrap();
+        let cutoff_day = (NOW - i64::from(KEEP_DAYS) * DAY).div_euclid(DAY);
+        assert!(days.iter().all(|d| *d >= cutoff_day), "{days:?}");
+        let today = hookline_service::now_ms().div_euclid(DAY);
+        assert!(days.contains(&(today + 2)), "partitions are created ahead: {days:?}");
+    } else {
+        assert_eq!((r.attempts, r.events), (1, 1));
+    }
+}
