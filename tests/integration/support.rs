@@ -265,6 +265,13 @@ impl Pipeline {
     async fn start_services(partitions: i32, edit: impl FnOnce(&mut hookline_service::Config), dispatcher: bool) -> Pipeline {
         let topics = Topics::new("hookline.");
         let broker = DevBroker::start(&topics, partitions, partitions).expect("mock broker");
+        Self::start_on(broker, partitions, edit, dispatcher).await
+    }
+
+    /// Like [`Pipeline::start_with`] on a broker the test made (e.g. one behind a TLS terminator, whose address
+    /// `edit` puts in the config).
+    pub async fn start_on(broker: DevBroker, partitions: i32, edit: impl FnOnce(&mut hookline_service::Config), dispatcher: bool) -> Pipeline {
+        let topics = Topics::new("hookline.");
         let mut config = hookline_service::Config::dev(&broker.bootstrap_servers(), partitions, TOKEN);
         config.telemetry.log_level = "warn".into();
         config.ingest.max_request_bytes = 16 << 10;
