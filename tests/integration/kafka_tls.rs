@@ -270,8 +270,10 @@ async fn pipeline_over_tls(name: &str, mtls: bool) {
     let broker = DevBroker::start(&Topics::new("hookline."), 2, 2).unwrap();
     let t = Terminator::start(&pki, "server", mtls, broker.bootstrap_servers());
     broker.advertise("127.0.0.1", t.port).unwrap();
-    let p = crate::support::Pipeline::start_on(
-        broker,
+    let bootstrap = broker.bootstrap_servers();
+    let p = crate::support::Pipeline::start_at(
+        Some(broker),
+        &bootstrap,
         2,
         |c| {
             use_tls(c, &t, &pki, "ca.pem");

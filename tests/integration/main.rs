@@ -10,5 +10,6 @@ mod faults;
 mod redo;
 mod hardening;
 mod kafka_tls;
+mod tansu;
 mod tenants;
 mod tracing;
