@@ -11,5 +11,6 @@ mod redo;
 mod hardening;
 mod kafka_tls;
 mod tansu;
+mod rebalance;
 mod tenants;
 mod tracing;

@@ -62,6 +62,9 @@ pub struct Options {
     /// Shared with the caller (dev mode waits on it): set once the group has assigned partitions and their state
     /// is synced, when a delivery taken now is sent at once.
     pub readiness: Readiness,
+    /// Receives a copy of each rebalance (the partitions assigned or revoked, a delta) once the dispatcher applied
+    /// it: tests of who owns what.
+    pub rebalances: Option<mpsc::UnboundedSender<RebalanceEvent>>,
 }
 
 pub(crate) struct Ctx {
@@ -236,7 +239,7 @@ pub async fn run(config: Config, shutdown: CancellationToken, options: Options) 
         tokio::select! {
             biased;
             _ = shutdown.cancelled() => break,
-            Some(ev) = rebalances.recv() => on_rebalance(ev, &ctx, &states_reader, deliveries, &readiness),
+            Some(ev) = rebalances.recv() => on_rebalance(ev, &ctx, &states_reader, deliveries, &readiness, &options.rebalances),
             Some(p) = done_rx.recv() => {
                 if let Some(w) = marks.committable(deliveries, p) {
                     store(&consumer, deliveries, p, w);
@@ -257,7 +260,7 @@ pub async fn run(config: Config, shutdown: CancellationToken, options: Options) 
                 // An assignment is reported during the poll that returns its first records: apply it first, so
                 // every task finds its partition's ownership in place.
                 while let Ok(ev) = rebalances.try_recv() {
-                    on_rebalance(ev, &ctx, &states_reader, deliveries, &readiness);
+                    on_rebalance(ev, &ctx, &states_reader, deliveries, &readiness, &options.rebalances);
                 }
                 let (p, o) = (m.partition(), m.offset());
                 marks.start(deliveries, p, o);
@@ -375,7 +378,19 @@ impl Done {
     }
 }
 
-fn on_rebalance(ev: RebalanceEvent, ctx: &Arc<Ctx>, reader: &TableHandle, topic: &str, readiness: &Readiness) {
+/// Applies one rebalance. Rebalancing is incremental (cooperative-sticky): an assignment names only the partitions
+/// this member gains, so only they are synced; the partitions it keeps go on delivering throughout.
+fn on_rebalance(
+    ev: RebalanceEvent,
+    ctx: &Arc<Ctx>,
+    reader: &TableHandle,
+    topic: &str,
+    readiness: &Readiness,
+    observer: &Option<mpsc::UnboundedSender<RebalanceEvent>>,
+) {
+    if let Some(o) = observer {
+        let _ = o.send(ev.clone());
+    }
     let states = &ctx.states;
     match ev {
         RebalanceEvent::Assigned(parts) => {
