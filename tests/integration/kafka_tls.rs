@@ -1,6 +1,6 @@
 //! Kafka over TLS, with real handshakes done by librdkafka's OpenSSL: a rustls terminator listens in front of the
 //! embedded (plaintext) mock broker, and the broker advertises the terminator's address, so every connection of
-//! every client (producers, group consumers, table readers) goes through TLS. Certificates are made at test time
+//! every client (producers, group consumers and their coordinator connections, table readers) goes through TLS. Certificates are made at test time
 //! with the `openssl` command. The mock broker has no SASL handshake, so SASL is covered by the configuration
 //! tests in crates/kafka, not here.
 
@@ -103,20 +103,27 @@ impl Terminator {
         let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
         listener.set_nonblocking(true).unwrap();
         let port = listener.local_addr().unwrap().port();
-        let listener = tokio::net::TcpListener::from_std(listener).unwrap();
         let handshakes = Arc::new(AtomicUsize::new(0));
         let done = handshakes.clone();
-        tokio::spawn(async move {
-            loop {
-                let Ok((tcp, _)) = listener.accept().await else { return };
-                let (acceptor, upstream, done) = (acceptor.clone(), upstream.clone(), done.clone());
-                tokio::spawn(async move {
-                    let Ok(mut tls) = acceptor.accept(tcp).await else { return };
-                    done.fetch_add(1, Ordering::Relaxed);
-                    let Ok(mut broker) = tokio::net::TcpStream::connect(&upstream).await else { return };
-                    let _ = tokio::io::copy_bidirectional(&mut tls, &mut broker).await;
-                });
-            }
+        // Its own thread and runtime, as a separate proxy process would be: on the test's runtime its tasks starve
+        // whenever the clients' synchronous librdkafka calls (a commit in a revoke callback, the final commit, a
+        // consumer's close) hold every worker thread, and those calls wait for the proxy: the clients then hang
+        // until librdkafka's request timeout.
+        std::thread::spawn(move || {
+            let rt = tokio::runtime::Builder::new_current_thread().enable_all().build().unwrap();
+            rt.block_on(async move {
+                let listener = tokio::net::TcpListener::from_std(listener).unwrap();
+                loop {
+                    let Ok((tcp, _)) = listener.accept().await else { return };
+                    let (acceptor, upstream, done) = (acceptor.clone(), upstream.clone(), done.clone());
+                    tokio::spawn(async move {
+                        let Ok(mut tls) = acceptor.accept(tcp).await else { return };
+                        done.fetch_add(1, Ordering::Relaxed);
+                        let Ok(mut broker) = tokio::net::TcpStream::connect(&upstream).await else { return };
+                        let _ = tokio::io::copy_bidirectional(&mut tls, &mut broker).await;
+                    });
+                }
+            });
         });
         Terminator { port, handshakes }
     }
@@ -253,3 +260,50 @@ async fn mutual_tls_without_a_client_certificate_fails_and_says_so() {
     assert!(e.contains("kafka.tls.cert_file/key_file if the broker requires a client certificate"), "{e}");
 }
 
+
+/// The whole pipeline over TLS: ingest (API, fan-out group), dispatcher and retry-scheduler (their groups, table
+/// readers, producers) and the test's collectors reach the broker only through the terminator. An event that fails
+/// once goes through the retry-scheduler and arrives at the receiver; the services then stop cleanly (drain, commit,
+/// leave their groups) over TLS.
+async fn pipeline_over_tls(name: &str, mtls: bool) {
+    let pki = Pki::generate(name);
+    let broker = DevBroker::start(&Topics::new("hookline."), 2, 2).unwrap();
+    let t = Terminator::start(&pki, "server", mtls, broker.bootstrap_servers());
+    broker.advertise("127.0.0.1", t.port).unwrap();
+    let bootstrap = broker.bootstrap_servers();
+    let p = crate::support::Pipeline::start_at(
+        Some(broker),
+        &bootstrap,
+        2,
+        |c| {
+            use_tls(c, &t, &pki, "ca.pem");
+            if mtls {
+                c.kafka.tls.cert_file = Some(pki.path("client.pem"));
+                c.kafka.tls.key_file = Some(pki.path("client.key"));
+            }
+        },
+        true,
+    )
+    .await;
+    let toml = crate::pipeline::quick_policy(&[1.0], |_| {});
+    p.script("tls", vec![Some((503, None)), Some((200, None))]);
+    let (id, _) = p.subscribe(serde_json::json!({"url": p.url("tls"), "event_types": ["*"], "policy_toml": toml})).await;
+    p.publish("evt_tls1", "order.created").await;
+    let attempts = p.wait_final_of(&id, 1, LIMIT).await;
+    assert_eq!(p.requests_to("tls").len(), 2, "a failure, then the retry's success");
+    let last = attempts.last().unwrap();
+    assert_eq!((last.attempt, last.final_state.as_str()), (2, "succeeded"), "{attempts:?}");
+    // Three group members, their table readers, producers and the collectors: every one connected through TLS.
+    assert!(t.handshakes() >= 10, "only {} TLS handshakes", t.handshakes());
+    tokio::time::timeout(LIMIT, p.stop()).await.expect("the services stop over TLS in time");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn events_published_over_tls_arrive_through_the_whole_pipeline() {
+    pipeline_over_tls("pipeline", false).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_whole_pipeline_works_over_mutual_tls() {
+    pipeline_over_tls("pipeline-mtls", true).await;
+}

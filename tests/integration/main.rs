@@ -15,6 +15,8 @@ mod breaker;
 mod concurrency;
 mod hardening;
 mod kafka_tls;
+mod tansu;
+mod rebalance;
 mod tenants;
 mod credentials;
 mod tracing;

@@ -30,7 +30,11 @@ pub(crate) fn quick_policy(waits_s: &[f64], edit: impl FnOnce(&mut Policy)) -> S
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn fans_out_by_filter_and_signs_every_request() {
-    let p = Pipeline::start(2).await;
+    fans_out_by_filter_and_signs_every_request_on(Pipeline::start(2).await).await;
+}
+
+/// Also run against tansu (tansu.rs).
+pub(crate) async fn fans_out_by_filter_and_signs_every_request_on(p: Pipeline) {
     let (orders, secret) = p.subscribe(json!({"url": p.url("orders"), "event_types": ["order.*"]})).await;
     let (_invoices, _) = p.subscribe(json!({"url": p.url("invoices"), "event_types": ["invoice.paid"]})).await;
     let (_all, _) = p.subscribe(json!({"url": p.url("all"), "event_types": ["*"]})).await;
@@ -64,7 +68,11 @@ async fn fans_out_by_filter_and_signs_every_request() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn retries_follow_the_schedule_and_are_never_early() {
-    let p = Pipeline::start(2).await;
+    retries_follow_the_schedule_and_are_never_early_on(Pipeline::start(2).await).await;
+}
+
+/// Also run against tansu (tansu.rs).
+pub(crate) async fn retries_follow_the_schedule_and_are_never_early_on(p: Pipeline) {
     let toml = quick_policy(&[1.0, 2.0], |p| p.request.attempt_header = Some("x-attempt".into()));
     p.script("flaky", vec![Some((503, None)), Some((503, None)), Some((200, None))]);
     p.subscribe(json!({"url": p.url("flaky"), "event_types": ["*"], "policy_toml": toml})).await;
@@ -103,7 +111,11 @@ async fn retry_after_on_429_is_honoured() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn terminal_and_exhausted_deliveries_reach_the_dead_letter_topic() {
-    let p = Pipeline::start(2).await;
+    terminal_and_exhausted_deliveries_reach_the_dead_letter_topic_on(Pipeline::start(2).await).await;
+}
+
+/// Also run against tansu (tansu.rs).
+pub(crate) async fn terminal_and_exhausted_deliveries_reach_the_dead_letter_topic_on(p: Pipeline) {
     p.script("gone", vec![Some((410, None))]);
     p.script("broken", vec![Some((500, None))]);
     let (gone, _) = p.subscribe(json!({"url": p.url("gone"), "event_types": ["*"], "policy": "fynapse"})).await;
@@ -127,7 +139,11 @@ async fn terminal_and_exhausted_deliveries_reach_the_dead_letter_topic() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn malformed_events_are_dead_lettered_without_stalling_the_partition() {
-    let p = Pipeline::start(1).await;
+    malformed_events_are_dead_lettered_without_stalling_the_partition_on(Pipeline::start(1).await).await;
+}
+
+/// Also run against tansu (tansu.rs).
+pub(crate) async fn malformed_events_are_dead_lettered_without_stalling_the_partition_on(p: Pipeline) {
     p.subscribe(json!({"url": p.url("ok"), "event_types": ["*"]})).await;
     let producer = hookline_kafka::client::producer(&p.config.kafka, "test-upstream").unwrap();
     let events = Topics::new("hookline.").events().to_owned();

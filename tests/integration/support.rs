@@ -42,8 +42,8 @@ pub struct ReceiverState {
 }
 
 pub struct Pipeline {
-    /// `None` only after drop. Never destroyed while clients are alive: librdkafka consumers closing against a
-    /// vanished broker block the runtime's shutdown.
+    /// `None` after drop, or when the test runs the broker (a separate process). Never destroyed while clients are
+    /// alive: librdkafka consumers closing against a vanished broker block the runtime's shutdown.
     broker: Option<DevBroker>,
     services: Vec<tokio::task::JoinHandle<()>>,
     pub api: SocketAddr,
@@ -296,7 +296,21 @@ impl Pipeline {
     async fn start_services(partitions: i32, edit: impl FnOnce(&mut hookline_service::Config), dispatcher: bool) -> Pipeline {
         let topics = Topics::new("hookline.");
         let broker = DevBroker::start(&topics, partitions, partitions).expect("mock broker");
-        let mut config = hookline_service::Config::dev(&broker.bootstrap_servers(), partitions, TOKEN);
+        let bootstrap = broker.bootstrap_servers();
+        Self::start_at(Some(broker), &bootstrap, partitions, edit, dispatcher).await
+    }
+
+    /// Like [`Pipeline::start_with`] on a broker the test made: an embedded one (e.g. behind a TLS terminator, whose
+    /// address `edit` puts in the config), or with `None` a broker process at `bootstrap` with the topics created.
+    pub async fn start_at(
+        broker: Option<DevBroker>,
+        bootstrap: &str,
+        partitions: i32,
+        edit: impl FnOnce(&mut hookline_service::Config),
+        dispatcher: bool,
+    ) -> Pipeline {
+        let topics = Topics::new("hookline.");
+        let mut config = hookline_service::Config::dev(bootstrap, partitions, TOKEN);
         config.telemetry.log_level = "warn".into();
         config.ingest.max_request_bytes = 16 << 10;
         let log_dir = temp_dir("log");
@@ -345,7 +359,7 @@ impl Pipeline {
         let dlq = collect_with::<DeadLetter>(&config, topics.dlq(), shutdown.clone(), |v| hookline_core::dead_letter::decode(v, None).ok()).await;
         let ops = collect::<OpsEvent>(&config, topics.ops(), shutdown.clone()).await;
         Pipeline {
-            broker: Some(broker),
+            broker,
             services,
             api,
             receiver,

@@ -74,6 +74,9 @@ pub struct Options {
     /// Shared with the caller (dev mode waits on it): set once the group has assigned partitions and their state
     /// is synced, when a delivery taken now is sent at once.
     pub readiness: Readiness,
+    /// Receives a copy of each rebalance (the partitions assigned or revoked, a delta) once the dispatcher applied
+    /// it: tests of who owns what.
+    pub rebalances: Option<mpsc::UnboundedSender<RebalanceEvent>>,
 }
 
 pub(crate) struct Ctx {
@@ -275,7 +278,7 @@ pub async fn run(config: Config, shutdown: CancellationToken, options: Options) 
             _ = shutdown.cancelled() => break,
             Some(ev) = rebalances.recv() => {
                 let assigned = matches!(ev, RebalanceEvent::Assigned(_));
-                on_rebalance(ev, &ctx, &states_reader, deliveries, &readiness);
+                on_rebalance(ev, &ctx, &states_reader, deliveries, &readiness, &options.rebalances);
                 // Newly assigned partitions start unpaused.
                 if paused && assigned {
                     set_paused(&consumer, true);
@@ -308,7 +311,7 @@ pub async fn run(config: Config, shutdown: CancellationToken, options: Options) 
                 // every task finds its partition's ownership in place.
                 while let Ok(ev) = rebalances.try_recv() {
                     let assigned = matches!(ev, RebalanceEvent::Assigned(_));
-                    on_rebalance(ev, &ctx, &states_reader, deliveries, &readiness);
+                    on_rebalance(ev, &ctx, &states_reader, deliveries, &readiness, &options.rebalances);
                     if paused && assigned {
                         set_paused(&consumer, true);
                     }
@@ -486,7 +489,19 @@ impl Done {
     }
 }
 
-fn on_rebalance(ev: RebalanceEvent, ctx: &Arc<Ctx>, reader: &TableHandle, topic: &str, readiness: &Readiness) {
+/// Applies one rebalance. Rebalancing is incremental (cooperative-sticky): an assignment names only the partitions
+/// this member gains, so only they are synced; the partitions it keeps go on delivering throughout.
+fn on_rebalance(
+    ev: RebalanceEvent,
+    ctx: &Arc<Ctx>,
+    reader: &TableHandle,
+    topic: &str,
+    readiness: &Readiness,
+    observer: &Option<mpsc::UnboundedSender<RebalanceEvent>>,
+) {
+    if let Some(o) = observer {
+        let _ = o.send(ev.clone());
+    }
     let states = &ctx.states;
     match ev {
         RebalanceEvent::Assigned(parts) => {

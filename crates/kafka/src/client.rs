@@ -112,9 +112,18 @@ pub fn admin(settings: &KafkaSettings, client_id: &str) -> KafkaResult<AdminClie
 /// A group consumer that stores offsets only when told to (after an outcome is durable) and auto-commits what was
 /// stored. Reading starts at the earliest record of a partition the group never committed, so nothing accepted
 /// before the first consumer started is skipped.
+///
+/// Rebalances are incremental (cooperative-sticky): a member joining or leaving moves only the partitions that
+/// change owner, and the others keep delivering instead of every member revoking everything and re-syncing its
+/// state. The rebalance callback (`RebalanceContext`) then sees only the partitions that move.
 pub fn group_consumer_config(settings: &KafkaSettings, group_id: &str, client_id: &str) -> KafkaResult<ClientConfig> {
     let mut c = base(settings, client_id)?;
+    if let Some(id) = &settings.group_instance_id {
+        c.set("group.instance.id", id);
+    }
     c.set("group.id", group_id)
+        .set("partition.assignment.strategy", "cooperative-sticky")
+        .set("max.poll.interval.ms", settings.max_poll_interval_ms.to_string())
         .set("enable.auto.commit", "true")
         .set("auto.commit.interval.ms", "500")
         .set("enable.auto.offset.store", "false")

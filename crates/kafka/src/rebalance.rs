@@ -1,4 +1,8 @@
 //! A consumer context that reports partition assignments and revocations to the consumer's owner.
+//!
+//! Group consumers rebalance incrementally (cooperative-sticky, see `client::group_consumer_config`): an
+//! assignment or revocation names only the partitions that change owner, and the partitions this member keeps are
+//! not revoked and re-assigned. So each event is a delta: owners add or drop exactly the partitions named.
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -127,10 +131,16 @@ impl ConsumerContext for RebalanceContext {
         }
     }
 
-    fn post_rebalance(&self, _consumer: &BaseConsumer<Self>, rebalance: &Rebalance<'_>) {
+    fn post_rebalance(&self, consumer: &BaseConsumer<Self>, rebalance: &Rebalance<'_>) {
         match rebalance {
             Rebalance::Assign(tpl) => {
                 tracing::info!(consumer = self.name, partitions = tpl.count(), "partitions assigned");
+                // librdkafka keeps a partition's pause across unassign and assign, while every owner starts a newly
+                // assigned partition afresh (nothing held, not paused): a partition paused by backpressure, revoked
+                // and later assigned back would otherwise never be fetched again.
+                if let Err(e) = consumer.resume(tpl) {
+                    tracing::warn!(consumer = self.name, error = %e, "resuming newly assigned partitions");
+                }
                 let _ = self.events.send(RebalanceEvent::Assigned(list(tpl)));
             }
             Rebalance::Revoke(_) => {}

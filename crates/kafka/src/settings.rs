@@ -46,6 +46,18 @@ pub struct KafkaSettings {
     /// off) keeps its partitions before the group reassigns them. Shorter recovers sooner from a crash; too short
     /// turns a GC-free but briefly stalled host into a rebalance. Heartbeats go every tenth of it.
     pub session_timeout_ms: u64,
+    /// Group consumers' `max.poll.interval.ms`: the longest a service's consume loop may go without polling before
+    /// librdkafka takes the member out of its group (its partitions go to the others, its later commits fail and
+    /// the next owner redoes what it had not committed). It bounds how long a stuck loop holds partitions. At
+    /// least `session_timeout_ms` (librdkafka requires it) and above `dispatcher.revoke_drain_ms` (a revoke drain
+    /// runs inside a poll).
+    pub max_poll_interval_ms: u64,
+    /// Static group membership (`group.instance.id`, KIP-345): a stable name per process, e.g. the pod name. A
+    /// member that restarts under the same name within `session_timeout_ms` gets its partitions back without a
+    /// rebalance; a static member that stops does not leave its groups, so its partitions wait up to
+    /// `session_timeout_ms` before moving. Unset: dynamic membership (a stopping member leaves at once). Must be
+    /// unique per process: a second process with the same name fences the first out of the group.
+    pub group_instance_id: Option<String>,
 }
 
 impl Default for KafkaSettings {
@@ -67,6 +79,8 @@ impl Default for KafkaSettings {
             fetch_wait_max_ms: 100,
             message_max_bytes: 1_000_000,
             session_timeout_ms: 10_000,
+            max_poll_interval_ms: 300_000,
+            group_instance_id: None,
         }
     }
 }
@@ -83,6 +97,9 @@ pub const PROTECTED_PROPERTIES: &[&str] = &[
     "message.max.bytes",
     "session.timeout.ms",
     "heartbeat.interval.ms",
+    "max.poll.interval.ms",
+    "group.instance.id",
+    "partition.assignment.strategy",
 ];
 
 /// `security.protocol`.
@@ -389,6 +406,8 @@ impl std::fmt::Debug for KafkaSettings {
             .field("fetch_wait_max_ms", &self.fetch_wait_max_ms)
             .field("offsets_by_time", &self.offsets_by_time)
             .field("session_timeout_ms", &self.session_timeout_ms)
+            .field("max_poll_interval_ms", &self.max_poll_interval_ms)
+            .field("group_instance_id", &self.group_instance_id)
             .finish()
     }
 }
@@ -411,6 +430,22 @@ impl KafkaSettings {
         if !(1_000..=1_800_000).contains(&self.session_timeout_ms) {
             return Err(format!("kafka.session_timeout_ms: must be between 1000 and 1800000, got {}", self.session_timeout_ms));
         }
+        // librdkafka refuses a poll interval below the session timeout; its ceiling is a day.
+        if self.max_poll_interval_ms < self.session_timeout_ms || self.max_poll_interval_ms > 86_400_000 {
+            return Err(format!(
+                "kafka.max_poll_interval_ms: must be between kafka.session_timeout_ms ({}) and 86400000, got {}",
+                self.session_timeout_ms, self.max_poll_interval_ms
+            ));
+        }
+        if let Some(id) = &self.group_instance_id {
+            // Kafka's rule for group instance ids (the one for topic names): 1 to 249 of [A-Za-z0-9._-].
+            let legal = |c: char| c.is_ascii_alphanumeric() || matches!(c, '.' | '_' | '-');
+            if id.is_empty() || id.len() > 249 || !id.chars().all(legal) {
+                return Err(format!(
+                    "kafka.group_instance_id: must be 1 to 249 characters of A-Z, a-z, 0-9, '.', '_' and '-', got {id:?}"
+                ));
+            }
+        }
         if self.replication_factor < 1 {
             return Err(format!("kafka.replication_factor: must be at least 1, got {}", self.replication_factor));
         }
@@ -419,6 +454,9 @@ impl KafkaSettings {
                 "fetch.wait.max.ms" => " (use kafka.fetch_wait_max_ms)",
                 "message.max.bytes" => " (use kafka.message_max_bytes)",
                 "session.timeout.ms" | "heartbeat.interval.ms" => " (use kafka.session_timeout_ms)",
+                "max.poll.interval.ms" => " (use kafka.max_poll_interval_ms)",
+                "group.instance.id" => " (use kafka.group_instance_id)",
+                "partition.assignment.strategy" => " (hookline's loops handle cooperative-sticky's incremental rebalances)",
                 _ => "",
             };
             return Err(format!(
@@ -476,6 +514,45 @@ mod tests {
         let c = group_consumer_config(&s, "g", "c").unwrap();
         assert_eq!(c.get("security.protocol"), Some("plaintext"));
         assert_eq!(c.get("sasl.mechanism"), None);
+    }
+
+    #[test]
+    fn group_consumers_rebalance_incrementally_with_a_bounded_poll_interval() {
+        let mut s = KafkaSettings::default();
+        let c = group_consumer_config(&s, "g", "c").unwrap();
+        assert_eq!(c.get("partition.assignment.strategy"), Some("cooperative-sticky"));
+        assert_eq!(c.get("max.poll.interval.ms"), Some("300000"));
+        assert_eq!(c.get("group.instance.id"), None, "dynamic membership unless a name is given");
+        s.group_instance_id = Some("hookline-dispatcher-0".into());
+        s.max_poll_interval_ms = 45_000;
+        s.validate().unwrap();
+        let c = group_consumer_config(&s, "g", "c").unwrap();
+        assert_eq!(c.get("group.instance.id"), Some("hookline-dispatcher-0"));
+        assert_eq!(c.get("max.poll.interval.ms"), Some("45000"));
+        // Table readers are not group members: no instance id there.
+        assert_eq!(crate::client::table_consumer_config(&s, "t").unwrap().get("group.instance.id"), None);
+    }
+
+    #[test]
+    fn poll_interval_and_instance_id_are_checked_with_the_key_named() {
+        let s = KafkaSettings { max_poll_interval_ms: 5_000, ..Default::default() };
+        assert_eq!(invalid(&s), "kafka.max_poll_interval_ms: must be between kafka.session_timeout_ms (10000) and 86400000, got 5000");
+        let s = KafkaSettings { max_poll_interval_ms: 86_400_001, ..Default::default() };
+        assert!(invalid(&s).starts_with("kafka.max_poll_interval_ms:"), "{}", invalid(&s));
+        for bad in ["", "pod name", "pod/0", &"x".repeat(250)] {
+            let s = KafkaSettings { group_instance_id: Some(bad.to_owned()), ..Default::default() };
+            assert!(invalid(&s).starts_with("kafka.group_instance_id: must be 1 to 249 characters"), "{bad:?}: {}", invalid(&s));
+        }
+        for (k, key) in [
+            ("max.poll.interval.ms", "kafka.max_poll_interval_ms"),
+            ("group.instance.id", "kafka.group_instance_id"),
+            ("partition.assignment.strategy", "cooperative-sticky"),
+        ] {
+            let mut s = KafkaSettings::default();
+            s.properties.insert(k.into(), "x".into());
+            let e = invalid(&s);
+            assert!(e.starts_with(&format!("kafka.properties.{k}: hookline sets this itself")) && e.contains(key), "{e}");
+        }
     }
 
     #[test]

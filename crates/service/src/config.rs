@@ -544,6 +544,13 @@ impl Config {
                 self.dispatcher.revoke_drain_ms
             )));
         }
+        // The drain runs inside a poll: a longer one would take the member out of its group mid-drain.
+        if self.dispatcher.revoke_drain_ms >= self.kafka.max_poll_interval_ms {
+            return Err(ConfigError::Invalid(format!(
+                "dispatcher.revoke_drain_ms: must be below kafka.max_poll_interval_ms ({}), got {}",
+                self.kafka.max_poll_interval_ms, self.dispatcher.revoke_drain_ms
+            )));
+        }
         if self.dispatcher.max_in_flight == 0 {
             return Err(ConfigError::Invalid("dispatcher.max_in_flight: must be at least 1".into()));
         }
@@ -814,6 +821,25 @@ mod tests {
         let c = Config::from_toml_with_env("", "t", env(&[])).unwrap();
         assert_eq!(c.kafka.topic_prefix, "hookline.");
         assert_eq!(c.dispatcher.per_subscription_concurrency, 16);
+    }
+
+    #[test]
+    fn group_membership_settings_come_from_the_environment_and_are_checked() {
+        let c = Config::from_toml_with_env(
+            "",
+            "f",
+            env(&[("HOOKLINE_KAFKA__GROUP_INSTANCE_ID", "hookline-dispatcher-7c9f-x2"), ("HOOKLINE_KAFKA__MAX_POLL_INTERVAL_MS", "60000")]),
+        )
+        .unwrap();
+        assert_eq!(c.kafka.group_instance_id.as_deref(), Some("hookline-dispatcher-7c9f-x2"));
+        assert_eq!(c.kafka.max_poll_interval_ms, 60_000);
+        let e = Config::from_toml_with_env(
+            "[kafka]\nsession_timeout_ms = 10000\nmax_poll_interval_ms = 20000\n[dispatcher]\nrevoke_drain_ms = 30000\n",
+            "f",
+            env(&[]),
+        )
+        .unwrap_err();
+        assert!(e.to_string().contains("dispatcher.revoke_drain_ms: must be below kafka.max_poll_interval_ms (20000), got 30000"), "{e}");
     }
 
     #[test]

@@ -1,6 +1,7 @@
 //! Logs (tracing) and the Prometheus recorder.
 
 use std::sync::OnceLock;
+use std::time::Duration;
 
 use metrics_exporter_prometheus::{Matcher, PrometheusBuilder, PrometheusHandle};
 use tracing_subscriber::EnvFilter;
@@ -26,7 +27,11 @@ pub fn init(settings: &TelemetrySettings) -> PrometheusHandle {
     metrics_handle()
 }
 
-/// The process's Prometheus handle, installing the recorder on first use.
+/// How often histogram samples are folded into their buckets. The recorder queues every recorded value until then
+/// (or until `/metrics` is rendered): without it, a process nobody scrapes grows by every sample it records.
+pub const METRICS_UPKEEP_INTERVAL: Duration = Duration::from_secs(5);
+
+/// The process's Prometheus handle, installing the recorder (and its upkeep thread) on first use.
 pub fn metrics_handle() -> PrometheusHandle {
     RECORDER
         .get_or_init(|| {
@@ -38,6 +43,15 @@ pub fn metrics_handle() -> PrometheusHandle {
             let handle = recorder.handle();
             // Another recorder may already be installed (an embedding application); then ours only renders zeros.
             let _ = metrics::set_global_recorder(recorder);
+            // A thread, not a task: the recorder may be made outside a runtime, and it outlives any one runtime.
+            let upkeep = handle.clone();
+            let spawned = std::thread::Builder::new().name("metrics-upkeep".into()).spawn(move || loop {
+                std::thread::sleep(METRICS_UPKEEP_INTERVAL);
+                upkeep.run_upkeep();
+            });
+            if let Err(e) = spawned {
+                tracing::warn!(error = %e, "could not start the metrics upkeep thread; histograms are folded only when /metrics is read");
+            }
             handle
         })
         .clone()

@@ -48,6 +48,8 @@ topic_prefix = {{ .Values.kafka.topicPrefix | quote }}
 partitions = {{ int .Values.kafka.partitions }}
 event_partitions = {{ int .Values.kafka.eventPartitions }}
 replication_factor = {{ int .Values.kafka.replicationFactor }}
+session_timeout_ms = {{ int .Values.kafka.sessionTimeoutMs }}
+max_poll_interval_ms = {{ int .Values.kafka.maxPollIntervalMs }}
 security_protocol = {{ .Values.kafka.securityProtocol | default "plaintext" | quote }}
 {{- $k := .Values.kafka }}
 {{- if has ($k.securityProtocol | default "plaintext") (list "ssl" "sasl_ssl") }}
@@ -126,6 +128,13 @@ blocked_hostnames = {{ .Values.egress.blockedHostnames | toJson }}
 {{- define "hookline.env" -}}
 - name: HOOKLINE_CONFIG
   value: /etc/hookline/hookline.toml
+{{- if .root.Values.kafka.staticMembership }}
+# Static group membership: the pod's name is its group.instance.id (unique per pod, kept across container restarts).
+- name: HOOKLINE_KAFKA__GROUP_INSTANCE_ID
+  valueFrom:
+    fieldRef:
+      fieldPath: metadata.name
+{{- end }}
 {{- if .apiTokens }}
 - name: HOOKLINE_INGEST__API_TOKENS
   valueFrom:

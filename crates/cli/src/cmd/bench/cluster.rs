@@ -90,7 +90,7 @@ pub struct Proc {
 }
 
 impl Proc {
-    fn spawn(role: &'static str, config: &Config, capture_stdout: bool) -> anyhow::Result<Self> {
+    pub(super) fn spawn(role: &'static str, config: &Config, capture_stdout: bool) -> anyhow::Result<Self> {
         let exe = std::env::current_exe().context("locating the hookline executable")?;
         let toml = toml::to_string(config)?;
         let mut child = Command::new(exe)
@@ -103,6 +103,11 @@ impl Proc {
             .with_context(|| format!("starting the {role} child"))?;
         let stdin = child.stdin.take();
         Ok(Self { pid: child.id(), child, stdin })
+    }
+
+    /// Closes stdin: the child drains and exits on its own (`stop` then waits for it).
+    pub fn close_stdin(&mut self) {
+        drop(self.stdin.take());
     }
 
     /// Closes stdin and waits up to `grace` for the child to exit; kills it (by its pid) after that.
@@ -340,6 +345,11 @@ impl Cluster {
     /// `retry-scheduler`); names that are absent are left out.
     pub async fn metrics(&self, role: &str, names: &[&str]) -> HashMap<String, f64> {
         let addr = if role == "dispatcher" { self.config.dispatcher.health_addr } else { self.config.retry_scheduler.health_addr };
+        self.metrics_at(addr, names).await
+    }
+
+    /// Like [`Cluster::metrics`], from the `/metrics` at `addr` (e.g. a second dispatcher's).
+    pub async fn metrics_at(&self, addr: SocketAddr, names: &[&str]) -> HashMap<String, f64> {
         let mut out = HashMap::new();
         let Ok(req) = http::Request::get(format!("http://{addr}/metrics")).body(Full::new(Bytes::new())) else { return out };
         let Ok(Ok(resp)) = tokio::time::timeout(Duration::from_secs(2), self.http.request(req)).await else { return out };
