@@ -21,13 +21,6 @@ use crate::support::{wait_for, Pipeline};
 
 const LIMIT: Duration = Duration::from_secs(60);
 
-fn requests_for(p: &Pipeline, path: &str, event_id: &str) -> usize {
-    p.requests_to(path)
-        .iter()
-        .filter(|r| serde_json::from_slice::<serde_json::Value>(&r.body).map(|b| b["id"] == event_id).unwrap_or(false))
-        .count()
-}
-
 /// A dispatcher of the pipeline's group, run by the test.
 fn dispatcher(p: &Pipeline, name: &str, options: hookline_dispatcher::Options) -> (CancellationToken, tokio::task::JoinHandle<()>) {
     let stop = CancellationToken::new();
@@ -93,8 +86,8 @@ async fn a_delivery_that_panics_is_dead_lettered_and_its_partition_goes_on() {
     let options = hookline_dispatcher::Options { resolver: Some(Arc::new(PanicOn("nothing"))), ..Default::default() };
     let (stop, next) = dispatcher(&p, "dispatcher-next", options);
     p.publish("evt_fence", "order.created").await;
-    wait_for(&p.seen.changed, LIMIT, "the fence's request to boom", || requests_for(&p, "boom", "evt_fence") == 1).await;
-    assert_eq!(requests_for(&p, "boom", "evt_panics"), 0, "the panicked delivery was not redone");
+    wait_for(&p.seen.changed, LIMIT, "the fence's request to boom", || p.requests_for("boom", "evt_fence") == 1).await;
+    assert_eq!(p.requests_for("boom", "evt_panics"), 0, "the panicked delivery was not redone");
     stop.cancel();
     next.await.unwrap();
     p.stop().await;

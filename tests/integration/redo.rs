@@ -22,13 +22,6 @@ use crate::support::{wait_for, Pipeline};
 
 const LIMIT: Duration = Duration::from_secs(60);
 
-fn requests_for(p: &Pipeline, path: &str, event_id: &str) -> usize {
-    p.requests_to(path)
-        .iter()
-        .filter(|r| serde_json::from_slice::<serde_json::Value>(&r.body).map(|b| b["id"] == event_id).unwrap_or(false))
-        .count()
-}
-
 async fn records_of<T: prost::Message + Default>(p: &Pipeline, topic: &str) -> Vec<T> {
     let mut out = Vec::new();
     scan(&p.config.kafka, topic, None, LIMIT, |m| {
@@ -73,9 +66,9 @@ async fn a_task_produced_twice_is_sent_once_and_schedules_its_retry_once() {
 
     p.wait_final_of(&sub, 1, LIMIT).await;
     p.publish("evt_after", "order.created").await;
-    wait_for(&p.seen.changed, LIMIT, "the later event's request", || requests_for(&p, "flaky", "evt_after") == 1).await;
+    wait_for(&p.seen.changed, LIMIT, "the later event's request", || p.requests_for("flaky", "evt_after") == 1).await;
 
-    assert_eq!(requests_for(&p, "flaky", "evt_twice"), 2, "attempt 1 (503) and attempt 2 (200), the copy not sent");
+    assert_eq!(p.requests_for("flaky", "evt_twice"), 2, "attempt 1 (503) and attempt 2 (200), the copy not sent");
     let retries: Vec<RetryEnvelope> = records_of(&p, topics.retry(tier_for(1_000))).await;
     let of_it = retries.iter().filter(|r| r.task.as_ref().is_some_and(|t| t.delivery_id == fanout.delivery_id)).count();
     assert_eq!(of_it, 1, "attempt 2 was scheduled once");
@@ -111,8 +104,8 @@ async fn redo_by_the_next_owner(dedupe_window_ms: u64) -> usize {
     // The next owner knows only what `attempts` tells it at assignment.
     let (stop, next) = dispatcher(&p, dedupe_window_ms);
     p.publish("evt_fence", "order.created").await;
-    wait_for(&p.seen.changed, LIMIT, "the fence's request", || requests_for(&p, "ok", "evt_fence") == 1).await;
-    let n = requests_for(&p, "ok", "evt_done");
+    wait_for(&p.seen.changed, LIMIT, "the fence's request", || p.requests_for("ok", "evt_fence") == 1).await;
+    let n = p.requests_for("ok", "evt_done");
     stop.cancel();
     next.await.unwrap();
     drop(cluster);

@@ -129,6 +129,14 @@ impl Pipeline {
         assert_eq!(status, 202, "publish: {v}");
     }
 
+    /// How many requests to `path` carried the event `event_id`.
+    pub fn requests_for(&self, path: &str, event_id: &str) -> usize {
+        self.requests_to(path)
+            .iter()
+            .filter(|r| serde_json::from_slice::<Value>(&r.body).is_ok_and(|b| b["id"] == event_id))
+            .count()
+    }
+
     pub fn requests_to(&self, path: &str) -> Vec<Received> {
         self.seen.requests.lock().unwrap().iter().filter(|r| r.path == path).cloned().collect()
     }

@@ -3,6 +3,7 @@
 
 pub mod credential;
 pub mod egress;
+pub mod event_decode;
 pub mod engine;
 pub mod breaker;
 pub mod concurrency;

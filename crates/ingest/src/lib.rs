@@ -2,7 +2,8 @@
 //! the HTTP API (events in, subscriptions managed, /metrics /healthz /readyz).
 
 pub mod api;
-pub mod decode;
+/// The event decoder lives in core: the delivery log's indexer reads events with it too.
+pub use hookline_core::event_decode as decode;
 pub mod fanout;
 pub mod notify;
 pub mod replay;

@@ -18,8 +18,6 @@ use rdkafka::consumer::{CommitMode, Consumer, StreamConsumer};
 use rdkafka::error::KafkaError;
 use rdkafka::message::{BorrowedMessage, Message as _};
 use rdkafka::{Offset, TopicPartitionList};
-use serde::Deserialize;
-use serde_json::value::RawValue;
 use tokio_util::sync::CancellationToken;
 
 use crate::{Batch, LogStore, StoreError, Target};
@@ -233,81 +231,10 @@ fn add(batch: &mut Batch, topics: &Topics, m: &BorrowedMessage<'_>, ts: i64) {
     }
 }
 
-#[derive(Deserialize)]
-struct Envelope<'a> {
-    id: Option<String>,
-    #[serde(rename = "type")]
-    event_type: Option<String>,
-    #[serde(alias = "occurredAt")]
-    occurred_at: Option<serde_json::Value>,
-    tenant: Option<String>,
-    #[serde(alias = "entityId")]
-    entity_id: Option<String>,
-    #[serde(borrow)]
-    data: Option<&'a RawValue>,
-}
-
-/// A record of the events topic as ingest reads it (JSON envelope or protobuf `Event`), for keeping: an event
-/// without an id or type is not kept (ingest dead-letters it, and no delivery refers to it). Ingest validates;
-/// this only reads.
+/// A record of the events topic as ingest reads it (JSON envelope or protobuf `Event`), for keeping: what ingest
+/// refuses (and dead-letters) is not kept; no delivery refers to it. The size limit is ingest's to enforce.
 pub fn decode_event(bytes: &[u8]) -> Option<Event> {
-    let bytes = bytes.strip_prefix(b"\xEF\xBB\xBF").unwrap_or(bytes);
-    let first = bytes.iter().copied().find(|b| !b.is_ascii_whitespace())?;
-    let ev = if first == b'{' {
-        let env: Envelope<'_> = serde_json::from_slice(bytes).ok()?;
-        let occurred_at_ms = match env.occurred_at {
-            Some(serde_json::Value::Number(n)) => n.as_i64().unwrap_or(0),
-            Some(serde_json::Value::String(s)) => rfc3339_ms(&s).unwrap_or(0),
-            _ => 0,
-        };
-        Event {
-            id: env.id?,
-            r#type: env.event_type?,
-            occurred_at_ms,
-            tenant: env.tenant.unwrap_or_default(),
-            entity_id: env.entity_id.unwrap_or_default(),
-            data_json: env.data.map(|d| bytes::Bytes::copy_from_slice(d.get().as_bytes())).unwrap_or_default(),
-            ..Default::default()
-        }
-    } else {
-        Event::decode(bytes).ok()?
-    };
-    (!ev.id.is_empty() && !ev.r#type.is_empty()).then_some(ev)
-}
-
-/// `2026-01-02T03:04:05[.fff](Z|±hh:mm)` to epoch milliseconds.
-fn rfc3339_ms(s: &str) -> Option<i64> {
-    let b = s.as_bytes();
-    if b.len() < 20 || b[4] != b'-' || b[7] != b'-' || !matches!(b[10], b'T' | b't' | b' ') || b[13] != b':' || b[16] != b':' {
-        return None;
-    }
-    let num = |from: usize, to: usize| -> Option<i64> {
-        let part = s.get(from..to)?;
-        part.bytes().all(|c| c.is_ascii_digit()).then(|| part.parse().ok()).flatten()
-    };
-    let (y, mo, d) = (num(0, 4)?, num(5, 7)?, num(8, 10)?);
-    let secs = num(11, 13)? * 3_600 + num(14, 16)? * 60 + num(17, 19)?;
-    let mut i = 19;
-    let mut millis = 0;
-    if b.get(i) == Some(&b'.') {
-        let start = i + 1;
-        i = start;
-        while b.get(i).is_some_and(u8::is_ascii_digit) {
-            i += 1;
-        }
-        let frac = s.get(start..i.min(start + 3)).filter(|f| !f.is_empty())?;
-        millis = frac.parse::<i64>().ok()? * 10i64.pow(3 - frac.len() as u32);
-    }
-    let offset = match b.get(i)? {
-        b'Z' | b'z' if i + 1 == b.len() => 0,
-        sign @ (b'+' | b'-') if i + 6 == b.len() => {
-            let v = num(i + 1, i + 3)? * 3_600 + num(i + 4, i + 6)? * 60;
-            if *sign == b'-' { -v } else { v }
-        }
-        _ => return None,
-    };
-    let days = crate::postgres::days_from_civil(y, u32::try_from(mo).ok()?, u32::try_from(d).ok()?);
-    Some((days * 86_400 + secs - offset) * 1_000 + millis)
+    hookline_core::event_decode::decode(bytes, usize::MAX, false).ok()
 }
 
 #[cfg(test)]
@@ -325,7 +252,5 @@ mod tests {
         assert!(decode_event(br#"{"type":"no.id"}"#).is_none());
         assert!(decode_event(b"").is_none());
         assert!(decode_event(b"{not json").is_none());
-        assert_eq!(rfc3339_ms("1970-01-01T01:00:00+01:00"), Some(0));
-        assert_eq!(rfc3339_ms("1970-01-01T00:00:00"), None);
     }
 }

@@ -2,8 +2,8 @@
 //! stable reason (the dead-letter `reason`) and a detail a producer can act on.
 
 use bytes::Bytes;
-use hookline_core::model::Event;
-use hookline_core::vocabulary::DeadLetterReason as Reason;
+use crate::model::Event;
+use crate::vocabulary::DeadLetterReason as Reason;
 use prost::Message;
 use serde::Deserialize;
 use serde_json::value::RawValue;
@@ -167,7 +167,7 @@ fn check_name(v: &str, field: &'static str) -> Result<(), Invalid> {
 
 /// The tenant decides which subscriptions an event reaches, so it must be exactly one a subscription can have.
 fn check_tenant(tenant: &str) -> Result<(), Invalid> {
-    hookline_core::filter::validate_tenant(tenant).map_err(|e| invalid(Reason::EventInvalidField, format!("tenant: {e}")))
+    crate::filter::validate_tenant(tenant).map_err(|e| invalid(Reason::EventInvalidField, format!("tenant: {e}")))
 }
 
 /// `2026-01-02T03:04:05Z`, with optional fraction and `±hh:mm` offset, to epoch milliseconds.
