@@ -4,6 +4,7 @@
 //! deep backlog behind a hanging endpoint costs the task's own size, not a delivery's whole state machine.
 
 use std::collections::{HashMap, VecDeque};
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
@@ -98,14 +99,19 @@ pub struct Lanes {
     /// Lanes whose cap adapts (policy `[concurrency]`): their current cap instead of `cap`. Locked before `lanes`
     /// when both are.
     caps: Mutex<HashMap<String, usize>>,
+    /// Whether any lane has its own cap: until one does, no lock is taken for `caps` on the hot path.
+    any_caps: AtomicBool,
 }
 
 impl Lanes {
     pub fn new(cap: usize) -> Arc<Self> {
-        Arc::new(Self { cap: cap.max(1), lanes: Mutex::new(HashMap::new()), caps: Mutex::new(HashMap::new()) })
+        Arc::new(Self { cap: cap.max(1), lanes: Mutex::new(HashMap::new()), caps: Mutex::new(HashMap::new()), any_caps: AtomicBool::new(false) })
     }
 
     fn cap_of(&self, key: &str) -> usize {
+        if !self.any_caps.load(Ordering::Acquire) {
+            return self.cap;
+        }
         self.caps.lock().expect("lane caps lock").get(key).copied().unwrap_or(self.cap)
     }
 
@@ -114,6 +120,7 @@ impl Lanes {
     pub fn set_cap(self: &Arc<Self>, key: &str, cap: usize) {
         let cap = cap.max(1);
         self.caps.lock().expect("lane caps lock").insert(key.to_owned(), cap);
+        self.any_caps.store(true, Ordering::Release);
         let mut start = Vec::new();
         {
             let mut lanes = self.lanes.lock().expect("lanes lock");
@@ -128,11 +135,6 @@ impl Lanes {
         for job in start {
             self.run(key.to_owned(), job);
         }
-    }
-
-    /// Forgets `key`'s own cap (its subscription is gone or no longer adapts).
-    pub fn clear_cap(&self, key: &str) {
-        self.caps.lock().expect("lane caps lock").remove(key);
     }
 
     /// Runs `job` in `key`'s lane: now if the lane has room, otherwise after the jobs queued before it.
@@ -246,6 +248,48 @@ mod tests {
     use super::*;
     use std::time::Duration;
     use tokio::sync::{mpsc, oneshot};
+
+    /// Jobs that count themselves running, until a shared signal lets them finish.
+    fn counted(running: &Arc<std::sync::atomic::AtomicUsize>, peak: &Arc<std::sync::atomic::AtomicUsize>, go: &Arc<tokio::sync::Notify>) -> Job {
+        let (running, peak, go) = (running.clone(), peak.clone(), go.clone());
+        Box::new(move |_| {
+            Box::pin(async move {
+                let now = running.fetch_add(1, Ordering::SeqCst) + 1;
+                peak.fetch_max(now, Ordering::SeqCst);
+                go.notified().await;
+                running.fetch_sub(1, Ordering::SeqCst);
+            })
+        })
+    }
+
+    #[tokio::test]
+    async fn a_lane_follows_its_own_cap_as_it_shrinks_and_grows() {
+        use std::sync::atomic::AtomicUsize;
+        let lanes = Lanes::new(8);
+        let (running, peak, go) = (Arc::new(AtomicUsize::new(0)), Arc::new(AtomicUsize::new(0)), Arc::new(tokio::sync::Notify::new()));
+        lanes.set_cap("a", 2);
+        for _ in 0..6 {
+            lanes.submit("a", counted(&running, &peak, &go));
+        }
+        tokio::task::yield_now().await;
+        assert_eq!(running.load(Ordering::SeqCst), 2, "its own cap, not the default 8");
+        lanes.set_cap("a", 4);
+        for _ in 0..4 {
+            tokio::task::yield_now().await;
+        }
+        assert_eq!(running.load(Ordering::SeqCst), 4, "a larger cap starts queued jobs at once");
+        lanes.set_cap("a", 1);
+        // Let jobs finish one wake-up at a time: the lane drains down to its new cap before starting more.
+        for _ in 0..3 {
+            go.notify_one();
+            for _ in 0..4 {
+                tokio::task::yield_now().await;
+            }
+        }
+        assert_eq!(running.load(Ordering::SeqCst), 1, "over a shrunk cap, finished runners stop");
+        assert_eq!(peak.load(Ordering::SeqCst), 4);
+        assert_eq!(lanes.depth("a"), 3, "one running, two queued");
+    }
 
     #[tokio::test]
     async fn a_full_lane_queues_in_order_and_does_not_block_another() {
