@@ -19,6 +19,8 @@ use super::ledger::Ledger;
 const CONCURRENCY: usize = 32;
 const RETRY_EVERY: Duration = Duration::from_millis(100);
 const GIVE_UP_AFTER: Duration = Duration::from_secs(120);
+/// How long the publisher waits for the first delivery before it goes on regardless.
+const FLOWING_WITHIN: Duration = Duration::from_secs(60);
 
 #[derive(Clone)]
 pub struct Publisher {
@@ -71,14 +73,22 @@ impl Publisher {
         Ok(v["id"].as_str().unwrap_or_default().to_owned())
     }
 
-    /// Publishes `events` events at `rate` per second; returns what became of them.
+    /// Publishes `events` events at `rate` per second; returns what became of them. After the first event it waits
+    /// until a delivery reaches the receiver (the groups have formed), so the rest, and the faults timed against
+    /// them, land on a flowing pipeline however long a slow machine takes to form the groups.
     pub async fn publish_all(self, events: u64, rate: u64, tag: String, ledger: Arc<Ledger>) -> Published {
         let permits = Arc::new(tokio::sync::Semaphore::new(CONCURRENCY));
         let (accepted, rejected, retries) = (Arc::new(AtomicU64::new(0)), Arc::new(AtomicU64::new(0)), Arc::new(AtomicU64::new(0)));
         let mut tasks = tokio::task::JoinSet::new();
-        let start = tokio::time::Instant::now();
+        let mut start = tokio::time::Instant::now();
+        let rate = rate.max(1);
         for i in 0..events {
-            tokio::time::sleep_until(start + Duration::from_secs_f64(i as f64 / rate as f64)).await;
+            if i == 1 {
+                ledger.wait_requests(1, FLOWING_WITHIN).await;
+                start = tokio::time::Instant::now();
+            }
+            let due = Duration::from_secs_f64(i.saturating_sub(1) as f64 / rate as f64);
+            tokio::time::sleep_until(start + due).await;
             let permit = permits.clone().acquire_owned().await.expect("never closed");
             let (p, ledger, tag) = (self.clone(), ledger.clone(), tag.clone());
             let (accepted, rejected, retries) = (accepted.clone(), rejected.clone(), retries.clone());
