@@ -1,5 +1,5 @@
 //! One word per concept, everywhere (API, CLI, metrics labels, portal, docs): the lists here are the source, and
-//! the vocabulary table in docs/api.md is tested against them (crates/ingest/tests/vocabulary.rs).
+//! the vocabulary table in docs/api.md is tested against them (crates/api/tests/vocabulary.rs).
 
 use crate::engine::FinalState;
 use crate::model::EndpointCondition;

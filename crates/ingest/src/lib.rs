@@ -1,13 +1,14 @@
-//! Ingest: fans events out from the `events` topic to one delivery task per matching subscription, and serves
-//! the HTTP API (events in, subscriptions managed, /metrics /healthz /readyz).
+//! Ingest: fans events out from the `events` topic to one delivery task per matching subscription, and hosts the
+//! HTTP API and portal (`hookline-api`), the delivery log's indexer (`hookline-log`) and owner e-mail
+//! (`hookline-notify`) beside it, plus /metrics /healthz /readyz. The fan-out never waits on the log.
 
-pub mod api;
 /// The event decoder lives in core: the delivery log's indexer reads events with it too.
 pub use hookline_core::event_decode as decode;
 pub mod fanout;
-pub mod notify;
-pub mod replay;
-pub mod tenants;
+
+use hookline_api as api;
+use hookline_api::tenant_tables as tenants;
+use hookline_notify as notify;
 
 use std::net::SocketAddr;
 use std::sync::Arc;

@@ -159,7 +159,7 @@ pub async fn run(args: &BenchArgs) -> anyhow::Result<(Map<String, Value>, bool)>
 
     // The raw baseline, on its own runtime (threads `bench-raw`), against the same receiver.
     eprintln!("  raw baseline: {concurrency} concurrent POSTs of the same body for {} s", args.raw_s);
-    let event = hookline_ingest::decode::decode(&event_json("t0", "tp.0", 0), 1 << 20, false).map_err(|e| anyhow::anyhow!("{e}"))?;
+    let event = hookline_core::event_decode::decode(&event_json("t0", "tp.0", 0), 1 << 20, false).map_err(|e| anyhow::anyhow!("{e}"))?;
     let policy = hookline_core::policy::builtin("standard").expect("built-in profile");
     let body = hookline_core::request::body(&policy, &event).map_err(|e| anyhow::anyhow!("{e}"))?;
     let urls: Vec<String> = (0..subs).map(|k| recv.url(&format!("ok/{k}"))).collect();

@@ -132,7 +132,7 @@ fn identify(s: &Arc<ApiState>, presented: &str) -> Result<Principal, &'static st
 fn record_use(s: Arc<ApiState>, key_id: String, now_ms: i64) {
     tokio::spawn(async move {
         let usage = ApiKeyUsage { key_id: key_id.clone(), last_used_at_ms: now_ms }.encode_to_vec();
-        let key = format!("{key_id}{}", crate::tenants::USAGE_SUFFIX);
+        let key = format!("{key_id}{}", crate::tenant_tables::USAGE_SUFFIX);
         if let Err(e) = hookline_kafka::produce::send(&s.producer, s.topics.api_keys(), &key, &usage).await {
             tracing::warn!(key_id = %key_id, error = %e, "could not record an API key's last use");
         }

@@ -1,4 +1,4 @@
-//! Keeps `src/api/openapi.json` true: its paths and methods are exactly the router's (read from the source), its
+//! Keeps `src/openapi.json` true: its paths and methods are exactly the router's (read from the source), its
 //! public routes are exactly those outside the bearer-token layer, its error codes are exactly the ones the
 //! handlers return, and the document is well-formed (3.0.x, every `$ref` resolves, every operation has responses
 //! and a unique `operationId`, path parameters match the templates).
@@ -19,7 +19,7 @@ fn read(path: &Path) -> String {
 }
 
 fn document() -> Value {
-    let path = crate_dir().join("src/api/openapi.json");
+    let path = crate_dir().join("src/openapi.json");
     serde_json::from_str(&read(&path)).unwrap_or_else(|e| panic!("{} is not JSON: {e}", path.display()))
 }
 
@@ -159,9 +159,9 @@ fn documented(doc: &Value) -> BTreeMap<(String, String), bool> {
 #[test]
 fn the_document_lists_exactly_the_routes_of_the_router_and_their_auth() {
     let dir = crate_dir();
-    let api_src = code_of(&read(&dir.join("src/api/mod.rs")));
-    assert!(!api_src.contains(".nest(") && !api_src.contains(".merge("), "api/mod.rs nests or merges routers: teach this test");
-    let layer_at = api_src.find(".route_layer(").expect("api/mod.rs applies the auth layer with `.route_layer(`");
+    let api_src = code_of(&read(&dir.join("src/lib.rs")));
+    assert!(!api_src.contains(".nest(") && !api_src.contains(".merge("), "lib.rs nests or merges routers: teach this test");
+    let layer_at = api_src.find(".route_layer(").expect("lib.rs applies the auth layer with `.route_layer(`");
     assert!(api_src[layer_at..].starts_with(".route_layer(middleware::from_fn_with_state(state.clone(), auth::middleware))"));
 
     // (path, method) -> public, from the source.
@@ -174,13 +174,13 @@ fn the_document_lists_exactly_the_routes_of_the_router_and_their_auth() {
             }
         }
     };
-    let api_routes = routes_in(&api_src, "api/mod.rs");
+    let api_routes = routes_in(&api_src, "lib.rs");
     assert!(api_routes.len() >= 10, "suspiciously few routes parsed: {api_routes:?}");
     // `route_layer` covers the routes added before it: those need the token, the ones after are public.
     add(api_routes, &|r: &Route| r.at > layer_at);
 
     // The health routes are merged into the same listener by `lib.rs`, without the auth layer.
-    let lib_src = code_of(&read(&dir.join("src/lib.rs")));
+    let lib_src = code_of(&read(&dir.join("../ingest/src/lib.rs")));
     assert!(lib_src.contains(".merge(health::routes("), "ingest no longer merges the health routes into the API router");
     let health_src = code_of(&read(&dir.join("../service/src/health.rs")));
     let health_routes = routes_in(&health_src, "service/src/health.rs");
@@ -343,7 +343,7 @@ fn literal_codes(src: &str, into: &mut BTreeSet<String>) {
 fn the_documented_error_codes_are_the_ones_the_handlers_return() {
     let dir = crate_dir();
     let mut source = BTreeSet::new();
-    let mut files: Vec<_> = std::fs::read_dir(dir.join("src/api")).expect("src/api").map(|e| e.unwrap().path()).collect();
+    let mut files: Vec<_> = std::fs::read_dir(dir.join("src")).expect("src").map(|e| e.unwrap().path()).collect();
     files.sort();
     for f in files.iter().filter(|f| f.extension().is_some_and(|e| e == "rs")) {
         literal_codes(&code_of(&read(f)), &mut source);

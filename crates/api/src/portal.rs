@@ -1,5 +1,5 @@
 //! `GET /portal` and `GET /portal/{file}`: the portal, a web page where app owners see their subscriptions'
-//! delivery log, resume them and replay. Plain HTML, CSS and JavaScript modules from `crates/ingest/portal/`,
+//! delivery log, resume them and replay. Plain HTML, CSS and JavaScript modules from `crates/api/portal/`,
 //! embedded in the binary (nothing is fetched from elsewhere). The page is public; every data call it makes carries
 //! the bearer token its user typed, or the portal link's token it was opened with (`#token=hlp_…`).
 
@@ -13,11 +13,11 @@ use super::{ApiError, ApiState};
 
 /// (file name, content type, bytes).
 const ASSETS: &[(&str, &str, &[u8])] = &[
-    ("index.html", "text/html; charset=utf-8", include_bytes!("../../portal/index.html")),
-    ("app.js", "text/javascript; charset=utf-8", include_bytes!("../../portal/app.js")),
-    ("chart.js", "text/javascript; charset=utf-8", include_bytes!("../../portal/chart.js")),
-    ("style.css", "text/css; charset=utf-8", include_bytes!("../../portal/style.css")),
-    ("favicon.svg", "image/svg+xml", include_bytes!("../../portal/favicon.svg")),
+    ("index.html", "text/html; charset=utf-8", include_bytes!("../portal/index.html")),
+    ("app.js", "text/javascript; charset=utf-8", include_bytes!("../portal/app.js")),
+    ("chart.js", "text/javascript; charset=utf-8", include_bytes!("../portal/chart.js")),
+    ("style.css", "text/css; charset=utf-8", include_bytes!("../portal/style.css")),
+    ("favicon.svg", "image/svg+xml", include_bytes!("../portal/favicon.svg")),
 ];
 
 /// Scripts, styles, images and API calls from this origin only; no inline scripts or styles, and no form ever

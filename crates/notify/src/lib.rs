@@ -28,7 +28,7 @@ use lettre::message::header::{ContentType, HeaderName, HeaderValue, MIME_VERSION
 use lettre::message::Mailbox;
 use lettre::{Address, Message as Email};
 
-use self::smtp::{Credentials, SmtpError, SmtpSettings};
+use crate::smtp::{Credentials, SmtpError, SmtpSettings};
 
 /// Mails waiting for their turn; past this the partition a new one came from is paused (polling continues).
 const MAX_QUEUED: usize = 1_000;
@@ -124,7 +124,7 @@ impl Notifier {
     /// The e-mail for an ops record's value, or why there is none.
     pub fn compose_record(&self, value: &[u8]) -> Result<Mail, Skip> {
         let ev = OpsEvent::decode(value).map_err(|e| Skip::Undecodable(e.to_string()))?;
-        self.compose(&ev, crate::now_ms())
+        self.compose(&ev, hookline_service::now_ms())
     }
 
     /// The e-mail for `ev`, dated `now_ms`.
@@ -336,7 +336,7 @@ pub async fn run(config: &hookline_service::Config, shutdown: CancellationToken)
                 marks.start(topic, p, o);
                 let composed = OpsEvent::decode(m.payload().unwrap_or_default())
                     .map_err(|e| Skip::Undecodable(e.to_string()))
-                    .and_then(|ev| notifier.compose(&ev, crate::now_ms()).map(|mail| (ev, mail)));
+                    .and_then(|ev| notifier.compose(&ev, hookline_service::now_ms()).map(|mail| (ev, mail)));
                 match composed {
                     Ok((ev, mail)) => {
                         queue.push_back(Item { partition: p, offset: o, subscription_id: ev.subscription_id, kind: ev.kind, mail });

@@ -13,7 +13,7 @@ use prost::Message as _;
 use rdkafka::producer::FutureRecord;
 use rdkafka::Message;
 
-use crate::api::ApiState;
+use crate::ApiState;
 use crate::decode;
 
 /// Longest a replay or redrive request may read for.

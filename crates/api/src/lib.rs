@@ -1,7 +1,13 @@
-//! The HTTP API served by ingest: events in, subscriptions managed. JSON everywhere, errors as
-//! `{"error":{"code":..,"message":..,"field":..}}`, bearer-token auth on everything but health and metrics.
+//! The management API and the portal, served by the ingest binary beside the fan-out: events in, subscriptions,
+//! tenants and the delivery log managed. JSON everywhere, errors as `{"error":{"code":..,"message":..,"field":..}}`,
+//! bearer-token auth on everything but health and metrics.
 
 pub mod auth;
+pub mod replay;
+pub mod tenant_tables;
+/// The event decoder is core's: the fan-out and the delivery log's indexer read events with it too.
+pub use hookline_core::event_decode as decode;
+pub(crate) use hookline_service::now_ms;
 mod deliveries;
 mod events;
 mod openapi;
@@ -46,9 +52,9 @@ pub struct ApiState {
     pub tracer: hookline_service::traces::Tracer,
     /// Sends endpoint verification challenges (policies with `[verification]`).
     pub challenger: verify::Challenger,
-    pub tenants: crate::tenants::TenantTable,
+    pub tenants: crate::tenant_tables::TenantTable,
     pub tenants_reader: TableHandle,
-    pub keys: crate::tenants::KeyTable,
+    pub keys: crate::tenant_tables::KeyTable,
     pub keys_reader: TableHandle,
     /// Seals signing secrets before they are written.
     pub keyring: Arc<hookline_core::seal::Keyring>,

@@ -1,5 +1,5 @@
 //! `GET /openapi.json`: the OpenAPI 3 document of this API, public (outside the bearer-token layer). The document
-//! is kept true to the router by `crates/ingest/tests/openapi.rs`.
+//! is kept true to the router by `crates/api/tests/openapi.rs`.
 
 use axum::http::header;
 use axum::response::IntoResponse;

@@ -58,7 +58,7 @@ fn the_vocabulary_table_is_the_codes_words() {
     assert_eq!(table["verification"], own(&hookline_core::vocabulary::VERIFICATION_STATES));
     assert_eq!(table["attempt verdict"], own(&[Verdict::Success.as_str(), Verdict::Retry.as_str(), Verdict::Terminal.as_str()]));
     assert_eq!(table["dead-letter reason"], own(&DeadLetterReason::words()));
-    assert_eq!(table["chart class"], own(&hookline_ingest::api::STATS_CLASSES));
+    assert_eq!(table["chart class"], own(&hookline_api::STATS_CLASSES));
 }
 
 #[test]
@@ -77,7 +77,7 @@ fn the_dead_letter_reasons_table_says_which_are_redrivable() {
 
 #[test]
 fn the_openapi_document_uses_the_same_words() {
-    let doc: Value = serde_json::from_str(&read("src/api/openapi.json")).unwrap();
+    let doc: Value = serde_json::from_str(&read("src/openapi.json")).unwrap();
     let schemas = &doc["components"]["schemas"];
     let own = |v: &[&str]| v.iter().map(|s| (*s).to_owned()).collect::<Vec<_>>();
     assert_eq!(strings(&schemas["DeliveryBase"]["properties"]["state"]["enum"]), own(&DELIVERY_STATES));
@@ -109,7 +109,7 @@ fn the_portal_uses_the_same_words() {
     }
     // The chart labels every class the stats return, by its own word.
     let labels = chart.lines().find(|l| l.starts_with("const LABELS")).expect("LABELS in chart.js");
-    for class in hookline_ingest::api::STATS_CLASSES {
+    for class in hookline_api::STATS_CLASSES {
         assert!(labels.contains(&format!("{class}: '{class}'")), "chart.js labels {class} otherwise: {labels}");
     }
     // The log filter offers exactly the delivery states.

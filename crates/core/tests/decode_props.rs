@@ -1,11 +1,11 @@
-//! Fuzz-style property tests of the event decoder (`hookline_ingest::decode::decode`), which reads whatever upstream
+//! Fuzz-style property tests of the event decoder (`hookline_core::event_decode::decode`), which reads whatever upstream
 //! producers write to the events topic: arbitrary bytes, and valid JSON envelopes and protobuf events mutated byte
 //! by byte. It never panics; a decoded event always has a usable id and type; a rejection names one of the
 //! documented reasons. `PROPTEST_CASES` overrides the case counts (e.g. for a longer local run).
 
 use bytes::Bytes;
 use hookline_core::model::Event;
-use hookline_ingest::decode::{decode, parse_rfc3339_ms};
+use hookline_core::event_decode::{decode, parse_rfc3339_ms};
 use proptest::prelude::*;
 use prost::Message;
 

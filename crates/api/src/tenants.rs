@@ -244,7 +244,7 @@ pub async fn delete_key(
 /// The key's tombstone (waited for: the key stops working here before the answer), then its usage record's.
 async fn revoke_key(s: &ApiState, key_id: &str) -> Result<(), ApiError> {
     write(s, s.topics.api_keys(), &s.keys_reader, key_id, None).await?;
-    let usage = format!("{key_id}{}", crate::tenants::USAGE_SUFFIX);
+    let usage = format!("{key_id}{}", crate::tenant_tables::USAGE_SUFFIX);
     write(s, s.topics.api_keys(), &s.keys_reader, &usage, None).await
 }
 

@@ -10,8 +10,8 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use hookline_core::model::OpsEvent;
-use hookline_ingest::notify::smtp::{self, Credentials, SmtpError, SmtpSettings, Stage};
-use hookline_ingest::notify::{self, Notifier, Skip};
+use hookline_notify::smtp::{self, Credentials, SmtpError, SmtpSettings, Stage};
+use hookline_notify::{Notifier, Skip};
 use hookline_kafka::mock::DevBroker;
 use hookline_kafka::Topics;
 use hookline_service::config::{NotifySettings, SmtpTls};
@@ -571,7 +571,7 @@ async fn ops_events_become_owner_emails() {
     let shutdown = CancellationToken::new();
     let task = tokio::spawn({
         let (config, shutdown) = (config.clone(), shutdown.clone());
-        async move { notify::run(&config, shutdown).await }
+        async move { hookline_notify::run(&config, shutdown).await }
     });
     wait_for(&fake.changed, Duration::from_secs(60), "two owner e-mails", || fake.mails().len() >= 2).await;
 
