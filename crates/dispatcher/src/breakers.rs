@@ -53,4 +53,38 @@ impl Breakers {
         }
         change
     }
+
+    /// Keeps the breakers and holds of subscriptions for which `live` holds; returns how many were forgotten.
+    pub fn retain(&self, live: impl Fn(&str) -> bool) -> usize {
+        let mut forgotten = 0;
+        {
+            let mut holds = self.holds.lock().expect("holds lock");
+            let before = holds.len();
+            holds.retain(|id, _| live(id));
+            forgotten += before - holds.len();
+        }
+        let mut map = self.map.lock().expect("breakers lock");
+        let before = map.len();
+        map.retain(|id, _| live(id));
+        forgotten + (before - map.len())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn forgetting_drops_a_deleted_subscriptions_open_breaker_and_hold_only() {
+        let b = Breakers::default();
+        let rule = BreakerRule { consecutive_errors: 1, cool_off_ms: 60_000, max_cool_off_ms: 600_000 };
+        for id in ["deleted", "live"] {
+            b.record(id, &rule, true, 0);
+            assert!(matches!(b.admit(id, 1), Admission::Wait { .. }), "{id} is open");
+        }
+        b.hold("deleted", 10_000);
+        assert_eq!(b.retain(|id| id == "live"), 2, "the breaker and the hold");
+        assert!(matches!(b.admit("deleted", 1), Admission::Send), "forgotten: closed again");
+        assert!(!matches!(b.admit("live", 1), Admission::Send), "the live one stays open");
+    }
 }

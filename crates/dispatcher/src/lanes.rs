@@ -137,6 +137,15 @@ impl Lanes {
         }
     }
 
+    /// Keeps the adaptive caps of subscriptions for which `live` holds; returns how many were forgotten. (Lanes
+    /// themselves go when they empty.)
+    pub fn retain_caps(&self, live: impl Fn(&str) -> bool) -> usize {
+        let mut caps = self.caps.lock().expect("lane caps lock");
+        let before = caps.len();
+        caps.retain(|key, _| live(key));
+        before - caps.len()
+    }
+
     /// Runs `job` in `key`'s lane: now if the lane has room, otherwise after the jobs queued before it.
     pub fn submit(self: &Arc<Self>, key: &str, job: Job) {
         let cap = self.cap_of(key);
@@ -248,6 +257,16 @@ mod tests {
     use super::*;
     use std::time::Duration;
     use tokio::sync::{mpsc, oneshot};
+
+    #[test]
+    fn a_deleted_subscriptions_adaptive_cap_is_forgotten() {
+        let lanes = Lanes::new(4);
+        lanes.set_cap("deleted", 1);
+        lanes.set_cap("live", 2);
+        assert_eq!(lanes.retain_caps(|k| k == "live"), 1);
+        assert_eq!(lanes.cap_of("deleted"), 4, "back to the default");
+        assert_eq!(lanes.cap_of("live"), 2);
+    }
 
     /// Jobs that count themselves running, until a shared signal lets them finish.
     fn counted(running: &Arc<std::sync::atomic::AtomicUsize>, peak: &Arc<std::sync::atomic::AtomicUsize>, go: &Arc<tokio::sync::Notify>) -> Job {

@@ -24,7 +24,8 @@ pub struct Lease {
 
 #[derive(Default)]
 pub struct Leases {
-    found: Mutex<HashMap<String, Lease>>,
+    /// By delivery id: the lease and the partition it was read from (forgotten with the partition).
+    found: Mutex<HashMap<String, (Lease, i32)>>,
 }
 
 impl Leases {
@@ -45,7 +46,7 @@ impl Leases {
         })
         .await?;
         let n = live.len();
-        self.found.lock().expect("leases lock").extend(live);
+        self.found.lock().expect("leases lock").extend(live.into_iter().map(|(k, l)| (k, (l, partition))));
         Ok(n)
     }
 
@@ -54,9 +55,17 @@ impl Leases {
     pub fn take(&self, delivery_id: &str, attempt: u32) -> Option<Lease> {
         let mut found = self.found.lock().expect("leases lock");
         match found.get(delivery_id) {
-            Some(l) if l.attempt == attempt => found.remove(delivery_id),
+            Some((l, _)) if l.attempt == attempt => found.remove(delivery_id).map(|(l, _)| l),
             _ => None,
         }
+    }
+
+    /// A partition was revoked: its leases are its next owner's to act on, not this process's to keep.
+    pub fn forget_partition(&self, partition: i32) -> usize {
+        let mut found = self.found.lock().expect("leases lock");
+        let before = found.len();
+        found.retain(|_, (_, p)| *p != partition);
+        before - found.len()
     }
 }
 
@@ -67,9 +76,19 @@ mod tests {
     #[test]
     fn a_lease_is_taken_only_by_the_task_of_its_attempt() {
         let leases = Leases::default();
-        leases.found.lock().unwrap().insert("dlv_1".into(), Lease { attempt: 2, started_at_ms: 5 });
+        leases.found.lock().unwrap().insert("dlv_1".into(), (Lease { attempt: 2, started_at_ms: 5 }, 0));
         assert_eq!(leases.take("dlv_1", 1), None, "a redone attempt 1 leaves attempt 2's lease");
         assert_eq!(leases.take("dlv_1", 2), Some(Lease { attempt: 2, started_at_ms: 5 }));
         assert_eq!(leases.take("dlv_1", 2), None, "acted on once");
+    }
+
+    #[test]
+    fn a_revoked_partitions_leases_are_forgotten_and_only_its() {
+        let leases = Leases::default();
+        leases.found.lock().unwrap().insert("dlv_a".into(), (Lease { attempt: 1, started_at_ms: 5 }, 3));
+        leases.found.lock().unwrap().insert("dlv_b".into(), (Lease { attempt: 1, started_at_ms: 5 }, 4));
+        assert_eq!(leases.forget_partition(3), 1);
+        assert_eq!(leases.take("dlv_a", 1), None, "partition 3's lease is gone");
+        assert!(leases.take("dlv_b", 1).is_some(), "partition 4's lease stays");
     }
 }

@@ -8,6 +8,7 @@ mod breakers;
 mod limits;
 pub mod connector;
 mod deliver;
+mod forget;
 pub mod lanes;
 mod leases;
 mod outcomes;
@@ -245,6 +246,7 @@ pub async fn run(config: Config, shutdown: CancellationToken, options: Options) 
     });
 
     tokio::spawn(ctx.stalls.clone().detect_freezes(reader_stop.clone()));
+    tokio::spawn(forget::forget_deleted_every(ctx.clone(), forget::SWEEP_EVERY, reader_stop.clone()));
     let deliveries = topics.deliveries();
     let marks = Arc::new(SharedWatermarks::default());
     let drain = Duration::from_millis(config.dispatcher.drain_timeout_ms);
@@ -253,8 +255,11 @@ pub async fn run(config: Config, shutdown: CancellationToken, options: Options) 
         topic: deliveries.to_owned(),
         limit: Duration::from_millis(config.dispatcher.revoke_drain_ms),
         release: Box::new({
-            let states = states.clone();
-            move |p| states.revoke(p)
+            let ctx = ctx.clone();
+            move |p| {
+                ctx.states.revoke(p);
+                ctx.leases.forget_partition(p);
+            }
         }),
         shutdown: shutdown.clone(),
     };

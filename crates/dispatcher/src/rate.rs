@@ -31,4 +31,29 @@ impl Rates {
         };
         Duration::from_micros(wait_us)
     }
+
+    /// Keeps the buckets of subscriptions for which `live` holds; returns how many were forgotten.
+    pub fn retain(&self, live: impl Fn(&str) -> bool) -> usize {
+        let mut buckets = self.buckets.lock().expect("rate buckets lock");
+        let before = buckets.len();
+        buckets.retain(|id, _| live(id));
+        before - buckets.len()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_forgotten_subscription_starts_again_with_a_full_bucket_and_others_keep_theirs() {
+        let rates = Rates::default();
+        let limit = RateLimit { per_s: 1, burst: 1 };
+        for id in ["deleted", "live"] {
+            assert_eq!(rates.reserve(id, limit), Duration::ZERO, "the first turn is free");
+        }
+        assert_eq!(rates.retain(|id| id == "live"), 1);
+        assert_eq!(rates.reserve("deleted", limit), Duration::ZERO, "its bucket was dropped");
+        assert!(rates.reserve("live", limit) > Duration::from_millis(500), "the live one still waits for its turn");
+    }
 }

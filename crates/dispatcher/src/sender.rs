@@ -47,6 +47,15 @@ impl Sender {
         Self { settings, resolver, routes: Mutex::new(HashMap::new()) }
     }
 
+    /// Keeps the routes (guard + connection pool) whose egress rules a live subscription still uses; returns how
+    /// many were dropped (their idle connections close with them).
+    pub fn retain_routes(&self, live: impl Fn(&str) -> bool) -> usize {
+        let mut routes = self.routes.lock().expect("routes lock");
+        let before = routes.len();
+        routes.retain(|key, _| live(key));
+        before - routes.len()
+    }
+
     fn route(&self, egress_key: &str, policy: &Policy) -> Result<Arc<Route>, String> {
         let mut routes = self.routes.lock().expect("routes lock");
         if let Some(r) = routes.get(egress_key) {
