@@ -297,6 +297,16 @@ impl Cluster {
         Ok(v["id"].as_str().unwrap_or_default().to_owned())
     }
 
+    /// Deletes a subscription through the API.
+    pub async fn unsubscribe(&self, id: &str) -> anyhow::Result<()> {
+        let req = http::Request::delete(format!("http://{}/v1/subscriptions/{id}", self.api))
+            .header("authorization", format!("Bearer {TOKEN}"))
+            .body(Full::new(Bytes::new()))?;
+        let status = self.http.request(req).await?.status();
+        anyhow::ensure!(status.is_success(), "deleting subscription {id} failed: {status}");
+        Ok(())
+    }
+
     /// Creates many subscriptions, a few at a time.
     pub async fn subscribe_all(self: &Arc<Self>, bodies: Vec<Value>) -> anyhow::Result<Vec<String>> {
         let sem = Arc::new(tokio::sync::Semaphore::new(8));

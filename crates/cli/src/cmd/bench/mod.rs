@@ -18,6 +18,7 @@ mod receiver;
 mod retry_precision;
 mod scale;
 mod stats;
+mod steady;
 mod throughput;
 
 use std::process::ExitCode;
@@ -37,6 +38,8 @@ pub enum Scenario {
     /// The delivery log's store (not part of `all`).
     Log,
     ScaleOut,
+    /// RSS over a long run with no `/metrics` scrape (not part of `all`).
+    Steady,
     All,
 }
 
@@ -52,6 +55,7 @@ impl Scenario {
             Scenario::List => "list",
             Scenario::Log => "log",
             Scenario::ScaleOut => "scale-out",
+            Scenario::Steady => "steady",
             Scenario::All => "all",
         }
     }
@@ -60,8 +64,8 @@ impl Scenario {
 #[derive(clap::Args, Clone)]
 pub struct BenchArgs {
     /// throughput, latency, retry-precision, isolation, memory, fanout, list, or all (each in turn, one JSON line at
-    /// the end); log (the delivery log's store) and scale-out (a dispatcher joins under load, then one leaves) are not
-    /// part of all.
+    /// the end); log (the delivery log's store), scale-out (a dispatcher joins under load, then one leaves) and steady
+    /// (each service's RSS over a long run with no /metrics scrape; use --duration-s 600) are not part of all.
     #[arg(value_enum, required_unless_present = "serve")]
     scenario: Option<Scenario>,
     /// A real Kafka cluster (`host:port,...`) instead of the embedded mock broker. The topics are created under a
@@ -77,7 +81,7 @@ pub struct BenchArgs {
     /// throughput: events to publish (default: as many as the pipeline takes in --duration-s).
     #[arg(long, value_parser = clap::value_parser!(u64).range(1..=1_000_000_000))]
     events: Option<u64>,
-    /// throughput, latency and scale-out: seconds of publishing.
+    /// throughput, latency, scale-out and steady: seconds of publishing.
     #[arg(long, default_value_t = 30, value_parser = clap::value_parser!(u64).range(1..=86_400))]
     duration_s: u64,
     /// throughput: subscriptions each event fans out to.
@@ -94,7 +98,7 @@ pub struct BenchArgs {
     /// ~5 MiB partitions from evicting unread records).
     #[arg(long, value_parser = clap::value_parser!(u64).range(1..=10_000_000))]
     window: Option<u64>,
-    /// latency, scale-out: events per second.
+    /// latency, scale-out, steady: events per second.
     #[arg(long, default_value_t = 1000, value_parser = clap::value_parser!(u64).range(1..=1_000_000))]
     rate: u64,
     /// retry-precision: the longest wait exercised (the ladder goes 1 s … 5 min; `all` keeps it short).
@@ -176,6 +180,7 @@ pub fn run(args: BenchArgs) -> anyhow::Result<ExitCode> {
                 Scenario::List => list::run(&args).await?,
                 Scenario::Log => log::run(&args).await?,
                 Scenario::ScaleOut => scale::run(&args).await?,
+                Scenario::Steady => steady::run(&args).await?,
                 Scenario::All => unreachable!(),
             };
             met_all &= met;
