@@ -122,21 +122,9 @@ impl Ctx {
 
     async fn produce_bytes(&self, topic: &str, key: &str, payload: &[u8], headers: Option<&rdkafka::message::OwnedHeaders>) -> Result<(), Aborted> {
         let _write = self.stalls.write();
-        loop {
-            match produce::send_with_headers(&self.producer, topic, key, payload, headers.cloned()).await {
-                Ok(_) => {
-                    self.stalls.acked();
-                    return Ok(());
-                }
-                Err(e) => {
-                    tracing::warn!(error = %e, "produce failed; retrying");
-                    tokio::select! {
-                        _ = tokio::time::sleep(Duration::from_secs(1)) => {}
-                        _ = self.shutdown.cancelled() => return Err(Aborted),
-                    }
-                }
-            }
-        }
+        produce::send_until_acked(&self.producer, topic, key, payload, headers, &self.shutdown).await.map_err(|_| Aborted)?;
+        self.stalls.acked();
+        Ok(())
     }
 
     /// Writes (or with `None`, deletes) a record on an explicit partition, until acknowledged.

@@ -303,17 +303,8 @@ async fn complete(work: Vec<Pending>, producer: &FutureProducer, shutdown: &Canc
     }))
     .await;
     for (topic, key, payload, headers) in results.into_iter().flatten() {
-        loop {
-            match hookline_kafka::produce::send_with_headers(producer, &topic, &key, &payload, headers.clone()).await {
-                Ok(_) => break,
-                Err(e) => {
-                    tracing::warn!(error = %e, "fan-out produce failed; retrying");
-                    tokio::select! {
-                        _ = tokio::time::sleep(Duration::from_secs(1)) => {}
-                        _ = shutdown.cancelled() => return false,
-                    }
-                }
-            }
+        if hookline_kafka::produce::send_until_acked(producer, &topic, &key, &payload, headers.as_ref(), shutdown).await.is_err() {
+            return false;
         }
     }
     true

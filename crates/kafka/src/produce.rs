@@ -49,6 +49,41 @@ pub async fn send_with_headers(
     }
 }
 
+/// How long [`send_until_acked`] waits between tries once librdkafka has given up on a record.
+pub const RETRY_EVERY: std::time::Duration = std::time::Duration::from_secs(1);
+
+/// The process began shutting down before the record was acknowledged: the input that caused it must stay
+/// uncommitted, so the next owner redoes it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, thiserror::Error)]
+#[error("shutting down before the record was acknowledged")]
+pub struct ShutDown;
+
+/// Sends until the record is acknowledged by all in-sync replicas, or `shutdown`. librdkafka already retries for
+/// `delivery.timeout.ms`; a failure past that means the broker is really unavailable, and the record is tried again
+/// every [`RETRY_EVERY`] (each failure logged and counted) rather than dropped: at-least-once needs it written.
+/// Every loop that must not lose what it produces uses this one.
+pub async fn send_until_acked(
+    producer: &Producer,
+    topic: &str,
+    key: &str,
+    payload: &[u8],
+    headers: Option<&OwnedHeaders>,
+    shutdown: &tokio_util::sync::CancellationToken,
+) -> Result<(i32, i64), ShutDown> {
+    loop {
+        match send_with_headers(producer, topic, key, payload, headers.cloned()).await {
+            Ok(at) => return Ok(at),
+            Err(e) => {
+                tracing::warn!(error = %e, "produce failed; retrying until acknowledged");
+                tokio::select! {
+                    _ = tokio::time::sleep(RETRY_EVERY) => {}
+                    _ = shutdown.cancelled() => return Err(ShutDown),
+                }
+            }
+        }
+    }
+}
+
 /// Sends a tombstone (null value) for `key`.
 pub async fn send_tombstone(producer: &Producer, topic: &str, key: &str) -> Result<(), ProduceError> {
     let record: FutureRecord<'_, str, [u8]> = FutureRecord::to(topic).key(key);

@@ -358,20 +358,9 @@ impl Scheduler {
         let done = done.clone();
         let producer = Arc::new(producer);
         tokio::spawn(async move {
-            loop {
-                match hookline_kafka::produce::send_with_headers(&producer, &topic, &key, &payload, headers.clone()).await {
-                    Ok(_) => {
-                        let _ = done.send(at);
-                        return;
-                    }
-                    Err(e) => {
-                        tracing::warn!(error = %e, "forward failed; retrying");
-                        tokio::select! {
-                            _ = tokio::time::sleep(Duration::from_secs(1)) => {}
-                            _ = shutdown.cancelled() => return,
-                        }
-                    }
-                }
+            // Shutting down first: the record stays uncommitted and is forwarded by the next owner.
+            if hookline_kafka::produce::send_until_acked(&producer, &topic, &key, &payload, headers.as_ref(), &shutdown).await.is_ok() {
+                let _ = done.send(at);
             }
         });
     }

@@ -1,0 +1,69 @@
+//! `send_until_acked`, the one produce loop every at-least-once path uses: a record that librdkafka gave up on (the
+//! broker down past `delivery.timeout.ms`) is tried again until it lands, written once; shutting down first
+//! answers `ShutDown`, so the caller leaves its input uncommitted.
+
+use std::time::Duration;
+
+use hookline_kafka::client::producer;
+use hookline_kafka::mock::DevBroker;
+use hookline_kafka::produce::{send_until_acked, ShutDown};
+use hookline_kafka::scan::scan_partitions;
+use hookline_kafka::settings::KafkaSettings;
+use hookline_kafka::topics::Topics;
+use tokio_util::sync::CancellationToken;
+
+fn settings(broker: &DevBroker) -> KafkaSettings {
+    // librdkafka gives up on a record after 1 s, so an outage of a few seconds outlasts several of its tries.
+    KafkaSettings { bootstrap_servers: broker.bootstrap_servers(), delivery_timeout_ms: 1_000, ..KafkaSettings::default() }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_record_is_written_once_after_an_outage_longer_than_the_delivery_timeout() {
+    let topics = Topics::new("pu");
+    let broker = DevBroker::start(&topics, 1, 1).unwrap();
+    let settings = settings(&broker);
+    let p = producer(&settings, "produce-test").unwrap();
+    let topic = topics.attempts().to_owned();
+    // Connected first, so the outage hits an established producer.
+    send_until_acked(&p, &topic, "k0", b"before", None, &CancellationToken::new()).await.unwrap();
+
+    broker.cluster().broker_down(1).unwrap();
+    let stop = CancellationToken::new();
+    let send = tokio::spawn({
+        let (p, topic, stop) = (p.clone(), topic.clone(), stop.clone());
+        async move { send_until_acked(&p, &topic, "k1", b"during", None, &stop).await }
+    });
+    // Three delivery timeouts: librdkafka has failed it more than once by now, and it is still being tried.
+    tokio::time::sleep(Duration::from_secs(3)).await;
+    assert!(!send.is_finished(), "a record is not given up while the broker is down");
+    broker.cluster().broker_up(1).unwrap();
+    let at = tokio::time::timeout(Duration::from_secs(30), send).await.expect("written once the broker is back").unwrap();
+    assert!(at.is_ok(), "{at:?}");
+
+    let mut values = Vec::new();
+    scan_partitions(&settings, &topic, Some(0), None, Duration::from_secs(20), |m| {
+        values.push(rdkafka::Message::payload(m).unwrap_or_default().to_vec());
+    })
+    .await
+    .unwrap();
+    assert_eq!(values, vec![b"before".to_vec(), b"during".to_vec()], "each record exactly once, in order");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn shutting_down_during_an_outage_answers_shut_down_instead_of_waiting() {
+    let topics = Topics::new("ps");
+    let broker = DevBroker::start(&topics, 1, 1).unwrap();
+    let p = producer(&settings(&broker), "produce-test").unwrap();
+    let topic = topics.attempts().to_owned();
+    send_until_acked(&p, &topic, "k0", b"before", None, &CancellationToken::new()).await.unwrap();
+    broker.cluster().broker_down(1).unwrap();
+    let stop = CancellationToken::new();
+    let send = tokio::spawn({
+        let (p, topic, stop) = (p.clone(), topic.clone(), stop.clone());
+        async move { send_until_acked(&p, &topic, "k1", b"during", None, &stop).await }
+    });
+    tokio::time::sleep(Duration::from_millis(1_500)).await;
+    stop.cancel();
+    let r = tokio::time::timeout(Duration::from_secs(5), send).await.expect("returns soon after shutdown").unwrap();
+    assert_eq!(r, Err(ShutDown));
+}
