@@ -130,6 +130,7 @@ fn matrix(url: &str) -> Vec<Row> {
         // A succeeded delivery is resent (the store keeps its event): 202 for whoever may see it.
         row("POST", "/v1/deliveries/{dlv}/replay", "/v1/deliveries/{id}/replay", None, [202, 202, 404, 202]),
         row("POST", "/v1/dlq/redrive", "/v1/dlq/redrive", Some(since), [202, 202, 202, 202]),
+        row("POST", "/v1/secrets/reseal", "/v1/secrets/reseal", None, [200, 403, 403, 403]),
         row("POST", "/v1/tenants", "/v1/tenants", Some(json!({"id": "{tenant}"})), [201, 403, 403, 403]),
         row("GET", "/v1/tenants", "/v1/tenants", None, [200, 403, 403, 403]),
         row("GET", "/v1/tenants/acme", "/v1/tenants/{id}", None, [200, 200, 404, 200]),

@@ -22,3 +22,4 @@ mod credentials;
 mod tracing;
 mod delivery_control;
 mod delivery_log;
+mod key_rotation;

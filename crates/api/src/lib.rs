@@ -12,6 +12,7 @@ mod deliveries;
 mod events;
 mod openapi;
 mod portal;
+mod secrets;
 mod stats;
 mod subscriptions;
 pub mod verify;
@@ -80,6 +81,7 @@ pub fn router(state: Arc<ApiState>, max_request_bytes: usize) -> Router {
         .route("/v1/deliveries/{id}", get(deliveries::get))
         .route("/v1/deliveries/{id}/replay", post(deliveries::replay_one))
         .route("/v1/dlq/redrive", post(deliveries::redrive))
+        .route("/v1/secrets/reseal", post(secrets::reseal))
         .route("/v1/tenants", post(tenants::create).get(tenants::list))
         .route("/v1/tenants/{id}", get(tenants::get).patch(tenants::update).delete(tenants::delete))
         .route("/v1/tenants/{id}/api-keys", post(tenants::create_key).get(tenants::list_keys))

@@ -490,7 +490,7 @@ async fn validate(s: &ApiState, sub: &Subscription) -> Result<policy::Policy, Ap
 
 /// Writes `sub` with its signing secrets sealed (with the keyring's write key: a rewrite also re-seals what an
 /// older key sealed).
-pub(super) async fn write(s: &ApiState, sub: &Subscription) -> Result<(), ApiError> {
+pub(crate) async fn write(s: &ApiState, sub: &Subscription) -> Result<(), ApiError> {
     let mut sealed = sub.clone();
     hookline_core::seal::seal_secrets(&mut sealed, &s.keyring, &mut rand::rng());
     let (p, o) = produce(s, &sub.id, Some(sealed.encode_to_vec())).await?;

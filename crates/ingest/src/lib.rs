@@ -160,7 +160,7 @@ pub async fn run(config: Config, shutdown: CancellationToken, options: Options) 
             subscriptions = stale,
             write_key = keyring_for_check.write_key_id(),
             "some subscriptions' secrets are sealed with another key than secrets.write_key (or stored in the clear); \
-             each is sealed again when next written (PATCH /v1/subscriptions/{{id}} with {{}}): keep the old keys until then"
+             POST /v1/secrets/reseal (admin) seals them all with the write key: keep the old keys until it answers remaining = 0"
         );
     }
     let fan = Arc::new(fanout::Fanout {
