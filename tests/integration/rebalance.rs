@@ -164,3 +164,53 @@ async fn scaling_out_and_in_moves_only_the_partitions_that_change_owner_and_deli
     b.stop().await;
     p.stop().await;
 }
+
+/// A dispatcher whose in-flight budget is spent (every delivery it took hangs at its endpoint) takes part in a
+/// rebalance at once and stays a member: a joining member gets partitions within a few session timeouts and
+/// delivers their backlog, while the saturated one keeps the rest. (On the mock broker this holds even for a member
+/// that stops polling, which the mock drops from a join round after the session timeout, so it does not by itself
+/// prove the pause-based backpressure; a real broker waits `max.poll.interval.ms` for such a member.)
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_dispatcher_with_its_budget_spent_still_rebalances_promptly() {
+    const BUDGET: usize = 8;
+    let p = Pipeline::start_without_dispatcher(PARTITIONS, |c| {
+        c.dispatcher.max_in_flight = BUDGET;
+        c.dispatcher.revoke_drain_ms = 1_000;
+        c.dispatcher.drain_timeout_ms = 1_000;
+        c.kafka.session_timeout_ms = 3_000;
+    })
+    .await;
+    // Every request hangs; the attempt timeout outlasts the test, so nothing frees the budget meanwhile.
+    let mut policy = hookline_core::policy::builtin("standard").unwrap();
+    policy.name = "hang-long".into();
+    policy.attempt.timeout_ms = 120_000;
+    let policy = toml::to_string(&policy).unwrap();
+    for i in 0..SUBSCRIPTIONS {
+        p.script(&format!("/h{i}"), vec![None]);
+        p.subscribe(json!({"url": p.url(&format!("h{i}")), "event_types": [format!("t{i}")], "policy_toml": policy})).await;
+    }
+    let all: BTreeSet<i32> = (0..PARTITIONS).collect();
+    let a = Member::start(&p, "dispatcher-a");
+    a.wait("a owns every partition", |m| m.owned() == all).await;
+    // Several events per subscription: a takes BUDGET of them, the rest wait on the broker.
+    for n in 0..(SUBSCRIPTIONS * 4) {
+        p.publish(&format!("evt_{n}"), &format!("t{}", n % SUBSCRIPTIONS)).await;
+    }
+    let seen = p.seen.clone();
+    wait_for(&seen.changed, LIMIT, "a's budget in flight", || seen.requests.lock().unwrap().len() >= BUDGET).await;
+    let sent_by_a = seen.requests.lock().unwrap().len();
+
+    let joined = std::time::Instant::now();
+    let b = Member::start(&p, "dispatcher-b");
+    b.wait("b owns partitions", |m| !m.owned().is_empty()).await;
+    let took = joined.elapsed();
+    assert!(took < Duration::from_secs(20), "b waited {took:?} for partitions: a did not take part in the rebalance");
+    a.wait("a and b split the partitions", |a| a.owned().len() + b.owned().len() == all.len()).await;
+    assert!(!a.owned().is_empty(), "a is still a member and kept partitions");
+    // b delivers the backlog of the partitions it took (its requests hang too, beyond a's budget).
+    wait_for(&seen.changed, LIMIT, "b sends", || seen.requests.lock().unwrap().len() > sent_by_a).await;
+    eprintln!("b was assigned {} partitions {took:?} after joining", b.owned().len());
+    a.stop().await;
+    b.stop().await;
+    p.stop().await;
+}
