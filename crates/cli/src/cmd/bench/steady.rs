@@ -111,6 +111,12 @@ pub async fn run(args: &BenchArgs) -> anyhow::Result<(Map<String, Value>, bool)>
     out.insert("delivered".into(), json!(delivered));
     out.insert("subscriptions_churned".into(), json!(churned));
     out.insert("duration_s".into(), json!(args.duration_s));
+    // Every sample, so a trend (a plateau, or a slope) can be told from noise.
+    out.insert(
+        "samples".into(),
+        json!(samples.iter().map(|(at, mb)| json!([round(*at, 0), round(mb[0], 1), round(mb[1], 1), round(mb[2], 1)])).collect::<Vec<_>>()),
+    );
+    out.insert("samples_columns".into(), json!(["at_s", NAMES[0], NAMES[1], NAMES[2]]));
     let mut rows = vec![row("events", total, "", None), row("subscriptions created and deleted", churned, "", None)];
     let mut met = true;
     for (i, name) in NAMES.iter().enumerate() {
