@@ -183,9 +183,10 @@ test('the portal through a tenant’s portal link', async (t) => {
     await page.locator('#chart svg').first().waitFor();
     w = await noSideways(page);
     assert.ok(w.scroll <= w.inner, `the detail is ${w.scroll} px wide in a ${w.inner} px window`);
-    for (const id of ['btn-pause', 'btn-edit', 'btn-delete', 'refresh', 'sign-out']) {
-      const box = await page.locator(`#${id}`).boundingBox();
-      assert.ok(box && box.x >= 0 && box.x + box.width <= w.inner, `#${id} is within the window: ${JSON.stringify(box)}`);
+    const controls = ['#btn-pause', '#btn-edit', '#btn-delete', '#refresh', '#sign-out', '#chart-range', '#log button[aria-expanded]'];
+    for (const sel of controls) {
+      const box = await page.locator(sel).first().boundingBox();
+      assert.ok(box && box.x >= 0 && box.x + box.width <= w.inner, `${sel} is within the window: ${JSON.stringify(box)}`);
     }
     await page.screenshot({ path: SCREENSHOT.replace(/\.png$/, '-420.png'), fullPage: true });
   });
