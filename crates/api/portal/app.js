@@ -226,7 +226,12 @@ function applyWho(who) {
     parts.push(h('span', { class: 'who-tenant' }, 'admin'));
   }
   if (readOnly) parts.push(h('span', { class: 'badge who-ro', 'data-testid': 'read-only' }, 'read-only'));
-  if (who.expires_at_ms) parts.push(h('span', { class: 'who-exp', title: fmtTime(who.expires_at_ms) }, `link valid until ${fmtTime(who.expires_at_ms).slice(11, 16)}`));
+  if (who.expires_at_ms) {
+    // The time alone when it is today, the date too when later (a link lives up to 7 days).
+    const at = fmtTime(who.expires_at_ms);
+    const today = at.slice(0, 10) === fmtTime(Date.now()).slice(0, 10);
+    parts.push(h('span', { class: 'who-exp', title: at }, `link valid until ${today ? at.slice(11, 16) : at.slice(0, 16)}`));
+  }
   badge.replaceChildren(...parts);
   badge.hidden = false;
 }
