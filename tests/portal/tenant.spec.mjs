@@ -181,6 +181,15 @@ test('the portal through a tenant’s portal link', async (t) => {
     await page.locator('#sub-title', { hasText: `afail-${RUN}` }).waitFor();
     await page.locator('#log tr[data-delivery]').first().waitFor();
     await page.locator('#chart svg').first().waitFor();
+    // The chart fits its data (a minute old) rather than spanning the day: "between HH:MM–HH:MM", minutes apart.
+    const summary = await until('the chart to draw the attempt', async () => {
+      const text = await page.locator('.chart-summary').textContent();
+      return /^\d+ attempts? between/.test(text) && text;
+    });
+    const period = summary.match(/between (\d\d):(\d\d)–(\d\d):(\d\d)/);
+    assert.ok(period, summary);
+    const minutes = (Number(period[3]) * 60 + Number(period[4]) - Number(period[1]) * 60 - Number(period[2]) + 1440) % 1440;
+    assert.ok(minutes <= 15, `the chart spans ${minutes} minutes for data a minute old`);
     w = await noSideways(page);
     assert.ok(w.scroll <= w.inner, `the detail is ${w.scroll} px wide in a ${w.inner} px window`);
     const controls = ['#btn-pause', '#btn-edit', '#btn-delete', '#refresh', '#sign-out', '#chart-range', '#log button[aria-expanded]'];

@@ -534,10 +534,10 @@ async function toggleAttempts(id) {
   await refresh();
 }
 
-// "Fit to the data": the last 24 h are looked at in 10-minute buckets, then the span from the first to the last
+// "Fit to the data": the last 24 h are looked at in 5-minute buckets (288 of them), then the span from the first to the last
 // bucket with attempts is drawn again in buckets of a size that gives it about 60 bars.
 const FIT_LOOKBACK_MS = 86400e3;
-const FIT_PROBE_BUCKET_MS = 600e3;
+const FIT_PROBE_BUCKET_MS = 300e3;
 const FIT_BUCKETS_MS = [1e3, 2e3, 5e3, 10e3, 15e3, 30e3, 60e3, 120e3, 300e3, 600e3, 900e3, 1800e3];
 
 /// [since_ms, until_ms, bucket_ms] of the stats to draw: a fixed window from the select, or the data's own range.

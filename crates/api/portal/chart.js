@@ -77,7 +77,7 @@ export function renderChart(container, stats) {
   const period = `${hhmm(start)}–${hhmm(Math.min(end, stats.until_ms))}`;
   const summary = totals.attempts === 0
     ? `No attempts between ${period}.`
-    : `${totals.attempts} attempts between ${period}: ${parts.join(', ')}. Latency p50 ${fmtMs(totals.p50_ms)}, p95 ${fmtMs(totals.p95_ms)}.`;
+    : `${totals.attempts} ${totals.attempts === 1 ? 'attempt' : 'attempts'} between ${period}: ${parts.join(', ')}. Latency p50 ${fmtMs(totals.p50_ms)}, p95 ${fmtMs(totals.p95_ms)}.`;
 
   // Attempts per bucket, stacked by outcome.
   const H = 210, top = 20, bottom = H - 24;
