@@ -70,6 +70,51 @@ async fn the_delivery_log_shows_every_attempt_and_a_replay_counts_on() {
     p.stop().await;
 }
 
+/// One attempt per delivery, so a failure ends the delivery `failed` at once.
+fn one_attempt() -> String {
+    let mut g = policy::builtin("standard").unwrap();
+    g.schedule.max_attempts = Some(1);
+    toml::to_string(&g).unwrap()
+}
+
+/// The list shows each endpoint's health at a glance: a failing endpoint is `failing` (not "active"), a paused one
+/// `paused`, and each item carries its 24 h success counts from the delivery log.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_list_shows_each_endpoints_health_and_its_24h_success_rate() {
+    let p = Pipeline::start(1).await;
+    p.script("bad", vec![Some((500, None))]);
+    let (ok, _) = p.subscribe(json!({"url": p.url("ok"), "event_types": ["health.*"], "policy_toml": one_attempt()})).await;
+    let (bad, _) = p.subscribe(json!({"url": p.url("bad"), "event_types": ["health.*"], "policy_toml": one_attempt()})).await;
+    let (quiet, _) = p.subscribe(json!({"url": p.url("quiet"), "event_types": ["other.*"]})).await;
+    for i in 0..3 {
+        p.publish(&format!("evt_health_{i}"), "health.check").await;
+    }
+    p.wait_finals(6, LIMIT).await;
+    let (status, _) = p.call("POST", &format!("/v1/subscriptions/{quiet}/pause"), None).await;
+    assert_eq!(status, 200);
+
+    let item = |list: &serde_json::Value, id: &str| list["items"].as_array().unwrap().iter().find(|i| i["id"] == id).cloned().unwrap();
+    // The log follows the topics: wait until it has every delivery.
+    let list = p
+        .get_when("/v1/subscriptions?limit=10", |l| {
+            let done = |id: &str| item(l, id)["success_24h"]["pending"] == 0 && item(l, id)["success_24h"]["succeeded"].as_u64().unwrap_or(0) + item(l, id)["success_24h"]["failed"].as_u64().unwrap_or(0) == 3;
+            done(&ok) && done(&bad) && item(l, &bad)["consecutive_failures"] == 3
+        })
+        .await;
+    let (o, b, q) = (item(&list, &ok), item(&list, &bad), item(&list, &quiet));
+    assert_eq!((o["health"].as_str(), o["state"].as_str()), (Some("healthy"), Some("active")), "{o}");
+    assert_eq!(o["success_24h"], json!({"succeeded": 3, "failed": 0, "pending": 0, "rate": 1.0}));
+    assert_eq!((b["health"].as_str(), b["state"].as_str()), (Some("failing"), Some("active")), "still active, but failing: {b}");
+    assert_eq!(b["consecutive_failures"], 3);
+    assert_eq!(b["success_24h"], json!({"succeeded": 0, "failed": 3, "pending": 0, "rate": 0.0}));
+    assert_eq!(q["health"], "paused", "{q}");
+    assert_eq!(q["success_24h"], json!({"succeeded": 0, "failed": 0, "pending": 0, "rate": null}), "no deliveries: no rate");
+    // The single read has the health, not the list's log counts.
+    let (_, one) = p.call("GET", &format!("/v1/subscriptions/{bad}"), None).await;
+    assert_eq!((one["health"].as_str(), one.get("success_24h")), (Some("failing"), None), "{one}");
+    p.stop().await;
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn replay_is_refused_while_paused_and_replays_what_was_missed_once_enabled() {
     let p = Pipeline::start(2).await;

@@ -140,6 +140,8 @@ fn matrix(url: &str) -> Vec<Row> {
         row("GET", "/v1/tenants/acme/api-keys", "/v1/tenants/{id}/api-keys", None, [200, 403, 403, 403]),
         row("DELETE", "/v1/tenants/acme/api-keys/{key}", "/v1/tenants/{id}/api-keys/{key_id}", None, [204, 403, 403, 403]),
         row("POST", "/v1/tenants/acme/portal-links", "/v1/tenants/{id}/portal-links", Some(json!({"ttl_s": 60})), [201, 403, 403, 403]),
+        // Any valid credential may ask what it is.
+        row("GET", "/v1/whoami", "/v1/whoami", None, [200, 200, 200, 200]),
     ];
     for (path, template) in [("/openapi.json", "/openapi.json"), ("/portal/", "/portal/")] {
         rows.push(Row { method: "GET", path, template, body: None, expect: [200; 4], public: true });
@@ -245,6 +247,51 @@ async fn every_route_answers_every_kind_of_credential_as_it_should() {
     for r in rows.iter().filter(|r| !r.public) {
         assert!(doc["paths"][r.template][r.method.to_lowercase()].is_object(), "{} {} is not in the OpenAPI document", r.method, r.template);
     }
+}
+
+/// What the portal asks on opening: each kind of credential says what it is, and an expired link is told apart
+/// from one that is not valid.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn whoami_says_what_each_credential_is_and_an_expired_link_says_so() {
+    let p = Pipeline::start(1).await;
+    tenant(&p, "acme").await;
+    let (_, key) = api_key(&p, "acme").await;
+    let (status, link) = call_as(&p, Some(TOKEN), "POST", "/v1/tenants/acme/portal-links", Some(json!({"read_only": true}))).await;
+    assert_eq!(status, 201, "{link}");
+    let (_, writable) = call_as(&p, Some(TOKEN), "POST", "/v1/tenants/acme/portal-links", None).await;
+
+    let (status, v) = call_as(&p, Some(TOKEN), "GET", "/v1/whoami", None).await;
+    assert_eq!(status, 200, "{v}");
+    assert_eq!(
+        v,
+        json!({"kind": "admin", "tenant": null, "tenant_name": null, "read_only": false, "expires_at_ms": null, "admin": true, "can_write": true})
+    );
+    let (_, v) = call_as(&p, Some(&key), "GET", "/v1/whoami", None).await;
+    assert_eq!(
+        v,
+        json!({"kind": "tenant_key", "tenant": "acme", "tenant_name": "ACME", "read_only": false, "expires_at_ms": null, "admin": false, "can_write": true})
+    );
+    let (_, v) = call_as(&p, Some(&link_token(&link)), "GET", "/v1/whoami", None).await;
+    assert_eq!(
+        v,
+        json!({"kind": "portal_link", "tenant": "acme", "tenant_name": "ACME", "read_only": true,
+               "expires_at_ms": link["expires_at_ms"], "admin": false, "can_write": false})
+    );
+    let (_, v) = call_as(&p, Some(&link_token(&writable)), "GET", "/v1/whoami", None).await;
+    assert_eq!((v["kind"].as_str(), v["read_only"].as_bool(), v["can_write"].as_bool()), (Some("portal_link"), Some(false), Some(true)), "{v}");
+
+    // A genuine link past its time: `link_expired`, so the portal can say "ask for a new one".
+    let secret = p.config.ingest.portal.link_secret.clone().unwrap();
+    let expired = sign_portal_token(&PortalGrant { tenant: "acme".into(), expires_at_ms: 1, read_only: false, nonce: "x".into() }, secret.as_bytes());
+    let (status, v) = call_as(&p, Some(&expired), "GET", "/v1/whoami", None).await;
+    assert_eq!((status, v["error"]["code"].as_str(), v["error"]["field"].as_str()), (401, Some("link_expired"), Some("Authorization")), "{v}");
+    // One signed with another key is not "expired", even when it is past its time too.
+    let forged = sign_portal_token(&PortalGrant { tenant: "acme".into(), expires_at_ms: 1, read_only: false, nonce: "x".into() }, b"another key, another key, another");
+    let (status, v) = call_as(&p, Some(&forged), "GET", "/v1/whoami", None).await;
+    assert_eq!((status, v["error"]["code"].as_str()), (401, Some("unauthorized")), "{v}");
+    let (status, v) = call_as(&p, None, "GET", "/v1/whoami", None).await;
+    assert_eq!((status, v["error"]["code"].as_str()), (401, Some("unauthorized")), "{v}");
+    p.stop().await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

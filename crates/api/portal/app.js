@@ -22,6 +22,7 @@ const state = {
   lastRender: new Map(), // part -> JSON of what it shows, to skip identical re-renders
   apiDown: false,
   timer: null,
+  who: null, // GET /v1/whoami: what the credential is (tenant mode, read-only)
 };
 
 // ---------- helpers ----------
@@ -117,7 +118,8 @@ async function api(method, path, body, extraHeaders) {
     throw new ApiDown(String(e));
   }
   if (resp.status === 401) {
-    signOut('token expired or invalid');
+    const code = await resp.json().then((d) => (d && d.error ? d.error.code : null), () => null);
+    refused(code);
     throw new AuthError('unauthorized');
   }
   const text = await resp.text();
@@ -150,6 +152,7 @@ function describe(e) {
 
 function signOut(message) {
   state.token = '';
+  applyWho(null);
   sessionStorage.removeItem(TOKEN_KEY);
   stopTimer();
   show('signin');
@@ -162,23 +165,82 @@ function signOut(message) {
 async function signIn(token) {
   state.token = token;
   try {
-    await api('GET', '/v1/subscriptions?limit=1');
+    state.who = await api('GET', '/v1/whoami');
   } catch (e) {
     if (!(e instanceof AuthError)) $('signin-error').textContent = `Could not sign in: ${describe(e)}.`;
     state.token = '';
     return;
   }
+  applyWho(state.who);
   sessionStorage.setItem(TOKEN_KEY, token);
   $('signin-error').textContent = '';
   $('session').hidden = false;
   route(true);
 }
 
+// ---------- tenant mode ----------
+
+const isLinkToken = (t) => t.startsWith('hlp_');
+
+/// A 401: a portal link that expired or is not valid gets its own screen (its user has no token to type); any other
+/// credential goes back to the sign-in form.
+function refused(code) {
+  const link = isLinkToken(state.token);
+  if (code === 'link_expired' || link) {
+    state.token = '';
+    sessionStorage.removeItem(TOKEN_KEY);
+    stopTimer();
+    applyWho(null);
+    $('session').hidden = true;
+    const expired = code === 'link_expired';
+    $('link-h').textContent = expired ? 'This link has expired' : 'This link is not valid';
+    $('link-msg').textContent = expired
+      ? 'This link has expired — ask for a new one from the app that gave it to you.'
+      : 'This link is not valid (it was altered, or its account no longer exists) — ask for a new one.';
+    document.title = `${$('link-h').textContent} — hookline portal`;
+    show('link');
+    $('link-h').setAttribute('tabindex', '-1');
+    $('link-h').focus();
+    return;
+  }
+  signOut('token expired or invalid');
+}
+
+/// Shows what the credential is scoped to, and hides what it may not do: every control marked `mutates` is hidden
+/// for a read-only link (the API would refuse it with 403).
+function applyWho(who) {
+  const readOnly = Boolean(who && !who.can_write);
+  document.body.classList.toggle('read-only', readOnly);
+  document.body.classList.toggle('tenant-mode', Boolean(who && who.tenant));
+  $('list-h').textContent = who && who.tenant ? `Endpoints of ${who.tenant_name || who.tenant}` : 'Subscriptions';
+  const badge = $('who');
+  if (!who) {
+    badge.replaceChildren();
+    badge.hidden = true;
+    return;
+  }
+  const parts = [];
+  if (who.tenant) {
+    parts.push(h('span', { class: 'who-tenant', 'data-testid': 'tenant', title: `tenant ${who.tenant}` }, who.tenant_name || who.tenant));
+  } else {
+    parts.push(h('span', { class: 'who-tenant' }, 'admin'));
+  }
+  if (readOnly) parts.push(h('span', { class: 'badge who-ro', 'data-testid': 'read-only' }, 'read-only'));
+  if (who.expires_at_ms) {
+    // The time alone when it is today, the date too when later (a link lives up to 7 days).
+    const at = fmtTime(who.expires_at_ms);
+    const today = at.slice(0, 10) === fmtTime(Date.now()).slice(0, 10);
+    parts.push(h('span', { class: 'who-exp', title: at }, `link valid until ${today ? at.slice(11, 16) : at.slice(0, 16)}`));
+  }
+  badge.replaceChildren(...parts);
+  badge.hidden = false;
+}
+
 // ---------- views ----------
 
 function show(view) {
   state.view = view;
-  for (const v of ['signin', 'list', 'detail']) $(`${v}-view`).hidden = v !== view;
+  for (const v of ['signin', 'list', 'detail', 'link']) $(`${v}-view`).hidden = v !== view;
 }
 
 function route(focus) {
@@ -235,7 +297,8 @@ function refresh() {
       again = false;
       try {
         if (state.view === 'list') await loadList();
-        else if (state.view === 'detail') await Promise.all([loadSub(), loadLog(), loadChart()]);
+        // Not another tenant's log or chart either when the subscription is not found.
+        else if (state.view === 'detail' && (await loadSub())) await Promise.all([loadLog(), loadChart()]);
       } catch (e) {
         // AuthError: back at the sign-in form already; ApiDown: the banner says it.
         if (!(e instanceof AuthError) && !(e instanceof ApiDown)) console.error(e);
@@ -281,44 +344,87 @@ async function loadList() {
   state.subsNext = page.next_after;
   $('subs-prev').disabled = state.subsCursor.length <= 1;
   $('subs-next').disabled = !page.next_after;
-  renderPart('subs', page.items, $('subs'), () => {
+  // What each row shows, so an unchanged list is not drawn again.
+  renderPart('subs', page.items.map(listed), $('subs'), () => {
     if (page.items.length === 0) {
-      return h('p', { class: 'empty' }, 'No subscriptions yet. ', h('button', { type: 'button', onclick: () => openSubDialog(null) }, 'Create the first one'));
+      return h('p', { class: 'empty' }, state.who && state.who.tenant ? 'No endpoints yet. ' : 'No subscriptions yet. ',
+        h('button', { type: 'button', class: 'mutates', onclick: () => openSubDialog(null) }, 'Create the first one'));
     }
-    return h('table', { class: 'table' },
+    return h('table', { class: 'table subs' },
       h('caption', { class: 'sr-only' }, 'Subscriptions'),
-      h('thead', {}, h('tr', {}, ...['Endpoint', 'Event types', 'Policy', 'State', 'Consecutive failures', 'Last success'].map((t) => h('th', { scope: 'col' }, t)))),
-      h('tbody', {}, page.items.map((s) => h('tr', {},
-        h('td', {}, h('a', { href: `#/subscriptions/${encodeURIComponent(s.id)}`, class: 'url', 'data-key': `sub-${s.id}` }, s.url),
+      h('thead', {}, h('tr', {}, ...['Endpoint', 'Event types', 'Health', 'Success (24 h)', 'Last success'].map((t) => h('th', { scope: 'col' }, t)))),
+      h('tbody', {}, page.items.map((s) => h('tr', { 'data-sub': s.id },
+        h('td', { 'data-label': 'Endpoint' }, h('a', { href: `#/subscriptions/${encodeURIComponent(s.id)}`, class: 'url', 'data-key': `sub-${s.id}` }, s.url),
           s.description ? h('div', { class: 'muted' }, s.description) : null),
-        h('td', {}, s.event_types.join(', ')),
-        h('td', {}, s.policy),
-        h('td', {}, stateBadge(s)),
-        h('td', { class: 'num' }, String(s.consecutive_failures)),
-        h('td', { title: fmtTime(s.last_success_at_ms) }, s.last_success_at_ms ? ago(s.last_success_at_ms) : 'never'),
+        h('td', { 'data-label': 'Event types' }, s.event_types.join(', ')),
+        h('td', { 'data-label': 'Health' }, healthBadge(s)),
+        h('td', { 'data-label': 'Success (24 h)', class: 'num' }, successRate(s.success_24h)),
+        h('td', { 'data-label': 'Last success', title: fmtTime(s.last_success_at_ms) }, s.last_success_at_ms ? ago(s.last_success_at_ms) : 'never'),
       ))));
   });
 }
 
+/// The parts of a list item the list shows.
+function listed(s) {
+  return [s.id, s.url, s.description, s.event_types, s.health, s.state, s.disabled_reason, s.consecutive_failures, s.success_24h, s.last_success_at_ms];
+}
+
+const HEALTH_TITLES = {
+  healthy: 'No failure since the last success',
+  failing: 'Its recent attempts failed; deliveries are retried',
+  paused: 'Nothing is sent until it is resumed; deliveries wait or are skipped as its policy says',
+  disabled: 'Switched off; nothing is sent',
+};
+
+/// The endpoint's health at a glance (the API's `health`), with why it is switched off or how often it failed.
+function healthBadge(s) {
+  const health = s.health || 'healthy';
+  let detail = '';
+  if (health === 'failing') detail = ` · ${s.consecutive_failures} in a row`;
+  else if (s.disabled_reason) detail = ` · ${s.disabled_reason}`;
+  else if (s.state === 'pending_verification') detail = ' · awaiting verification';
+  return h('span', { class: `badge h-${health}`, 'data-testid': 'health', 'data-health': health, title: HEALTH_TITLES[health] || '' }, `${health}${detail}`);
+}
+
+/// `success_24h` in words: the share of ended deliveries that succeeded, and of how many.
+function successRate(x) {
+  if (!x) return h('span', { class: 'muted', title: 'The delivery log did not answer' }, '–');
+  const ended = x.succeeded + x.failed;
+  const pending = x.pending ? h('div', { class: 'muted' }, `${x.pending} retrying`) : null;
+  if (x.rate == null) return h('span', { 'data-testid': 'success-rate' }, h('span', { class: 'muted' }, ended === 0 && !x.pending ? 'no deliveries' : '–'), pending);
+  const pct = x.rate * 100;
+  const text = pct === 100 || pct === 0 ? `${pct} %` : `${pct.toFixed(1)} %`;
+  const cls = pct >= 99 ? 'r-good' : pct >= 90 ? 'r-warn' : 'r-bad';
+  return h('span', { 'data-testid': 'success-rate', title: `${x.succeeded} of ${ended} ended deliveries succeeded in the last 24 h` },
+    h('span', { class: `rate ${cls}` }, text), h('div', { class: 'muted' }, `of ${ended}`), pending);
+}
+
 // ----- one subscription -----
 
+/// The subscription's facts and state; false when it is not found (none with this id, or another tenant's: the
+/// API answers both alike), and then only that is shown.
 async function loadSub() {
   let sub;
   try {
     sub = await api('GET', `/v1/subscriptions/${encodeURIComponent(state.subId)}`);
   } catch (e) {
     if (e instanceof ApiError && e.status === 404) {
+      state.sub = null;
+      state.lastRender.clear();
+      $('detail-view').classList.add('not-found');
       $('sub-title').textContent = 'No such subscription';
+      document.title = 'Not found — hookline portal';
       $('sub-state').replaceChildren();
-      $('sub-facts').replaceChildren(h('div', {}, h('dt', {}, 'Error'), h('dd', {}, describe(e))));
-      return;
+      $('sub-facts').replaceChildren(h('div', { 'data-testid': 'not-found' }, h('dt', {}, 'Not found'), h('dd', {}, `${describe(e)}. It may have been deleted, or the address is wrong.`)));
+      return false;
     }
     throw e;
   }
+  $('detail-view').classList.remove('not-found');
   state.sub = sub;
   $('sub-title').textContent = sub.url;
   document.title = `${sub.url} — hookline portal`;
-  renderPart('sub-state', [sub.state, sub.disabled_reason, sub.enabled, sub.circuit_breaker && sub.circuit_breaker.state], $('sub-state'), () => stateBadge(sub));
+  renderPart('sub-state', [sub.state, sub.disabled_reason, sub.enabled, sub.circuit_breaker && sub.circuit_breaker.state, sub.health, sub.consecutive_failures], $('sub-state'), () => [healthBadge(sub), ' ', stateBadge(sub)]);
   const facts = [
     ['ID', sub.id],
     ['Event types', sub.event_types.join(', ')],
@@ -337,6 +443,7 @@ async function loadSub() {
   resume.hidden = !inactive;
   resume.textContent = sub.enabled ? 'Resume' : 'Enable';
   $('btn-pause').hidden = inactive;
+  return true;
 }
 
 async function loadLog() {
@@ -400,7 +507,7 @@ function logRows(d, att) {
         type: 'button', 'aria-expanded': String(open), 'aria-controls': panelId, 'data-key': `att-${d.delivery_id}`,
         onclick: () => toggleAttempts(d.delivery_id),
       }, open ? 'Hide attempts' : 'Attempts'),
-      d.replayable ? h('button', { type: 'button', 'data-key': `replay-${d.delivery_id}`, onclick: () => replayOne(d) }, 'Replay…') : null));
+      d.replayable ? h('button', { type: 'button', class: 'mutates', 'data-key': `replay-${d.delivery_id}`, onclick: () => replayOne(d) }, 'Replay…') : null));
   if (!open) return [row];
   let body;
   if (!att) body = h('p', {}, 'Loading…');
@@ -427,9 +534,37 @@ async function toggleAttempts(id) {
   await refresh();
 }
 
+// "Fit to the data": the last 24 h are looked at in 5-minute buckets (288 of them), then the span from the first to the last
+// bucket with attempts is drawn again in buckets of a size that gives it about 60 bars.
+const FIT_LOOKBACK_MS = 86400e3;
+const FIT_PROBE_BUCKET_MS = 300e3;
+const FIT_BUCKETS_MS = [1e3, 2e3, 5e3, 10e3, 15e3, 30e3, 60e3, 120e3, 300e3, 600e3, 900e3, 1800e3];
+
+/// [since_ms, until_ms, bucket_ms] of the stats to draw: a fixed window from the select, or the data's own range.
+async function chartWindow(subPath) {
+  const choice = $('chart-range').value;
+  const now = Date.now();
+  if (choice !== 'fit') {
+    const [span, bucket] = choice.split(':').map(Number);
+    return [now - span, undefined, bucket];
+  }
+  const probe = await api('GET', `${subPath}/stats${q({ since_ms: now - FIT_LOOKBACK_MS, bucket_ms: FIT_PROBE_BUCKET_MS })}`);
+  const busy = probe.buckets.filter((b) => b.attempts > 0);
+  if (busy.length === 0) return [now - 3600e3, undefined, 60e3];
+  // From the first busy bucket to the end of the last one (or now), at least 5 minutes.
+  const first = busy[0].start_ms;
+  const last = Math.min(busy[busy.length - 1].start_ms + FIT_PROBE_BUCKET_MS, now);
+  const span = Math.max(last - first, 300e3);
+  const bucket = FIT_BUCKETS_MS.find((b) => span / b <= 60) || FIT_PROBE_BUCKET_MS;
+  // The probe's buckets are coarse: start one fine bucket before the first, so its first bars are not cut.
+  const until = last >= now - FIT_PROBE_BUCKET_MS ? undefined : last;
+  return [Math.max(first - bucket, now - FIT_LOOKBACK_MS), until, bucket];
+}
+
 async function loadChart() {
-  const [span, bucket] = $('chart-range').value.split(':').map(Number);
-  const stats = await api('GET', `/v1/subscriptions/${encodeURIComponent(state.subId)}/stats${q({ since_ms: Date.now() - span, bucket_ms: bucket })}`);
+  const subPath = `/v1/subscriptions/${encodeURIComponent(state.subId)}`;
+  const [since, until, bucket] = await chartWindow(subPath);
+  const stats = await api('GET', `${subPath}/stats${q({ since_ms: since, until_ms: until, bucket_ms: bucket })}`);
   // Re-draw only when the numbers changed (the window moves every minute).
   renderPart('chart', [stats.since_ms, stats.buckets], $('chart'), () => {
     const box = document.createElement('div');
@@ -643,6 +778,34 @@ async function rotate() {
   }
 }
 
+/// Deletes the endpoint after a confirmation, then goes back to the list, which says so.
+async function deleteSub() {
+  const sub = state.sub;
+  if (!sub) return;
+  const ok = await confirmDialog({
+    title: 'Delete this endpoint?',
+    body: `${sub.url} stops receiving events at once, and its subscription cannot be restored. Its delivery log is kept until it ages out.`,
+    ok: 'Delete',
+  });
+  if (!ok) return;
+  setResult($('action-result'), 'Deleting…', 'busy');
+  try {
+    await api('DELETE', `/v1/subscriptions/${encodeURIComponent(sub.id)}`);
+  } catch (e) {
+    if (!(e instanceof AuthError)) {
+      const text = `Failed: ${describe(e)}`;
+      setResult($('action-result'), text, 'error');
+      announce(text);
+    }
+    return;
+  }
+  const text = `Deleted ${sub.url}.`;
+  state.lastRender.clear();
+  location.hash = '#/';
+  setResult($('list-result'), text, 'ok');
+  announce(text);
+}
+
 // ---------- wiring ----------
 
 function wire() {
@@ -668,6 +831,7 @@ function wire() {
   $('btn-pause').addEventListener('click', pause);
   $('btn-edit').addEventListener('click', () => state.sub && openSubDialog(state.sub));
   $('btn-rotate').addEventListener('click', rotate);
+  $('btn-delete').addEventListener('click', deleteSub);
   $('btn-redrive').addEventListener('click', redrive);
   $('replay-since-form').addEventListener('submit', replaySince);
   $('chart-range').addEventListener('change', () => { state.lastRender.delete('chart'); refresh(); });

@@ -34,19 +34,22 @@ function niceMax(v) {
 
 const pad2 = (n) => String(n).padStart(2, '0');
 const hhmm = (ms) => { const d = new Date(ms); return `${pad2(d.getHours())}:${pad2(d.getMinutes())}`; };
+const hhmmss = (ms) => `${hhmm(ms)}:${pad2(new Date(ms).getSeconds())}`;
 const fmtMs = (ms) => (ms == null ? '–' : ms >= 10000 ? `${(ms / 1000).toFixed(1)} s` : `${ms} ms`);
 
 function timeAxis(svg, x0, x1, y, start, end, xOf) {
   const span = end - start;
-  const steps = [60e3, 5 * 60e3, 10 * 60e3, 15 * 60e3, 30 * 60e3, 3600e3, 2 * 3600e3, 3 * 3600e3, 6 * 3600e3];
+  // Sub-minute steps too: a chart fitted to a few minutes of data still gets a readable axis.
+  const steps = [10e3, 15e3, 30e3, 60e3, 2 * 60e3, 5 * 60e3, 10 * 60e3, 15 * 60e3, 30 * 60e3, 3600e3, 2 * 3600e3, 3 * 3600e3, 6 * 3600e3];
   const step = steps.find((s) => span / s <= 8) ?? steps[steps.length - 1];
+  const label = step < 60e3 ? hhmmss : hhmm;
   const offset = new Date(start).getTimezoneOffset() * 60e3; // round in local time
   const first = Math.ceil((start - offset) / step) * step + offset;
   svg.append(el('line', { x1: x0, x2: x1, y1: y, y2: y, class: 'axis' }));
   for (let t = first; t <= end; t += step) {
     const x = xOf(t);
     svg.append(el('line', { x1: x, x2: x, y1: y, y2: y + 4, class: 'axis' }));
-    svg.append(el('text', { x, y: y + 16, 'text-anchor': 'middle', class: 'tick' }, hhmm(t)));
+    svg.append(el('text', { x, y: y + 16, 'text-anchor': 'middle', class: 'tick' }, label(t)));
   }
 }
 
@@ -74,7 +77,7 @@ export function renderChart(container, stats) {
   const period = `${hhmm(start)}–${hhmm(Math.min(end, stats.until_ms))}`;
   const summary = totals.attempts === 0
     ? `No attempts between ${period}.`
-    : `${totals.attempts} attempts between ${period}: ${parts.join(', ')}. Latency p50 ${fmtMs(totals.p50_ms)}, p95 ${fmtMs(totals.p95_ms)}.`;
+    : `${totals.attempts} ${totals.attempts === 1 ? 'attempt' : 'attempts'} between ${period}: ${parts.join(', ')}. Latency p50 ${fmtMs(totals.p50_ms)}, p95 ${fmtMs(totals.p95_ms)}.`;
 
   // Attempts per bucket, stacked by outcome.
   const H = 210, top = 20, bottom = H - 24;

@@ -20,10 +20,21 @@ use super::{ApiError, ApiState};
 pub enum Principal {
     Admin,
     TenantKey { tenant: String, key_id: String },
-    PortalLink { tenant: String, read_only: bool },
+    PortalLink { tenant: String, read_only: bool, expires_at_ms: i64 },
 }
 
+/// The words of `GET /v1/whoami`'s `kind`, in [`Principal::kind`]'s order.
+pub const CREDENTIAL_KINDS: [&str; 3] = ["admin", "tenant_key", "portal_link"];
+
 impl Principal {
+    pub fn kind(&self) -> &'static str {
+        match self {
+            Principal::Admin => CREDENTIAL_KINDS[0],
+            Principal::TenantKey { .. } => CREDENTIAL_KINDS[1],
+            Principal::PortalLink { .. } => CREDENTIAL_KINDS[2],
+        }
+    }
+
     /// The tenant this credential is confined to; `None` for an admin.
     pub fn tenant(&self) -> Option<&str> {
         match self {
@@ -71,8 +82,19 @@ pub fn forbidden(message: &str) -> ApiError {
     ApiError::new(StatusCode::FORBIDDEN, "forbidden", message)
 }
 
-fn unauthorized(message: &str) -> Response {
-    ApiError::new(StatusCode::UNAUTHORIZED, "unauthorized", message).with_field("Authorization").into_response()
+/// Why a credential was refused: 401 `link_expired` for a portal link that was genuine but is past its time (so
+/// the portal can say "ask for a new one" rather than "not valid"), 401 `unauthorized` for everything else.
+enum Refusal {
+    Invalid(&'static str),
+    Expired,
+}
+
+fn unauthorized(refusal: Refusal) -> Response {
+    let e = match refusal {
+        Refusal::Invalid(message) => ApiError::new(StatusCode::UNAUTHORIZED, "unauthorized", message),
+        Refusal::Expired => ApiError::new(StatusCode::UNAUTHORIZED, "link_expired", "the portal link has expired; ask for a new one"),
+    };
+    e.with_field("Authorization").into_response()
 }
 
 pub async fn middleware(State(s): State<Arc<ApiState>>, mut req: Request, next: Next) -> Response {
@@ -85,17 +107,18 @@ pub async fn middleware(State(s): State<Arc<ApiState>>, mut req: Request, next: 
         .map(str::trim)
         .filter(|t| !t.is_empty());
     let Some(presented) = presented else {
-        return unauthorized("missing `Authorization: Bearer <token>` header");
+        return unauthorized(Refusal::Invalid("missing `Authorization: Bearer <token>` header"));
     };
     let principal = match identify(&s, presented) {
         Ok(p) => p,
-        Err(message) => return unauthorized(message),
+        Err(refusal) => return unauthorized(refusal),
     };
     req.extensions_mut().insert(principal);
     next.run(req).await
 }
 
-fn identify(s: &Arc<ApiState>, presented: &str) -> Result<Principal, &'static str> {
+fn identify(s: &Arc<ApiState>, presented: &str) -> Result<Principal, Refusal> {
+    let refuse = Refusal::Invalid;
     // Constant-time per token, and every token is compared, so timing reveals neither content nor position.
     let admin = s.tokens.iter().fold(false, |acc, t| acc | bool::from(t.as_bytes().ct_eq(presented.as_bytes())));
     if admin {
@@ -103,9 +126,9 @@ fn identify(s: &Arc<ApiState>, presented: &str) -> Result<Principal, &'static st
     }
     if presented.starts_with(API_KEY_PREFIX) {
         // Looked up by digest: a map probe on SHA-256 output tells a timing observer nothing about the key.
-        let key = s.keys.find(&credential::api_key_digest(presented)).ok_or("the API key is not valid (unknown or revoked)")?;
+        let key = s.keys.find(&credential::api_key_digest(presented)).ok_or(refuse("the API key is not valid (unknown or revoked)"))?;
         if !s.tenants.contains(&key.tenant) {
-            return Err("the API key's tenant no longer exists");
+            return Err(refuse("the API key's tenant no longer exists"));
         }
         let now = crate::now_ms();
         if s.keys.touch(&key.id, now) {
@@ -114,18 +137,38 @@ fn identify(s: &Arc<ApiState>, presented: &str) -> Result<Principal, &'static st
         return Ok(Principal::TenantKey { tenant: key.tenant.clone(), key_id: key.id.clone() });
     }
     if presented.starts_with(PORTAL_TOKEN_PREFIX) {
-        let secret = s.portal.link_secret.as_deref().ok_or("portal links are not enabled on this server")?;
+        let secret = s.portal.link_secret.as_deref().ok_or(refuse("portal links are not enabled on this server"))?;
         let grant = credential::verify_portal_token(presented, secret.as_bytes(), crate::now_ms()).map_err(|e| match e {
-            credential::PortalTokenError::Expired => "the portal link has expired; ask for a new one",
-            credential::PortalTokenError::BadSignature => "the portal link is not valid (its signature does not match)",
-            credential::PortalTokenError::Malformed => "the portal link is malformed",
+            credential::PortalTokenError::Expired => Refusal::Expired,
+            credential::PortalTokenError::BadSignature => refuse("the portal link is not valid (its signature does not match)"),
+            credential::PortalTokenError::Malformed => refuse("the portal link is malformed"),
         })?;
         if !s.tenants.contains(&grant.tenant) {
-            return Err("the portal link's tenant no longer exists");
+            return Err(refuse("the portal link's tenant no longer exists"));
         }
-        return Ok(Principal::PortalLink { tenant: grant.tenant, read_only: grant.read_only });
+        return Ok(Principal::PortalLink { tenant: grant.tenant, read_only: grant.read_only, expires_at_ms: grant.expires_at_ms });
     }
-    Err("the bearer token is not valid")
+    Err(refuse("the bearer token is not valid"))
+}
+
+/// `GET /v1/whoami`: what the credential is and may do, so a client (the portal) offers only what will not be
+/// refused. Any valid credential may ask.
+pub async fn whoami(State(s): State<Arc<ApiState>>, axum::Extension(who): axum::Extension<Principal>) -> axum::Json<serde_json::Value> {
+    let tenant = who.tenant();
+    let name = tenant.and_then(|t| s.tenants.get(t)).map(|t| t.name.clone());
+    let (read_only, expires) = match &who {
+        Principal::PortalLink { read_only, expires_at_ms, .. } => (*read_only, Some(*expires_at_ms)),
+        _ => (false, None),
+    };
+    axum::Json(serde_json::json!({
+        "kind": who.kind(),
+        "tenant": tenant,
+        "tenant_name": name,
+        "read_only": read_only,
+        "expires_at_ms": expires,
+        "admin": who.require_admin().is_ok(),
+        "can_write": who.require_write().is_ok(),
+    }))
 }
 
 /// Records a key's last use on the topic, off the request's path (a lost write only makes the shown time older).

@@ -87,6 +87,7 @@ pub fn router(state: Arc<ApiState>, max_request_bytes: usize) -> Router {
         .route("/v1/tenants/{id}/api-keys", post(tenants::create_key).get(tenants::list_keys))
         .route("/v1/tenants/{id}/api-keys/{key_id}", axum::routing::delete(tenants::delete_key))
         .route("/v1/tenants/{id}/portal-links", post(tenants::create_link))
+        .route("/v1/whoami", get(auth::whoami))
         .route_layer(middleware::from_fn_with_state(state.clone(), auth::middleware))
         .route("/openapi.json", get(openapi::document))
         // A browser pointed at the server's address lands on the portal.

@@ -225,9 +225,44 @@ pub async fn list(
         }
     };
     let page = s.subs.page(tenant.as_deref(), q.after.as_deref(), limit);
-    let items: Vec<Value> = page.items.iter().map(|e| view(&s, e)).collect();
+    let mut items: Vec<Value> = page.items.iter().map(|e| view(&s, e)).collect();
+    add_success_24h(&s, &mut items, &page.items).await;
     let next = if page.more { page.items.last().map(|e| e.sub.id.clone()) } else { None };
     Ok(Json(json!({"items": items, "next_after": next})))
+}
+
+/// The window of a list item's `success_24h`.
+const SUCCESS_WINDOW_MS: i64 = 24 * 3_600_000;
+
+/// Each item's `success_24h`: its deliveries first attempted in the last 24 h by outcome, from the delivery log
+/// store in one query for the page. `null` when the store did not answer: the list stays usable without it.
+async fn add_success_24h(s: &ApiState, items: &mut [Value], page: &[Arc<SubscriptionEntry>]) {
+    let ids: Vec<String> = page.iter().map(|e| e.sub.id.clone()).collect();
+    let now = crate::now_ms();
+    let stats = match s.log.stats_of_subscriptions(&ids, now.saturating_sub(SUCCESS_WINDOW_MS), now.saturating_add(1)).await {
+        Ok(stats) => Some(stats),
+        Err(e) => {
+            tracing::warn!(error = %e, "delivery log query failed; the list has no success rates");
+            None
+        }
+    };
+    for (item, id) in items.iter_mut().zip(&ids) {
+        item["success_24h"] = match &stats {
+            None => Value::Null,
+            Some(stats) => success_view(stats.get(id)),
+        };
+    }
+}
+
+/// `{"succeeded", "failed", "pending", "rate"}`: `failed` counts the deliveries that ended `failed` or `dead`;
+/// `rate` is succeeded / (succeeded + failed), `null` while none has ended either way.
+fn success_view(stats: Option<&hookline_log::Stats>) -> Value {
+    use hookline_log::DeliveryState as D;
+    let count = |want: &[D]| stats.map_or(0, |st| st.by_state.iter().filter(|(d, _)| want.contains(d)).map(|(_, n)| *n).sum::<u64>());
+    let (ok, failed, pending) = (count(&[D::Succeeded]), count(&[D::Failed, D::Dead]), count(&[D::Pending]));
+    let ended = ok.saturating_add(failed);
+    let rate = (ended > 0).then(|| ok as f64 / ended as f64);
+    json!({"succeeded": ok, "failed": failed, "pending": pending, "rate": rate})
 }
 
 pub async fn update(
@@ -538,6 +573,8 @@ pub(super) fn view(s: &ApiState, e: &SubscriptionEntry) -> Value {
         "first_failure_at_ms": (st.first_failure_at_ms > 0).then_some(st.first_failure_at_ms),
         "last_success_at_ms": (st.last_success_at_ms > 0).then_some(st.last_success_at_ms),
         "endpoint_condition": hookline_core::vocabulary::endpoint_condition(st.condition),
+        // The portal's badge: switched off (by its owner or policy) first, then failing or healthy.
+        "health": hookline_core::subscription::health(&act, Some(&st)).word(),
         // The policy's `[concurrency]`: concurrent requests the endpoint gets now (null: not adaptive).
         "concurrency_limit": (st.concurrency_limit > 0).then_some(st.concurrency_limit),
         // The policy's `[breaker]`: open while the endpoint gets no requests after repeated connect errors.

@@ -3,7 +3,7 @@
 
 use std::collections::BTreeMap;
 
-use hookline_core::subscription::Activity;
+use hookline_core::subscription::{Activity, Health};
 use hookline_core::vocabulary::{DeadLetterReason, DELIVERY_STATES, ENDPOINT_CONDITIONS};
 use hookline_core::Verdict;
 use serde_json::Value;
@@ -55,6 +55,8 @@ fn the_vocabulary_table_is_the_codes_words() {
     let activities = [Activity::Active, Activity::Paused, Activity::Disabled, Activity::PendingVerification];
     assert_eq!(table["subscription state"], activities.iter().map(|a| a.word().to_owned()).collect::<Vec<_>>());
     assert_eq!(table["endpoint condition"], own(&ENDPOINT_CONDITIONS));
+    assert_eq!(table["endpoint health"], Health::ALL.iter().map(|h| h.word().to_owned()).collect::<Vec<_>>());
+    assert_eq!(table["credential kind"], own(&hookline_api::auth::CREDENTIAL_KINDS));
     assert_eq!(table["verification"], own(&hookline_core::vocabulary::VERIFICATION_STATES));
     assert_eq!(table["attempt verdict"], own(&[Verdict::Success.as_str(), Verdict::Retry.as_str(), Verdict::Terminal.as_str()]));
     assert_eq!(table["dead-letter reason"], own(&DeadLetterReason::words()));
@@ -83,6 +85,8 @@ fn the_openapi_document_uses_the_same_words() {
     assert_eq!(strings(&schemas["DeliveryBase"]["properties"]["state"]["enum"]), own(&DELIVERY_STATES));
     assert_eq!(strings(&doc["components"]["parameters"]["State"]["schema"]["enum"]), own(&DELIVERY_STATES));
     assert_eq!(strings(&schemas["Subscription"]["properties"]["endpoint_condition"]["enum"]), own(&ENDPOINT_CONDITIONS));
+    assert_eq!(strings(&schemas["Subscription"]["properties"]["health"]["enum"]), Health::ALL.iter().map(|h| h.word().to_owned()).collect::<Vec<_>>());
+    assert_eq!(strings(&schemas["Whoami"]["properties"]["kind"]["enum"]), own(&hookline_api::auth::CREDENTIAL_KINDS));
     assert_eq!(strings(&schemas["Subscription"]["properties"]["verification"]["enum"]), own(&hookline_core::vocabulary::VERIFICATION_STATES));
     let words: Vec<String> = [Activity::Active, Activity::Paused, Activity::Disabled, Activity::PendingVerification].iter().map(|a| a.word().to_owned()).collect();
     assert_eq!(strings(&schemas["Subscription"]["properties"]["state"]["enum"]), words);

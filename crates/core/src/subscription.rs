@@ -66,12 +66,69 @@ pub fn activity(sub: &Subscription, state: Option<&EndpointState>) -> Activity {
     }
 }
 
+/// An endpoint's health at a glance (the portal's badge, the API's `health`), in the endpoint condition's words:
+/// what its owner or its policy switched off first, then whether its recent attempts fail. A subscription held
+/// for verification is `paused` (nothing is sent to it).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Health {
+    Healthy,
+    Failing,
+    Paused,
+    Disabled,
+}
+
+impl Health {
+    pub const ALL: [Health; 4] = [Health::Healthy, Health::Failing, Health::Paused, Health::Disabled];
+
+    pub fn word(self) -> &'static str {
+        match self {
+            Health::Healthy => "healthy",
+            Health::Failing => "failing",
+            Health::Paused => "paused",
+            Health::Disabled => "disabled",
+        }
+    }
+}
+
+/// The health of an endpoint in `activity` with the dispatcher's `state`: an active one fails while it has counted
+/// failures since its last success (a record of an older resume generation still counts them: a resume does not
+/// make the endpoint answer).
+pub fn health(activity: &Activity, state: Option<&EndpointState>) -> Health {
+    match activity {
+        Activity::Disabled | Activity::AutoDisabled(_) => Health::Disabled,
+        Activity::Paused | Activity::AutoPaused(_) | Activity::PendingVerification => Health::Paused,
+        Activity::Active => match state {
+            Some(st) if st.consecutive_failures > 0 || st.condition == EndpointCondition::Failing as i32 => Health::Failing,
+            _ => Health::Healthy,
+        },
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
 
     fn sub(gen: u64) -> Subscription {
         Subscription { id: "s".into(), enabled: true, resume_generation: gen, ..Default::default() }
+    }
+
+    #[test]
+    fn health_shows_what_is_switched_off_then_failures() {
+        let failing = EndpointState { condition: EndpointCondition::Failing as i32, consecutive_failures: 46, ..Default::default() };
+        // The case of issue 16: an active subscription whose endpoint failed 46 times in a row is not healthy.
+        assert_eq!(health(&Activity::Active, Some(&failing)), Health::Failing);
+        assert_eq!(health(&Activity::Active, None), Health::Healthy);
+        assert_eq!(health(&Activity::Active, Some(&EndpointState::default())), Health::Healthy);
+        // Resumed after an auto-pause, before any new success: the old record's failures still count.
+        let old_pause = EndpointState { condition: EndpointCondition::Paused as i32, consecutive_failures: 3, generation: 1, ..Default::default() };
+        assert_eq!(health(&activity(&sub(2), Some(&old_pause)), Some(&old_pause)), Health::Failing);
+        assert_eq!(health(&activity(&sub(1), Some(&old_pause)), Some(&old_pause)), Health::Paused);
+        assert_eq!(health(&Activity::Paused, Some(&failing)), Health::Paused);
+        assert_eq!(health(&Activity::PendingVerification, None), Health::Paused);
+        assert_eq!(health(&Activity::AutoDisabled("x".into()), Some(&failing)), Health::Disabled);
+        assert_eq!(health(&Activity::Disabled, None), Health::Disabled);
+        let words: Vec<&str> = Health::ALL.iter().map(|h| h.word()).collect();
+        assert_eq!(words, crate::vocabulary::ENDPOINT_CONDITIONS, "the endpoint condition's words");
     }
 
     #[test]

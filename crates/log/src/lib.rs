@@ -217,6 +217,29 @@ impl LogStore {
         }
     }
 
+    /// [`Self::stats`] of each of `ids` (a page of subscriptions) in one query; a subscription without deliveries
+    /// in the window is absent.
+    pub async fn stats_of_subscriptions(
+        &self,
+        ids: &[String],
+        since_ms: i64,
+        until_ms: i64,
+    ) -> Result<std::collections::HashMap<String, Stats>, StoreError> {
+        if ids.is_empty() {
+            return Ok(std::collections::HashMap::new());
+        }
+        let q = sql::stats_of_subscriptions(self.dialect(), ids, since_ms, until_ms);
+        let rows = match self {
+            Self::Sqlite(s) => s.keyed_counts(q).await?,
+            Self::Postgres(s) => s.keyed_counts(q).await?,
+        };
+        let mut grouped: std::collections::HashMap<String, Vec<(String, i64)>> = std::collections::HashMap::new();
+        for (id, state, n) in rows {
+            grouped.entry(id).or_default().push((state, n));
+        }
+        grouped.into_iter().map(|(id, counts)| Ok((id, stats(since_ms, until_ms, counts)?))).collect()
+    }
+
     /// The latest try of each delivery of a page (keyed by delivery id), for the list's `last_attempt`.
     pub async fn last_attempts(&self, page: &[DeliveryRow]) -> Result<std::collections::HashMap<String, model::AttemptRow>, StoreError> {
         let mut out = std::collections::HashMap::new();

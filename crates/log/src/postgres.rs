@@ -357,6 +357,17 @@ impl PgStore {
         r.query(&q.text, &refs(&params)).await?.iter().map(sql::attempt_point).collect()
     }
 
+    /// Rows of `(text, text, count)`.
+    pub async fn keyed_counts(&self, q: sql::Query) -> Result<Vec<(String, String, i64)>, StoreError> {
+        let r = self.reader().await?;
+        let params = boxed(q.params);
+        r.query(&q.text, &refs(&params))
+            .await?
+            .iter()
+            .map(|row| Ok((row.try_get::<_, String>(0)?, row.try_get::<_, String>(1)?, row.try_get::<_, i64>(2)?)))
+            .collect()
+    }
+
     pub async fn stats(&self, scope: Scope, since_ms: i64, until_ms: i64) -> Result<Stats, StoreError> {
         let r = self.reader().await?;
         let q = sql::stats(Dialect::Postgres, &scope, since_ms, until_ms);

@@ -136,6 +136,25 @@ pub fn stats(d: Dialect, scope: &Scope, since_ms: i64, until_ms: i64) -> Query {
     }
 }
 
+/// `subscription_id, state, count(*)` of several subscriptions' deliveries first attempted in a window: one query
+/// for a page of subscriptions (bounded by the page size), each answered from the `(subscription_id, state, ...)`
+/// index.
+pub fn stats_of_subscriptions(d: Dialect, ids: &[String], since_ms: i64, until_ms: i64) -> Query {
+    let mut params: Vec<Param> = ids.iter().map(|i| Param::Text(i.clone())).collect();
+    let list = (1..=ids.len()).map(|n| d.ph(n)).collect::<Vec<_>>().join(", ");
+    params.push(Param::Int(since_ms));
+    let since = d.ph(params.len());
+    params.push(Param::Int(until_ms));
+    let until = d.ph(params.len());
+    Query {
+        text: format!(
+            "SELECT subscription_id, state, count(*) FROM deliveries WHERE subscription_id IN ({list}) \
+             AND first_at_ms >= {since} AND first_at_ms < {until} GROUP BY subscription_id, state"
+        ),
+        params,
+    }
+}
+
 /// `started_at_ms, duration_ms, verdict, final_state` of a subscription's tries in a window (the
 /// `attempts_by_subscription` index), newest first so a cut keeps the recent ones.
 pub fn attempt_points(d: Dialect, subscription_id: &str, since_ms: i64, until_ms: i64) -> Query {

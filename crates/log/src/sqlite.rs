@@ -179,6 +179,18 @@ impl SqliteStore {
         .await
     }
 
+    /// Rows of `(text, text, count)`.
+    pub async fn keyed_counts(&self, q: sql::Query) -> Result<Vec<(String, String, i64)>, StoreError> {
+        self.read(move |c| {
+            let mut stmt = c.prepare(&q.text)?;
+            let out = stmt
+                .query_map(rusqlite::params_from_iter(values(q.params)), |r| Ok((r.get(0)?, r.get(1)?, r.get(2)?)))?
+                .collect::<Result<Vec<_>, _>>()?;
+            Ok(out)
+        })
+        .await
+    }
+
     pub async fn stats(&self, scope: Scope, since_ms: i64, until_ms: i64) -> Result<Stats, StoreError> {
         self.read(move |c| {
             let q = sql::stats(Dialect::Sqlite, &scope, since_ms, until_ms);

@@ -84,6 +84,7 @@ conformance!(
     filters_combine_and_scope_by_tenant,
     search_by_event_id_finds_every_subscription,
     stats_count_by_state_in_a_window,
+    stats_of_a_page_of_subscriptions_in_one_query,
     attempt_points_are_one_subscriptions_tries_in_a_window,
     a_page_gets_the_latest_try_of_each_delivery,
     retention_skips_and_removes_old_history,
@@ -330,6 +331,21 @@ async fn stats_count_by_state_in_a_window(target: Target) {
     assert_eq!(s.total, 3);
     let s = store.stats(&Scope::Tenant("globex".into()), T0, T0 + DAY).await.unwrap();
     assert_eq!(s.total, 30);
+}
+
+async fn stats_of_a_page_of_subscriptions_in_one_query(target: Target) {
+    let store = open(&target).await;
+    seed_many(&store).await;
+    let ids = ["sub_a".to_owned(), "sub_b".to_owned(), "sub_none".to_owned()];
+    let all = store.stats_of_subscriptions(&ids, T0, T0 + DAY).await.unwrap();
+    // The same numbers as one query per subscription.
+    for id in ["sub_a", "sub_b"] {
+        assert_eq!(all[id], store.stats(&Scope::Subscription(id.into()), T0, T0 + DAY).await.unwrap(), "{id}");
+    }
+    assert!(!all.contains_key("sub_none"), "no deliveries, no entry");
+    let some = store.stats_of_subscriptions(&ids[..1], T0 + 3_000, T0 + 4_000).await.unwrap();
+    assert_eq!((some.len(), some["sub_a"].total), (1, 3));
+    assert!(store.stats_of_subscriptions(&[], T0, T0 + DAY).await.unwrap().is_empty());
 }
 
 async fn attempt_points_are_one_subscriptions_tries_in_a_window(target: Target) {
