@@ -5,6 +5,7 @@
 pub mod auth;
 pub mod replay;
 pub mod tenant_tables;
+pub mod event_type_table;
 /// The event decoder is core's: the fan-out and the delivery log's indexer read events with it too.
 pub use hookline_core::event_decode as decode;
 pub(crate) use hookline_service::now_ms;
