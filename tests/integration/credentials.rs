@@ -142,6 +142,14 @@ fn matrix(url: &str) -> Vec<Row> {
         row("POST", "/v1/tenants/acme/portal-links", "/v1/tenants/{id}/portal-links", Some(json!({"ttl_s": 60})), [201, 403, 403, 403]),
         // Any valid credential may ask what it is.
         row("GET", "/v1/whoami", "/v1/whoami", None, [200, 200, 200, 200]),
+        // The event-type catalogue is the app's: admins manage it, every credential reads it.
+        row("POST", "/v1/event-types", "/v1/event-types", Some(json!({"name": "{etype}"})), [201, 403, 403, 403]),
+        row("GET", "/v1/event-types", "/v1/event-types", None, [200, 200, 200, 200]),
+        row("GET", "/v1/event-types/matrix.x", "/v1/event-types/{name}", None, [200, 200, 200, 200]),
+        row("PATCH", "/v1/event-types/matrix.x", "/v1/event-types/{name}", Some(json!({"description": "d"})), [200, 403, 403, 403]),
+        row("DELETE", "/v1/event-types/{etype}", "/v1/event-types/{name}", None, [204, 403, 403, 403]),
+        // A test event to one's own subscription (a read-only link may not: see the read-only link's test).
+        row("POST", "/v1/subscriptions/{sub}/test-event", "/v1/subscriptions/{id}/test-event", Some(json!({"event_type": "matrix.x"})), [202, 202, 404, 202]),
     ];
     for (path, template) in [("/openapi.json", "/openapi.json"), ("/portal/", "/portal/")] {
         rows.push(Row { method: "GET", path, template, body: None, expect: [200; 4], public: true });
@@ -175,6 +183,8 @@ async fn every_route_answers_every_kind_of_credential_as_it_should() {
         format!("hlp_{}.{sig}", b64.encode(g.to_string()))
     };
     let tokens = Tokens { key_a, key_b, link_a, expired, tampered };
+    let (status, v) = call_as(&p, Some(TOKEN), "POST", "/v1/event-types", Some(json!({"name": "matrix.x", "examples": [{}]}))).await;
+    assert_eq!(status, 201, "{v}");
 
     // One delivery of tenant A in the log.
     let (sub, _) = p.subscribe(json!({"url": p.url("ok"), "event_types": ["matrix.*"], "tenant": "acme"})).await;
@@ -207,6 +217,15 @@ async fn every_route_answers_every_kind_of_credential_as_it_should() {
             }
             if body.as_ref().is_some_and(|b| b["id"] == "{tenant}") {
                 body = Some(json!({"id": fresh}));
+            }
+            let etype = format!("matrix.t-{n}");
+            if path.contains("{etype}") {
+                let (status, v) = call_as(&p, Some(TOKEN), "POST", "/v1/event-types", Some(json!({"name": etype}))).await;
+                assert_eq!(status, 201, "{v}");
+                path = path.replace("{etype}", &etype);
+            }
+            if body.as_ref().is_some_and(|b| b["name"] == "{etype}") {
+                body = Some(json!({"name": etype}));
             }
             if path.contains("{key}") {
                 let (id, _) = api_key(&p, "acme").await;
@@ -380,6 +399,11 @@ async fn a_read_only_portal_link_reads_but_changes_nothing_and_tenants_page_by_c
     }
     let (status, _) = call_as(&p, Some(&ro), "POST", "/v1/subscriptions", Some(json!({"url": p.url("a"), "event_types": ["x"]}))).await;
     assert_eq!(status, 403);
+    // Nor a test event (the catalogue it reads is open to it).
+    assert_eq!(call_as(&p, Some(TOKEN), "POST", "/v1/event-types", Some(json!({"name": "x", "examples": [{}]}))).await.0, 201);
+    assert_eq!(call_as(&p, Some(&ro), "GET", "/v1/event-types/x", None).await.0, 200);
+    let (status, v) = call_as(&p, Some(&ro), "POST", &format!("/v1/subscriptions/{sub}/test-event"), Some(json!({"event_type": "x"}))).await;
+    assert_eq!(status, 403, "{v}");
     let (status, v) = call_as(&p, Some(TOKEN), "POST", "/v1/tenants/t-a/portal-links", Some(json!({"ttl_s": 0}))).await;
     assert_eq!((status, v["error"]["field"].as_str()), (422, Some("ttl_s")), "{v}");
     // A link of a deleted tenant is refused.

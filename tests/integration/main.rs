@@ -19,6 +19,7 @@ mod tansu;
 mod rebalance;
 mod tenants;
 mod credentials;
+mod event_types;
 mod tracing;
 mod delivery_control;
 mod delivery_log;

@@ -240,7 +240,7 @@ function applyWho(who) {
 
 function show(view) {
   state.view = view;
-  for (const v of ['signin', 'list', 'detail', 'link']) $(`${v}-view`).hidden = v !== view;
+  for (const v of ['signin', 'list', 'detail', 'link', 'types']) $(`${v}-view`).hidden = v !== view;
 }
 
 function route(focus) {
@@ -254,9 +254,12 @@ function route(focus) {
     state.attempts.clear();
     state.lastRender.clear();
     setResult($('action-result'), '');
+    setResult($('te-result'), '');
   }
   state.subId = newId;
-  if (newId) {
+  if (!newId && location.hash === '#/event-types') {
+    show('types');
+  } else if (newId) {
     show('detail');
     if (!$('replay-since').value) $('replay-since').value = msToLocal(Date.now() - 3600e3);
   } else {
@@ -264,7 +267,7 @@ function route(focus) {
   }
   refresh().then(() => {
     if (focus) {
-      const heading = newId ? $('sub-title') : $('list-h');
+      const heading = state.view === 'types' ? $('types-h') : newId ? $('sub-title') : $('list-h');
       heading.setAttribute('tabindex', '-1');
       heading.focus();
     }
@@ -298,7 +301,8 @@ function refresh() {
       try {
         if (state.view === 'list') await loadList();
         // Not another tenant's log or chart either when the subscription is not found.
-        else if (state.view === 'detail' && (await loadSub())) await Promise.all([loadLog(), loadChart()]);
+        else if (state.view === 'detail' && (await loadSub())) await Promise.all([loadTestEventPanel(), loadLog(), loadChart()]);
+        else if (state.view === 'types') await loadEventTypes();
       } catch (e) {
         // AuthError: back at the sign-in form already; ApiDown: the banner says it.
         if (!(e instanceof AuthError) && !(e instanceof ApiDown)) console.error(e);
@@ -806,9 +810,116 @@ async function deleteSub() {
   announce(text);
 }
 
+// ---------- event types and test events ----------
+
+/// Whether a subscription's event-type pattern (`*`, `order.*` or exact) matches `type`, as the fan-out decides.
+function typeMatches(pattern, type) {
+  if (pattern === '*') return true;
+  if (pattern.endsWith('.*')) return type.length > pattern.length - 1 && type.startsWith(pattern.slice(0, -1));
+  return pattern === type;
+}
+
+const shortJson = (v, max = 200) => {
+  const t = JSON.stringify(v);
+  return t.length > max ? `${t.slice(0, max)}…` : t;
+};
+
+/// The whole catalogue (it holds at most 1000 types), page by page.
+async function fetchEventTypes() {
+  const items = [];
+  let after = null;
+  do {
+    const page = await api('GET', `/v1/event-types${q({ limit: 500, after })}`);
+    items.push(...page.items);
+    after = page.next_after;
+  } while (after);
+  return items;
+}
+
+async function loadEventTypes() {
+  const items = await fetchEventTypes();
+  renderPart('event-types', items, $('event-types'), () => {
+    if (items.length === 0) return h('p', { class: 'empty' }, 'No event types are catalogued yet.');
+    return h('table', { class: 'table', 'data-testid': 'event-types' },
+      h('caption', { class: 'sr-only' }, 'Event types'),
+      h('thead', {}, h('tr', {}, ...['Event type', 'Description', 'Schema', 'Example'].map((t) => h('th', { scope: 'col' }, t)))),
+      h('tbody', {}, items.map((t) => h('tr', { 'data-event-type': t.name },
+        h('td', {}, h('code', {}, t.name)),
+        h('td', {}, t.description || h('span', { class: 'muted' }, '–')),
+        h('td', {}, t.schema ? `yes (${t.effective_validation})` : 'no'),
+        h('td', {}, t.examples.length ? h('code', { class: 'excerpt' }, shortJson(t.examples[0])) : h('span', { class: 'muted' }, 'none'))))));
+  });
+}
+
+/// The subscription's catalogued types that have an example, for the Send test event form.
+async function loadTestEventPanel() {
+  const sub = state.sub;
+  if (!sub || sub.id !== state.subId) return;
+  const types = (await fetchEventTypes()).filter((t) => t.examples.length && sub.event_types.some((p) => typeMatches(p, t.name)));
+  state.testTypes = new Map(types.map((t) => [t.name, t]));
+  renderPart('test-event', types.map((t) => [t.name, t.examples[0]]), $('te-type'), () => types.map((t) => h('option', { value: t.name }, t.name)));
+  const none = types.length === 0;
+  $('btn-test-event').disabled = none;
+  $('te-type').disabled = none;
+  const chosen = state.testTypes.get($('te-type').value);
+  $('te-example').textContent = none ? 'None of this subscription’s event types has an example in the catalogue.' : chosen ? JSON.stringify(chosen.examples[0], null, 2) : '';
+}
+
+/// Sends the chosen type's first example to this subscription, then follows its delivery until the attempt is in.
+async function sendTestEvent(ev) {
+  ev.preventDefault();
+  const type = $('te-type').value;
+  const subId = state.subId;
+  if (!type) return;
+  const out = $('te-result');
+  setResult(out, 'Sending…', 'busy');
+  let r;
+  try {
+    r = await api('POST', `/v1/subscriptions/${encodeURIComponent(subId)}/test-event`, { event_type: type, example: 0 });
+  } catch (e) {
+    if (!(e instanceof AuthError)) setResult(out, `Failed: ${describe(e)}`, 'error');
+    return;
+  }
+  setResult(out, `Test event ${r.event_id} queued; waiting for the attempt…`, 'busy');
+  // The delivery log trails the attempt by an indexer batch: ask until it has a final state (bounded).
+  const deadline = Date.now() + 60000;
+  while (Date.now() < deadline && state.subId === subId) {
+    await new Promise((res) => setTimeout(res, 500));
+    let d;
+    try {
+      d = await api('GET', `/v1/deliveries/${encodeURIComponent(r.delivery_id)}`);
+    } catch (e) {
+      if (e instanceof AuthError) return;
+      continue; // 404 until the log has indexed it
+    }
+    const last = d.attempts && d.attempts.length ? d.attempts[d.attempts.length - 1] : null;
+    if (!last) continue;
+    const text = `Test event ${r.event_id}: ${d.state} · ${attemptResult(last)} · ${fmtDur(last.duration_ms)}`;
+    if (d.state === 'pending') {
+      setResult(out, `${text} (retrying)`, 'busy');
+      continue;
+    }
+    setResult(out, text, d.state === 'succeeded' ? 'ok' : 'error');
+    announce(text);
+    state.lastRender.delete('log');
+    refresh();
+    return;
+  }
+  if (state.subId === subId) setResult(out, `Test event ${r.event_id}: no attempt yet; see the delivery log.`, 'error');
+}
+
+function wireCatalogue() {
+  $('test-event-form').addEventListener('submit', sendTestEvent);
+  $('te-type').addEventListener('change', () => {
+    const t = state.testTypes && state.testTypes.get($('te-type').value);
+    $('te-example').textContent = t ? JSON.stringify(t.examples[0], null, 2) : '';
+  });
+}
+
 // ---------- wiring ----------
 
 function wire() {
+  wireCatalogue();
   $('signin-form').addEventListener('submit', (ev) => {
     ev.preventDefault();
     const t = $('token').value.trim();

@@ -31,6 +31,8 @@ pub async fn publish(
         ApiError::new(status, e.reason, e.detail).with_field(e.field.unwrap_or("body"))
     })?;
     event.tenant = who.tenant_for(Some(&event.tenant), "tenant")?.unwrap_or_default();
+    // Against its catalogued type's schema (compiled when the catalogue was read), before anything is written.
+    super::event_types::check_event(&s, &event.r#type, &event.data_json)?;
     event.accepted_at_ms = crate::now_ms();
     let header = |name: &str| headers.get(name).map(|v| v.as_bytes());
     s.tracer.accept_http(&mut event, header("traceparent"), header("tracestate"));

@@ -5,10 +5,12 @@
 pub mod auth;
 pub mod replay;
 pub mod tenant_tables;
+pub mod event_type_table;
 /// The event decoder is core's: the fan-out and the delivery log's indexer read events with it too.
 pub use hookline_core::event_decode as decode;
 pub(crate) use hookline_service::now_ms;
 mod deliveries;
+mod event_types;
 mod events;
 mod openapi;
 mod portal;
@@ -60,6 +62,11 @@ pub struct ApiState {
     /// Seals signing secrets before they are written.
     pub keyring: Arc<hookline_core::seal::Keyring>,
     pub portal: hookline_service::config::PortalSettings,
+    /// The event-type catalogue (each schema compiled once, as its record is read).
+    pub event_types: crate::event_type_table::EventTypeTable,
+    pub event_types_reader: TableHandle,
+    /// `ingest.schema_validation`: the mode of types that name none.
+    pub schema_validation: hookline_service::config::SchemaValidation,
 }
 
 pub fn router(state: Arc<ApiState>, max_request_bytes: usize) -> Router {
@@ -74,6 +81,9 @@ pub fn router(state: Arc<ApiState>, max_request_bytes: usize) -> Router {
         .route("/v1/subscriptions/{id}/resume", post(subscriptions::resume))
         .route("/v1/subscriptions/{id}/rotate-secret", post(subscriptions::rotate_secret))
         .route("/v1/subscriptions/{id}/verify", post(verify::verify))
+        .route("/v1/subscriptions/{id}/test-event", post(event_types::test_event))
+        .route("/v1/event-types", post(event_types::create).get(event_types::list))
+        .route("/v1/event-types/{name}", get(event_types::get).patch(event_types::update).delete(event_types::delete))
         .route("/v1/subscriptions/{id}/deliveries", get(deliveries::list))
         .route("/v1/subscriptions/{id}/replay", post(deliveries::replay_since))
         .route("/v1/subscriptions/{id}/stats", get(stats::get))

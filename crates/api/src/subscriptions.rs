@@ -170,6 +170,7 @@ pub async fn create(
         None => hookline_core::sign::generate_secret(&mut rand::rng()),
     };
     sub.secrets = vec![Secret { value: secret.clone(), expires_at_ms: 0, ..Default::default() }];
+    super::event_types::check_subscribed(&s, &sub.event_types, &[])?;
     let pol = validate(&s, &sub).await?;
     // Written once, with the challenge's result: until then the subscription does not exist, so nothing is sent.
     if super::verify::needs_challenge(&mut sub, None, &pol) {
@@ -317,6 +318,7 @@ pub async fn update(
         sub.enabled = enabled;
     }
     sub.updated_at_ms = crate::now_ms();
+    super::event_types::check_subscribed(&s, &sub.event_types, &entry.sub.event_types)?;
     let pol = validate(&s, &sub).await?;
     // A new URL is challenged before it is saved: until it passes, deliveries wait (held) rather than reach it.
     if super::verify::needs_challenge(&mut sub, Some(&entry.sub), &pol) {

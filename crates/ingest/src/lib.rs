@@ -78,6 +78,16 @@ pub async fn run(config: Config, shutdown: CancellationToken, options: Options) 
     let keys_reader =
         table::spawn(&config.kafka, topics.api_keys(), &format!("{instance}-keys"), move |_, key, v| k.apply(key, v), reader_stop.clone())
             .await?;
+    let event_types = api::event_type_table::EventTypeTable::default();
+    let et = event_types.clone();
+    let event_types_reader = table::spawn(
+        &config.kafka,
+        topics.event_types(),
+        &format!("{instance}-event-types"),
+        move |_, k, v| et.apply(k, v),
+        reader_stop.clone(),
+    )
+    .await?;
     let producer = producer(&config.kafka, &instance)?;
     // The delivery log is a store (opened in constant time whatever its history) that an indexer fills from
     // Kafka; nothing here waits for it to catch up.
@@ -120,6 +130,9 @@ pub async fn run(config: Config, shutdown: CancellationToken, options: Options) 
         keys_reader: keys_reader.clone(),
         keyring,
         portal: config.ingest.portal.clone(),
+        event_types,
+        event_types_reader: event_types_reader.clone(),
+        schema_validation: config.ingest.schema_validation,
     });
     let app = api::router(state, config.ingest.max_request_bytes).merge(health::routes(readiness.clone(), metrics));
     let addr = config.ingest.listen_addr;
@@ -137,6 +150,7 @@ pub async fn run(config: Config, shutdown: CancellationToken, options: Options) 
             tables.caught_up().await;
             tenants_reader.wait_caught_up().await;
             keys_reader.wait_caught_up().await;
+            event_types_reader.wait_caught_up().await;
         } => {}
         _ = shutdown.cancelled() => {
             reader_stop.cancel();

@@ -60,6 +60,7 @@ pub struct Topics {
     inflight: String,
     tenants: String,
     api_keys: String,
+    event_types: String,
 }
 
 impl Topics {
@@ -79,6 +80,7 @@ impl Topics {
             inflight: name("inflight"),
             tenants: name("tenants"),
             api_keys: name("api-keys"),
+            event_types: name("event-types"),
         }
     }
 
@@ -125,6 +127,10 @@ impl Topics {
     pub fn api_keys(&self) -> &str {
         &self.api_keys
     }
+    /// The event-type catalogue (compacted, key = event type name), written and read by ingest's API.
+    pub fn event_types(&self) -> &str {
+        &self.event_types
+    }
 
     /// Every topic, with how `hookline topics create` makes it.
     pub fn all(&self) -> Vec<TopicSpec> {
@@ -149,6 +155,7 @@ impl Topics {
             TopicSpec { name: self.ops.clone(), cleanup: Cleanup::Delete, co_partitioned: false, retention_ms: Some(30 * day) },
             TopicSpec { name: self.tenants.clone(), cleanup: Cleanup::Compact, co_partitioned: false, retention_ms: None },
             TopicSpec { name: self.api_keys.clone(), cleanup: Cleanup::Compact, co_partitioned: false, retention_ms: None },
+            TopicSpec { name: self.event_types.clone(), cleanup: Cleanup::Compact, co_partitioned: false, retention_ms: None },
         ]);
         specs
     }
@@ -187,6 +194,6 @@ mod tests {
         let all = t.all();
         assert!(all.iter().all(|s| s.name.starts_with("acme.")));
         let compacted: Vec<_> = all.iter().filter(|s| s.cleanup == Cleanup::Compact).map(|s| s.name.as_str()).collect();
-        assert_eq!(compacted, ["acme.subscriptions", "acme.endpoint-state", "acme.inflight", "acme.tenants", "acme.api-keys"]);
+        assert_eq!(compacted, ["acme.subscriptions", "acme.endpoint-state", "acme.inflight", "acme.tenants", "acme.api-keys", "acme.event-types"]);
     }
 }

@@ -245,6 +245,32 @@ pub struct IngestSettings {
     pub http: HttpServerSettings,
     /// Portal links and embedding (`[ingest.portal]`).
     pub portal: PortalSettings,
+    /// What `POST /v1/events` does with an event whose `data` fails its catalogued type's JSON Schema, for types
+    /// that do not choose (`validation` of `/v1/event-types`).
+    pub schema_validation: SchemaValidation,
+}
+
+/// How publishing checks an event's `data` against its type's JSON Schema.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum SchemaValidation {
+    /// Not checked.
+    Off,
+    /// Accepted, counted (`hookline_schema_violations_total`) and logged once per type per minute.
+    #[default]
+    Warn,
+    /// Refused with 422 naming the path inside the event and the rule.
+    Reject,
+}
+
+impl SchemaValidation {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Self::Off => "off",
+            Self::Warn => "warn",
+            Self::Reject => "reject",
+        }
+    }
 }
 
 impl Default for IngestSettings {
@@ -257,6 +283,7 @@ impl Default for IngestSettings {
             group_id: "hookline-ingest".into(),
             http: HttpServerSettings::default(),
             portal: PortalSettings::default(),
+            schema_validation: SchemaValidation::default(),
         }
     }
 }
