@@ -197,6 +197,20 @@ async fn a_test_event_delivers_the_example_to_the_chosen_subscription_only() {
     let d = p.get_when(&format!("/v1/deliveries/{delivery_id}"), |v| v["state"] == "succeeded").await;
     assert_eq!((d["subscription_id"].as_str(), d["attempts"][0]["http_status"].as_u64()), (Some(a.as_str()), Some(204)), "{d}");
     assert!(d["attempts"][0]["duration_ms"].is_number(), "{d}");
+    // Its event went through the events topic, so the delivery log keeps it and it can be resent (once indexed).
+    let deadline = tokio::time::Instant::now() + LIMIT;
+    loop {
+        let (status, v) = p.call("POST", &format!("/v1/deliveries/{delivery_id}/replay"), None).await;
+        if status == 202 {
+            break;
+        }
+        assert_eq!(status, 409, "only 'not indexed yet' may come first: {v}");
+        assert!(tokio::time::Instant::now() < deadline, "the test event's delivery was never resendable: {v}");
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    p.wait_final_of(&a, 2, LIMIT).await;
+    let again: Value = serde_json::from_slice(&p.requests_to("a")[1].body).unwrap();
+    assert_eq!(again["id"].as_str(), Some(event_id.as_str()), "resent with the same event id");
 
     // B, subscribed to the same type, got nothing: a test event of its own (the default example) is its first.
     let (status, v) = p.call("POST", &format!("/v1/subscriptions/{b}/test-event"), Some(json!({"event_type": "order.created"}))).await;
@@ -206,12 +220,12 @@ async fn a_test_event_delivers_the_example_to_the_chosen_subscription_only() {
     let to_b: Vec<Value> = p.requests_to("b").iter().map(|r| serde_json::from_slice(&r.body).unwrap()).collect();
     assert_eq!(to_b.len(), 1, "{to_b:?}");
     assert_eq!((to_b[0]["id"].as_str(), to_b[0]["data"].clone()), (Some(own.as_str()), json!({"order": 1})));
-    assert_eq!(p.requests_to("a").len(), 1, "and A did not get B's");
+    assert_eq!(p.requests_to("a").len(), 2, "and A did not get B's");
 
     // A payload of the caller's instead of an example.
     let (status, v) = p.call("POST", &format!("/v1/subscriptions/{a}/test-event"), Some(json!({"event_type": "order.bare", "data": {"x": true}}))).await;
     assert_eq!(status, 202, "{v}");
-    p.wait_final_of(&a, 2, LIMIT).await;
+    p.wait_final_of(&a, 3, LIMIT).await;
 
     let bad = [
         (a.as_str(), json!({"event_type": "order.created", "example": 2}), 422, "example"),
@@ -229,6 +243,6 @@ async fn a_test_event_delivers_the_example_to_the_chosen_subscription_only() {
     assert_eq!(p.call("POST", "/v1/event-types", Some(json!({"name": "user.created", "examples": [{}]}))).await.0, 201);
     let (status, v) = p.call("POST", &format!("/v1/subscriptions/{a}/test-event"), Some(json!({"event_type": "user.created"}))).await;
     assert_eq!((status, error_of(&v).1), (422, "event_type"), "{v}");
-    assert_eq!(p.requests_to("a").len(), 2);
+    assert_eq!(p.requests_to("a").len(), 3);
     assert_eq!(p.requests_to("b").len(), 1);
 }

@@ -215,6 +215,7 @@ test('the portal through a tenant’s portal link', async (t) => {
     await page.getByRole('button', { name: 'Delete', exact: true }).click();
     await page.locator('#list-result', { hasText: 'Deleted' }).waitFor();
     await page.locator(`#subs tr[data-sub="${subs.a.id}"]`).waitFor();
+    // Gone at once: the list it returns to does not show it, even before that list is fetched again.
     assert.equal(await page.locator(`#subs tr[data-sub="${subs.adel.id}"]`).count(), 0, 'gone from the list');
     assert.equal((await api('GET', `/v1/subscriptions/${subs.adel.id}`)).status, 404);
     await page.setViewportSize({ width: 1280, height: 900 });

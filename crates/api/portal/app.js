@@ -805,6 +805,8 @@ async function deleteSub() {
   }
   const text = `Deleted ${sub.url}.`;
   state.lastRender.clear();
+  // The list view still holds the rows it last drew: this one goes now, not when the list is fetched again.
+  document.querySelector(`#subs tr[data-sub="${CSS.escape(sub.id)}"]`)?.remove();
   location.hash = '#/';
   setResult($('list-result'), text, 'ok');
   announce(text);

@@ -344,9 +344,10 @@ pub struct TestEvent {
     data: Option<Value>,
 }
 
-/// Delivers one event of a catalogued type to this subscription only: the delivery task is produced directly
-/// (as a replay is), never through the events topic, so no other subscription sees it. The event's id starts with
-/// `evt_test_`; the answer names the delivery to follow at `GET /v1/deliveries/{delivery_id}`.
+/// Delivers one event of a catalogued type to this subscription only: published to the events topic like any event,
+/// marked `only_subscription_id`, so the fan-out sends it to that subscription alone and the delivery log keeps its
+/// event (it can be resent like any delivery). The event's id starts with `evt_test_`; the answer names the delivery
+/// to follow at `GET /v1/deliveries/{delivery_id}`.
 pub async fn test_event(
     State(s): State<Arc<ApiState>>,
     Extension(who): Extension<Principal>,
@@ -388,16 +389,14 @@ pub async fn test_event(
         tenant: sub.sub.tenant.clone(),
         data_json: Bytes::from(data),
         accepted_at_ms: now,
+        only_subscription_id: sub.sub.id.clone(),
         ..Default::default()
     };
     let event_id = event.id.clone();
-    let task = crate::replay::task(event, &sub.sub.id, 0);
-    let delivery_id = task.delivery_id.clone();
-    // Straight to the deliveries topic, keyed by subscription like every task (not through `replay::produce`,
-    // which counts replays).
-    let payload = task.encode_to_vec();
-    let record = rdkafka::producer::FutureRecord::<str, [u8]>::to(s.topics.deliveries()).key(&task.subscription_id).payload(&payload);
-    s.producer.send(record, std::time::Duration::from_secs(10)).await.map_err(|(e, _)| ApiError::unavailable(e))?;
+    let delivery_id = hookline_core::model::delivery_id(&event.id, &sub.sub.id);
+    hookline_kafka::produce::send(&s.producer, s.topics.events(), &event.id, &event.encode_to_vec())
+        .await
+        .map_err(ApiError::unavailable)?;
     metrics::counter!("hookline_test_events_total").increment(1);
     Ok((StatusCode::ACCEPTED, Json(json!({"event_id": event_id, "delivery_id": delivery_id, "subscription_id": id}))))
 }

@@ -339,6 +339,8 @@ impl TryFrom<Document> for DeadLetter {
                     data_json: data_json.into(),
                     traceparent: e.traceparent.unwrap_or_default(),
                     tracestate: e.tracestate.unwrap_or_default(),
+                    // Not in the JSON document: a redrive sends to the dead letter's own subscription anyway.
+                    only_subscription_id: String::new(),
                 })
             }
         };
@@ -395,6 +397,7 @@ mod tests {
                 accepted_at_ms: 1_767_225_600_250,
                 traceparent: String::new(),
                 tracestate: String::new(),
+                only_subscription_id: String::new(),
             }),
             attempts: 3,
             last_outcome: "503".into(),

@@ -97,6 +97,8 @@ fn decode_json(bytes: &[u8]) -> Result<Event, Invalid> {
         // Trace context comes from the record header or the HTTP header, not the JSON envelope.
         traceparent: String::new(),
         tracestate: String::new(),
+        // Only hookline's own test events set it (in protobuf); a JSON envelope cannot.
+        only_subscription_id: String::new(),
     })
 }
 

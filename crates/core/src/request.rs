@@ -629,6 +629,7 @@ oversize = {{ action = "truncate", pointer = "/data/message/text", fetch_url_tem
             accepted_at_ms: 1_614_265_331_000,
             traceparent: String::new(),
             tracestate: String::new(),
+            only_subscription_id: String::new(),
         }
     }
 

@@ -146,6 +146,8 @@ pub fn follow_up_event(task: &DeliveryTask, emit_type: &str, reason: &str, now_m
         // The follow-up continues the original's trace.
         traceparent: original.traceparent,
         tracestate: original.tracestate,
+        // A follow-up fans out to its own type's subscribers, even for a test event.
+        only_subscription_id: String::new(),
     }
 }
 
