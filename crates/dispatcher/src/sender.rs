@@ -7,6 +7,7 @@ use std::time::{Duration, Instant};
 
 use bytes::Bytes;
 use hookline_core::egress::{EgressGuard, EgressSettings};
+use hookline_core::model::Header;
 use hookline_core::policy::Policy;
 use hookline_core::Outcome;
 use http_body_util::{BodyExt, Full};
@@ -25,10 +26,19 @@ pub struct TryResult {
     pub reason: String,
     pub response_excerpt: String,
     pub duration: Duration,
+    /// The request's headers as the attempt record keeps them (secrets redacted); empty unless the try was sent
+    /// with [`Sender::send_recorded`].
+    pub request_headers: Vec<Header>,
+    /// The response's headers (secrets redacted), at most [`RESPONSE_HEADERS_MAX`] and
+    /// [`RESPONSE_HEADER_BYTES_MAX`] bytes of names and values; empty without a response.
+    pub response_headers: Vec<Header>,
 }
 
 /// Bytes of the response kept for the delivery log.
 const EXCERPT_BYTES: usize = 512;
+/// Most response headers kept for the delivery log, and the most bytes of names and values (the rest left out).
+pub const RESPONSE_HEADERS_MAX: usize = 32;
+pub const RESPONSE_HEADER_BYTES_MAX: usize = 4096;
 
 struct Route {
     guard: Arc<EgressGuard>,
@@ -73,7 +83,7 @@ impl Sender {
         body: Bytes,
     ) -> TryResult {
         let map = header_map(headers.iter().map(|(k, v)| (k, http::HeaderValue::from_str(v))), 0);
-        self.send_with(egress_key, policy, url, map, body).await
+        self.send_with(egress_key, policy, url, map, Vec::new(), body).await
     }
 
     /// [`Sender::send`], taking the headers: their values become the request's without being copied, and nothing
@@ -95,7 +105,56 @@ impl Sender {
             }
             m
         });
-        self.send_with(egress_key, policy, url, map, body).await
+        self.send_with(egress_key, policy, url, map, Vec::new(), body).await
+    }
+
+    /// [`Sender::send_owned`], also keeping the headers for the attempt record: each value's buffer is shared
+    /// between the request and the record (no copy), a secret's value is never kept, and `logged_custom` (the
+    /// custom headers as records keep them, made when the subscription was loaded) is appended as is.
+    #[allow(clippy::too_many_arguments)]
+    pub async fn send_recorded(
+        &self,
+        egress_key: &str,
+        policy: &Policy,
+        url: &str,
+        headers: hookline_core::request::AttemptHeaders,
+        custom: &[(http::HeaderName, http::HeaderValue)],
+        logged_custom: &[Header],
+        body: Bytes,
+    ) -> TryResult {
+        let headers = headers.into_vec();
+        let mut logged = Vec::with_capacity(headers.len() + logged_custom.len());
+        let mut map = http::HeaderMap::with_capacity(headers.len() + custom.len() + 2);
+        let mut bad = None;
+        for (name, value) in headers {
+            let value = Bytes::from(value);
+            let parsed = http::HeaderName::from_bytes(name.as_bytes())
+                .map_err(|e| http::Error::from(e).to_string())
+                .and_then(|n| Ok((n, http::HeaderValue::from_maybe_shared(value.clone()).map_err(|e| http::Error::from(e).to_string())?)));
+            match parsed {
+                Ok((n, v)) => {
+                    map.append(n, v);
+                }
+                Err(e) => {
+                    bad.get_or_insert(e);
+                }
+            }
+            let kept = if hookline_core::request::is_secret_header(&name) {
+                Bytes::from_static(hookline_core::request::REDACTED.as_bytes())
+            } else {
+                value
+            };
+            logged.push(Header { name: name.into_owned(), value: kept });
+        }
+        for (name, value) in custom {
+            map.append(name.clone(), value.clone());
+        }
+        logged.extend(logged_custom.iter().cloned());
+        let map = match bad {
+            Some(e) => Err(e),
+            None => Ok(map),
+        };
+        self.send_with(egress_key, policy, url, map, logged, body).await
     }
 
     async fn send_with(
@@ -104,19 +163,24 @@ impl Sender {
         policy: &Policy,
         url: &str,
         headers: Result<http::HeaderMap, String>,
+        request_headers: Vec<Header>,
         body: Bytes,
     ) -> TryResult {
         let started = Instant::now();
         let timeout = Duration::from_millis(policy.attempt.timeout_ms);
-        let finish = |outcome: Outcome, reason: String, excerpt: String| TryResult {
+        // Only a recorded try keeps the response's headers (the records are what the log shows).
+        let record = !request_headers.is_empty();
+        let finish = |outcome: Outcome, reason: String, excerpt: String, response_headers: Vec<Header>| TryResult {
             outcome,
             reason,
             response_excerpt: excerpt,
             duration: started.elapsed(),
+            request_headers,
+            response_headers,
         };
         let route = match self.route(egress_key, policy) {
             Ok(r) => r,
-            Err(e) => return finish(Outcome::EgressRefused, format!("egress refused: {e}"), String::new()),
+            Err(e) => return finish(Outcome::EgressRefused, format!("egress refused: {e}"), String::new(), Vec::new()),
         };
         let exchange = async {
             // Resolve and judge the destination on every attempt, even when a pooled connection exists.
@@ -124,20 +188,20 @@ impl Sender {
                 Ok((target, _)) => target,
                 Err(PrecheckError::Refused(r)) => {
                     let reason = format!("egress refused: {}", r.reason);
-                    return (r.outcome(), reason, String::new());
+                    return (r.outcome(), reason, String::new(), Vec::new());
                 }
                 Err(PrecheckError::Resolve(e)) => {
-                    return (Outcome::ConnectError, format!("DNS resolution failed: {e}"), String::new())
+                    return (Outcome::ConnectError, format!("DNS resolution failed: {e}"), String::new(), Vec::new())
                 }
             };
             // The parsed, normalised URL that was judged, never the raw string.
             let uri = match http::Uri::try_from(target.url.as_str()) {
                 Ok(u) => u,
-                Err(e) => return (Outcome::InvalidUrl, format!("invalid request: {}", http::Error::from(e)), String::new()),
+                Err(e) => return (Outcome::InvalidUrl, format!("invalid request: {}", http::Error::from(e)), String::new(), Vec::new()),
             };
             let headers = match headers {
                 Ok(h) => h,
-                Err(e) => return (Outcome::InvalidUrl, format!("invalid request: {e}"), String::new()),
+                Err(e) => return (Outcome::InvalidUrl, format!("invalid request: {e}"), String::new(), Vec::new()),
             };
             drop(target);
             let mut req = http::Request::new(Full::new(body));
@@ -146,7 +210,10 @@ impl Sender {
             *req.headers_mut() = headers;
             let resp = match route.client.request(req).await {
                 Ok(r) => r,
-                Err(e) => return classify_error(&e),
+                Err(e) => {
+                    let (o, r, x) = classify_error(&e);
+                    return (o, r, x, Vec::new());
+                }
             };
             let status = resp.status().as_u16();
             let retry_after = resp
@@ -154,17 +221,18 @@ impl Sender {
                 .get(http::header::RETRY_AFTER)
                 .and_then(|v| v.to_str().ok())
                 .map(str::to_owned);
+            let response_headers = if record { kept_response_headers(resp.headers()) } else { Vec::new() };
             let excerpt = read_capped(resp.into_body(), policy.attempt.response_cap_bytes).await;
-            (Outcome::Http { status, retry_after }, format!("HTTP {status}"), excerpt)
+            (Outcome::Http { status, retry_after }, format!("HTTP {status}"), excerpt, response_headers)
         };
         match tokio::time::timeout(timeout, exchange).await {
-            Ok((outcome, reason, excerpt)) => {
+            Ok((outcome, reason, excerpt, response_headers)) => {
                 if matches!(outcome, Outcome::EgressRefused | Outcome::InvalidUrl) {
                     metrics::counter!("hookline_egress_refusals_total", "outcome" => if outcome == Outcome::EgressRefused { "egress_refused" } else { "invalid_url" }).increment(1);
                 }
-                finish(outcome, reason, excerpt)
+                finish(outcome, reason, excerpt, response_headers)
             }
-            Err(_) => finish(Outcome::Timeout, format!("Timed out after {}", hookline_core::sign::human_duration_ms(timeout.as_millis() as u64)), String::new()),
+            Err(_) => finish(Outcome::Timeout, format!("Timed out after {}", hookline_core::sign::human_duration_ms(timeout.as_millis() as u64)), String::new(), Vec::new()),
         }
     }
 }
@@ -182,6 +250,26 @@ fn header_map<K: AsRef<str>>(
         map.append(name, value);
     }
     Ok(map)
+}
+
+/// The response's headers as the attempt record keeps them: in order, secrets redacted, at most
+/// [`RESPONSE_HEADERS_MAX`] of them and [`RESPONSE_HEADER_BYTES_MAX`] bytes of names and values (a receiver's
+/// headers are not ours to store without bound).
+fn kept_response_headers(headers: &http::HeaderMap) -> Vec<Header> {
+    let mut out = Vec::with_capacity(headers.len().min(RESPONSE_HEADERS_MAX));
+    let mut bytes = 0usize;
+    for (name, value) in headers {
+        let size = name.as_str().len().saturating_add(value.len());
+        if out.len() >= RESPONSE_HEADERS_MAX {
+            break;
+        }
+        if bytes.saturating_add(size) > RESPONSE_HEADER_BYTES_MAX {
+            continue;
+        }
+        bytes = bytes.saturating_add(size);
+        out.push(hookline_kafka::state::logged_header(name.as_str(), value.as_bytes()));
+    }
+    out
 }
 
 /// Reads the body up to `cap` bytes and returns the start of it; the rest is not read (the connection is then
