@@ -128,7 +128,7 @@ test('the delivery log in the portal: search, attempt detail, resend', async (t)
     await token.fill(TOKEN);
     await token.press('Enter');
     await page.getByRole('heading', { name: 'Subscriptions' }).waitFor();
-    const search = page.getByLabel('Event id');
+    const search = page.getByRole('searchbox', { name: 'Event id' });
     await search.fill(eventId);
     await search.press('Enter');
     const row = page.locator(`#found tr[data-found="${deliveryId}"]`);
