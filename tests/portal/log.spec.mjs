@@ -140,7 +140,7 @@ test('the delivery log in the portal: search, attempt detail, resend', async (t)
   });
 
   await t.test('the attempt shows the request headers as sent, the signature redacted, and the response', async () => {
-    const attempt = page.locator('#found-delivery table.attempts tbody > tr').first();
+    const attempt = page.locator('#found-delivery table.attempts > tbody > tr').first();
     await attempt.locator('details.attempt-headers summary').click();
     const req = attempt.locator('[data-testid=request-headers]');
     await req.waitFor();
@@ -170,7 +170,7 @@ test('the delivery log in the portal: search, attempt detail, resend', async (t)
     assert.deepEqual(received.map((r) => r.headers['webhook-id']), [eventId, eventId], 'the same event id both times');
     assert.equal(received[1].body, received[0].body, 'the same event');
     // The portal's delivery view refreshes to the resend's attempt.
-    await until('two attempts in the portal', async () => (await page.locator('#found-delivery table.attempts tbody > tr').count()) === 2);
+    await until('two attempts in the portal', async () => (await page.locator('#found-delivery table.attempts > tbody > tr').count()) === 2);
     assert.deepEqual(pageErrors, []);
   });
 });
