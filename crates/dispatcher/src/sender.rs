@@ -323,3 +323,49 @@ fn classify_error(err: &hyper_util::client::legacy::Error) -> (Outcome, String, 
     chain.dedup();
     (Outcome::ConnectError, format!("connection failed: {}", chain.join(": ")), String::new())
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A receiver's headers are kept in order, bounded in count and bytes, credentials redacted.
+    #[test]
+    fn response_headers_are_capped_and_credentials_redacted() {
+        let mut m = http::HeaderMap::new();
+        m.append("set-cookie", http::HeaderValue::from_static("session=abc"));
+        m.append("x-big", http::HeaderValue::from_str(&"b".repeat(5_000)).unwrap());
+        for i in 0..40 {
+            m.append(http::HeaderName::from_bytes(format!("x-h{i}").as_bytes()).unwrap(), http::HeaderValue::from_static("v"));
+        }
+        let kept = kept_response_headers(&m);
+        assert_eq!(kept.len(), RESPONSE_HEADERS_MAX);
+        assert_eq!((kept[0].name.as_str(), &kept[0].value[..]), ("set-cookie", hookline_core::request::REDACTED.as_bytes()));
+        assert!(kept.iter().all(|h| h.name != "x-big"), "a header over the byte budget is left out, the rest kept");
+        assert_eq!(kept[1].name, "x-h0");
+        let bytes: usize = kept.iter().map(|h| h.name.len() + h.value.len()).sum();
+        assert!(bytes <= RESPONSE_HEADER_BYTES_MAX);
+    }
+
+    /// The record's copy of a value shares the request's buffer; a secret's value is never kept.
+    #[tokio::test]
+    async fn recorded_request_headers_are_redacted_in_sending_order() {
+        let sender = Sender::new(Default::default(), Arc::new(crate::connector::SystemResolver));
+        let policy = hookline_core::policy::builtin("standard").unwrap();
+        let headers = hookline_core::request::AttemptHeaders(vec![
+            ("content-type".into(), "application/json".into()),
+            ("webhook-id".into(), "evt_1".into()),
+            ("webhook-signature".into(), "v1,secret".into()),
+        ]);
+        let logged = [hookline_kafka::state::logged_header("x-partner", b"acme")];
+        let custom = [(http::HeaderName::from_static("x-partner"), http::HeaderValue::from_static("acme"))];
+        // Port 1 on loopback: refused by the default egress rules, after the headers were prepared.
+        let r = sender.send_recorded("k", &policy, "https://127.0.0.1:1/", headers, &custom, &logged, Bytes::new()).await;
+        assert_eq!(r.outcome, Outcome::EgressRefused, "{}", r.reason);
+        let got: Vec<(&str, &[u8])> = r.request_headers.iter().map(|h| (h.name.as_str(), &h.value[..])).collect();
+        assert_eq!(
+            got,
+            [("content-type", &b"application/json"[..]), ("webhook-id", b"evt_1"), ("webhook-signature", b"<redacted>"), ("x-partner", b"acme")]
+        );
+        assert!(r.response_headers.is_empty());
+    }
+}
