@@ -118,7 +118,7 @@ async fn a_standalone_indexer_fills_a_postgres_store_and_stops_on_sigterm() {
     };
     hookline_kafka::produce::send(&producer, topics.attempts(), "sub_a", &prost::Message::encode_to_vec(&rec)).await.expect("produced");
 
-    let mut child = std::process::Command::new(env!("CARGO_BIN_EXE_hookline"))
+    let child = std::process::Command::new(env!("CARGO_BIN_EXE_hookline"))
         .args(["log", "index", "--health-addr", "127.0.0.1:0"])
         .env_remove("HOOKLINE_CONFIG")
         .env("HOOKLINE_KAFKA__BOOTSTRAP_SERVERS", broker.bootstrap_servers())
