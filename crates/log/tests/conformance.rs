@@ -444,7 +444,7 @@ async fn headers_and_the_policys_reasoning_come_back_redacted(target: Target) {
     assert_eq!((first.decided_by, first.rule, first.rule_when.as_str(), first.next_due_at_ms), (Some(hookline_core::DecidedBy::RetryAfter), 3, "429 503", T0 + 60_010));
     assert_eq!((second.decided_by, second.rule, second.next_due_at_ms), (Some(hookline_core::DecidedBy::SuccessRule), 1, 0));
     // The list's latest try carries them too.
-    let last = store.last_attempts(&[d.delivery.clone()]).await.unwrap();
+    let last = store.last_attempts(std::slice::from_ref(&d.delivery)).await.unwrap();
     assert_eq!(last["dlv_h"].decided_by, Some(hookline_core::DecidedBy::SuccessRule));
 }
 
