@@ -190,3 +190,97 @@ async fn a_restarted_api_answers_its_first_query_from_the_store_at_once() {
     p.stop().await;
     let _ = std::fs::remove_dir_all(dir);
 }
+
+/// A fresh database on the server scripts/with-postgres starts, or None (the test then skips, saying so) unless
+/// the run requires PostgreSQL (HOOKLINE_TEST_REQUIRE_POSTGRES, as scripts/test sets).
+async fn postgres_url() -> Option<String> {
+    let admin = match std::env::var("HOOKLINE_TEST_POSTGRES_URL") {
+        Ok(u) if !u.trim().is_empty() => u,
+        _ if std::env::var_os("HOOKLINE_TEST_REQUIRE_POSTGRES").is_some() => {
+            panic!("HOOKLINE_TEST_POSTGRES_URL is not set and this run requires PostgreSQL: run through scripts/with-postgres")
+        }
+        _ => {
+            eprintln!("skipped: needs HOOKLINE_TEST_POSTGRES_URL (scripts/with-postgres cargo test -p hookline-tests --test integration delivery_log)");
+            return None;
+        }
+    };
+    static N: std::sync::atomic::AtomicU32 = std::sync::atomic::AtomicU32::new(0);
+    let name = format!("hl_it_{}_{}", std::process::id(), N.fetch_add(1, std::sync::atomic::Ordering::Relaxed));
+    let (client, conn) = tokio_postgres::connect(&admin, tokio_postgres::NoTls).await.expect("the test server answers");
+    let task = tokio::spawn(conn);
+    client.batch_execute(&format!("DROP DATABASE IF EXISTS {name}")).await.unwrap();
+    client.batch_execute(&format!("CREATE DATABASE {name}")).await.unwrap();
+    drop(client);
+    let _ = task.await;
+    let (base, _) = admin.rsplit_once('/').expect("a URL with a database name");
+    Some(format!("{base}/{name}"))
+}
+
+fn header<'a>(headers: &'a Value, name: &str) -> Option<&'a str> {
+    headers.as_array()?.iter().find(|h| h[0].as_str().is_some_and(|n| n.eq_ignore_ascii_case(name)))?[1].as_str()
+}
+
+/// Through the whole pipeline: the request headers as sent (the signature redacted, never stored), the receiver's
+/// response headers, and the policy's reasoning (rule, next due time) of a retried attempt, read back from the API.
+async fn attempt_detail_keeps_headers_and_reasoning(p: crate::support::Pipeline) {
+    p.script("hdr", vec![Some((503, Some("0"))), Some((200, None))]);
+    let body = json!({
+        "url": p.url("hdr"), "event_types": ["*"], "policy_toml": quick("standard"),
+        "headers": {"X-Partner": "acme", "Authorization": "Bearer partner-token"},
+    });
+    let (sub, _) = p.subscribe(body).await;
+    p.publish("evt_headers1", "order.created").await;
+    p.wait_final_of(&sub, 1, LIMIT).await;
+    let (_, found) = p.get_when_ok("/v1/deliveries?event_id=evt_headers1", |v| ids(v, "state") == ["succeeded"]).await;
+    let delivery = found["items"][0]["delivery_id"].as_str().unwrap().to_owned();
+    let d = p.get_when(&format!("/v1/deliveries/{delivery}"), |d| d["attempts"].as_array().is_some_and(|a| a.len() == 2)).await;
+    let sent = p.requests_to("hdr");
+    assert_eq!(sent.len(), 2);
+    let (retried, done) = (&d["attempts"][0], &d["attempts"][1]);
+
+    // The request headers as sent: the event id and timestamp, the signature's name without its value.
+    let req = &retried["request_headers"];
+    assert_eq!(header(req, "webhook-id"), Some("evt_headers1"), "{req}");
+    assert_eq!(header(req, "webhook-timestamp"), sent[0].headers["webhook-timestamp"].to_str().ok(), "{req}");
+    assert_eq!(header(req, "content-type"), Some("application/json"));
+    assert_eq!(header(req, "x-partner"), Some("acme"), "custom headers too: {req}");
+    assert_eq!(header(req, "webhook-signature"), Some("<redacted>"), "{req}");
+    assert_eq!(header(req, "authorization"), Some("<redacted>"), "{req}");
+    let signature = sent[0].headers["webhook-signature"].to_str().unwrap();
+    assert!(signature.starts_with("v1,"), "the receiver got the real signature: {signature}");
+    assert!(!d.to_string().contains(&signature[3..]) && !d.to_string().contains("partner-token"), "no secret in the log: {d}");
+    // Nor in the attempts topic: the record itself carries the redacted value.
+    let recs = p.attempts.items.lock().unwrap().clone();
+    let rec = recs.iter().find(|r| r.delivery_id == delivery).expect("the attempt record");
+    assert!(rec.request_headers.iter().any(|h| h.name == "webhook-signature" && &h.value[..] == b"<redacted>"), "{:?}", rec.request_headers);
+
+    // The receiver's response headers, and the policy's reasoning.
+    assert_eq!(retried["http_status"], 503);
+    assert_eq!(header(&retried["response_headers"], "retry-after"), Some("0"), "{retried}");
+    assert!(header(&retried["response_headers"], "content-type").is_some_and(|c| c.starts_with("text/plain")), "{retried}");
+    assert_eq!(retried["decided_by"], "schedule", "Retry-After 0 does not outrank the schedule: {retried}");
+    assert_eq!(retried["rule"], json!({"number": 4, "when": "429 503"}), "{retried}");
+    let next = retried["next_attempt_at_ms"].as_i64().expect("a retry is scheduled");
+    let started = retried["started_at_ms"].as_i64().unwrap();
+    assert!(next >= started + 500 && next <= done["started_at_ms"].as_i64().unwrap() + 50, "next due {next}: {d}");
+    assert_eq!((done["decided_by"].as_str(), done["rule"]["number"].as_u64(), &done["next_attempt_at_ms"]), (Some("success_rule"), Some(1), &Value::Null), "{done}");
+    assert_eq!(header(&done["request_headers"], "webhook-id"), Some("evt_headers1"));
+    p.stop().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn attempt_detail_keeps_headers_and_reasoning_sqlite() {
+    attempt_detail_keeps_headers_and_reasoning(crate::support::Pipeline::start(2).await).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn attempt_detail_keeps_headers_and_reasoning_postgres() {
+    let Some(url) = postgres_url().await else { return };
+    let p = crate::support::Pipeline::start_with(2, move |c| {
+        c.log.store = hookline_service::config::LogStoreKind::Postgres;
+        c.log.postgres_url = Some(url);
+    })
+    .await;
+    assert_eq!(p.config.log.store, hookline_service::config::LogStoreKind::Postgres);
+    attempt_detail_keeps_headers_and_reasoning(p).await;
+}

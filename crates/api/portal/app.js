@@ -299,7 +299,7 @@ function refresh() {
     do {
       again = false;
       try {
-        if (state.view === 'list') await loadList();
+        if (state.view === 'list') await Promise.all([loadList(), loadFound()]);
         // Not another tenant's log or chart either when the subscription is not found.
         else if (state.view === 'detail' && (await loadSub())) await Promise.all([loadTestEventPanel(), loadLog(), loadChart()]);
         else if (state.view === 'types') await loadEventTypes();
@@ -517,18 +517,144 @@ function logRows(d, att) {
   if (!att) body = h('p', {}, 'Loading…');
   else if (att.error) body = h('p', { class: 'error' }, att.error);
   else {
-    body = h('table', { class: 'table attempts' },
-      h('caption', {}, `Attempts of ${d.event_id} (${att.entry.attempts.length} kept)`),
-      h('thead', {}, h('tr', {}, ...['#', 'Time', 'Result', 'Duration', 'Verdict', 'Response excerpt'].map((t) => h('th', { scope: 'col' }, t)))),
-      h('tbody', {}, att.entry.attempts.map((a, i) => h('tr', { 'data-attempt': a.attempt },
-        h('td', { class: 'num', title: `attempt ${a.attempt} of its run, try ${a.try}` }, String(i + 1)),
-        h('td', {}, fmtTime(a.started_at_ms)),
-        h('td', {}, attemptResult(a), a.http_status && a.reason && a.reason !== `HTTP ${a.http_status}` ? h('div', { class: 'muted' }, a.reason) : null),
-        h('td', { class: 'num' }, fmtDur(a.duration_ms)),
-        h('td', {}, a.verdict + (a.next_attempt_at_ms ? ` (next ${fmtTime(a.next_attempt_at_ms)})` : '')),
-        h('td', {}, a.response_excerpt ? h('code', { class: 'excerpt' }, a.response_excerpt.length > 300 ? `${a.response_excerpt.slice(0, 300)}…` : a.response_excerpt) : h('span', { class: 'muted' }, 'empty'))))));
+    body = attemptsTable(att.entry, `Attempts of ${d.event_id} (${att.entry.attempts.length} kept)`);
   }
   return [row, h('tr', { class: 'attempts-row', id: panelId }, h('td', { colspan: 6 }, body))];
+}
+
+// ----- attempt detail (shared by the subscription's log and the event search) -----
+
+/// A delivery's attempts, oldest first: result, the policy's reasoning, the response excerpt, and per attempt the
+/// request headers as sent (signatures and credentials arrive `<redacted>` from the API) and the response's.
+function attemptsTable(entry, caption) {
+  return h('table', { class: 'table attempts' },
+    h('caption', {}, caption),
+    h('thead', {}, h('tr', {}, ...['#', 'Time', 'Result', 'Duration', 'Verdict', 'Response excerpt', 'Headers'].map((t) => h('th', { scope: 'col' }, t)))),
+    h('tbody', {}, entry.attempts.map((a, i) => h('tr', { 'data-attempt': a.attempt },
+      h('td', { class: 'num', title: `attempt ${a.attempt} of its run, try ${a.try}` }, String(i + 1)),
+      h('td', {}, fmtTime(a.started_at_ms)),
+      h('td', {}, attemptResult(a), a.http_status && a.reason && a.reason !== `HTTP ${a.http_status}` ? h('div', { class: 'muted' }, a.reason) : null),
+      h('td', { class: 'num' }, fmtDur(a.duration_ms)),
+      h('td', {}, a.verdict + (a.next_attempt_at_ms ? ` (next ${fmtTime(a.next_attempt_at_ms)})` : ''), reasoning(a)),
+      h('td', {}, a.response_excerpt ? h('code', { class: 'excerpt' }, a.response_excerpt.length > 300 ? `${a.response_excerpt.slice(0, 300)}…` : a.response_excerpt) : h('span', { class: 'muted' }, 'empty')),
+      h('td', {}, attemptHeaders(a, i))))));
+}
+
+const DECIDED_BY = {
+  success_rule: 'a success rule matched',
+  terminal_rule: 'a terminal rule matched',
+  micro_retry: 'tried again inside the attempt',
+  schedule: 'next attempt on the schedule',
+  retry_after: 'next attempt when the receiver’s Retry-After asked',
+  attempts_exhausted: 'no attempt left',
+  window_exhausted: 'past the retry window',
+};
+
+function reasoning(a) {
+  if (!a.decided_by && !a.rule) return null;
+  const rule = a.rule ? `rule ${a.rule.number} (${a.rule.when})` : null;
+  return h('div', { class: 'muted', 'data-testid': 'reasoning' }, [rule, DECIDED_BY[a.decided_by] || a.decided_by].filter(Boolean).join(': '));
+}
+
+function headerList(title, pairs) {
+  if (!pairs || pairs.length === 0) return h('p', { class: 'muted' }, `${title}: none recorded`);
+  return h('table', { class: 'headers', 'data-testid': title === 'Request headers' ? 'request-headers' : 'response-headers' },
+    h('caption', {}, title),
+    h('tbody', {}, pairs.map(([k, v]) => h('tr', {}, h('th', { scope: 'row' }, k), h('td', {}, h('code', { class: v === '<redacted>' ? 'redacted' : null }, v))))));
+}
+
+function attemptHeaders(a, i) {
+  if (!a.request_headers && !a.response_headers) return h('span', { class: 'muted' }, '–');
+  return h('details', { class: 'attempt-headers', 'data-key': `hdr-${a.run_id || ''}-${a.attempt}-${a.try}-${i}` },
+    h('summary', {}, `Headers (${(a.request_headers || []).length} sent, ${(a.response_headers || []).length} received)`),
+    headerList('Request headers', a.request_headers),
+    headerList('Response headers', a.response_headers));
+}
+
+// ----- search by event id (GET /v1/deliveries?event_id=) -----
+
+const find = { eventId: '', open: null };
+
+async function loadFound() {
+  if (!find.eventId) return;
+  const page = await api('GET', `/v1/deliveries${q({ event_id: find.eventId })}`);
+  renderPart('found', page.items, $('found'), () => {
+    if (page.items.length === 0) return h('p', { class: 'empty' }, `No delivery of event ${find.eventId} in the delivery log (yet).`);
+    return h('table', { class: 'table log' },
+      h('caption', {}, `Deliveries of event ${find.eventId}`),
+      h('thead', {}, h('tr', {}, ...['Subscription', 'Delivery', 'State', 'Attempts', 'Last attempt', 'Actions'].map((t) => h('th', { scope: 'col' }, t)))),
+      h('tbody', {}, page.items.map((d) => h('tr', { 'data-found': d.delivery_id, class: `st-${d.state}` },
+        h('td', {}, h('a', { href: `#/subscriptions/${encodeURIComponent(d.subscription_id)}` }, h('code', {}, d.subscription_id))),
+        h('td', {}, h('code', {}, d.delivery_id)),
+        h('td', {}, h('span', { class: `badge d-${d.state}`, 'data-testid': 'found-status' }, d.state)),
+        h('td', { class: 'num' }, String(d.attempts_made)),
+        h('td', {}, d.last_attempt ? `${fmtTime(d.last_attempt.started_at_ms)} · ${attemptResult(d.last_attempt)}` : '–'),
+        h('td', { class: 'actions' },
+          h('button', { type: 'button', 'data-key': `open-${d.delivery_id}`, 'aria-controls': 'found-delivery', onclick: () => openFound(d.delivery_id) }, 'Open'))))));
+  });
+  if (find.open) await loadFoundDelivery();
+}
+
+async function loadFoundDelivery() {
+  let d;
+  try {
+    d = await api('GET', `/v1/deliveries/${encodeURIComponent(find.open)}`);
+  } catch (e) {
+    if (e instanceof AuthError || e instanceof ApiDown) throw e;
+    renderPart('found-delivery', { error: describe(e) }, $('found-delivery'), () => h('p', { class: 'error' }, describe(e)));
+    return;
+  }
+  renderPart('found-delivery', d, $('found-delivery'), () => [
+    h('h3', { id: 'found-h', tabindex: '-1' }, `Delivery ${d.delivery_id}`),
+    h('dl', { class: 'facts' },
+      ...[['Event', `${d.event_id} (${d.event_type})`], ['Subscription', d.subscription_id], ['State', d.state], ['Attempts', String(d.attempts_made)]]
+        .map(([k, v]) => h('div', { 'data-fact': k }, h('dt', {}, k), h('dd', {}, v)))),
+    h('div', { class: 'toolbar' },
+      d.replayable ? h('button', { type: 'button', id: 'found-resend', 'data-key': 'found-resend', onclick: () => resendFound(d) }, 'Resend…')
+        : h('span', { class: 'muted' }, d.state === 'pending' ? 'Not finished yet: it can be resent once it is.' : 'Its event is no longer stored: it cannot be resent.')),
+    attemptsTable(d, `Attempts (${d.attempts.length} kept)`),
+  ]);
+}
+
+async function searchEvent(ev) {
+  ev.preventDefault();
+  const id = $('find-event').value.trim();
+  setResult($('find-result'), id ? '' : 'Enter an event id.', id ? 'ok' : 'error');
+  if (!id) return;
+  find.eventId = id;
+  find.open = null;
+  state.lastRender.delete('found');
+  $('found-delivery').replaceChildren();
+  state.lastRender.delete('found-delivery');
+  try {
+    await loadFound();
+  } catch (e) {
+    if (!(e instanceof AuthError) && !(e instanceof ApiDown)) setResult($('find-result'), `Search failed: ${describe(e)}`, 'error');
+  }
+}
+
+async function openFound(id) {
+  find.open = id;
+  state.lastRender.delete('found-delivery');
+  try {
+    await loadFoundDelivery();
+    $('found-h').focus();
+  } catch (e) {
+    if (!(e instanceof AuthError) && !(e instanceof ApiDown)) setResult($('find-result'), `Failed: ${describe(e)}`, 'error');
+  }
+}
+
+async function resendFound(d) {
+  const ok = await confirmDialog({
+    title: 'Resend this delivery?',
+    body: `Event ${d.event_id} (${d.event_type}) is sent again to subscription ${d.subscription_id}, with the same event id.`,
+    ok: 'Resend',
+  });
+  if (!ok) return;
+  await action($('find-result'), async () => {
+    const r = await api('POST', `/v1/deliveries/${encodeURIComponent(d.delivery_id)}/replay`);
+    return `Resend of ${d.event_id} accepted (${r.replayed} delivery queued).`;
+  });
 }
 
 async function toggleAttempts(id) {
@@ -949,6 +1075,7 @@ function wire() {
   $('replay-since-form').addEventListener('submit', replaySince);
   $('chart-range').addEventListener('change', () => { state.lastRender.delete('chart'); refresh(); });
 
+  $('find-form').addEventListener('submit', searchEvent);
   $('log-filter').addEventListener('submit', (ev) => { ev.preventDefault(); state.logCursor = [null]; refresh(); });
   $('f-clear').addEventListener('click', () => {
     $('f-status').value = ''; $('f-since').value = ''; $('f-until').value = '';

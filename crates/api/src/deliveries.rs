@@ -316,6 +316,9 @@ fn attempt_view(a: &AttemptRow, detail: bool) -> Value {
         "reason": a.reason,
         "response_excerpt": a.response_excerpt,
         "verdict": a.verdict,
+        // The policy's reasoning: which step decided, by which `classify` rule, and when the next attempt is due.
+        "decided_by": a.decided_by,
+        "rule": (a.rule > 0).then(|| json!({"number": a.rule, "when": a.rule_when})),
         "next_attempt_at_ms": (a.next_due_at_ms > 0).then_some(a.next_due_at_ms),
     });
     if detail {

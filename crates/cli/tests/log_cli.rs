@@ -32,11 +32,11 @@ fn migrate_applies_once_then_reports_the_version() {
     let dir = temp("migrate");
     let url = format!("sqlite:{}", dir.join("nested/log.sqlite3").display());
     let first = json(&hookline(&["log", "migrate", "--url", &url, "--json"], &[]));
-    assert_eq!((first["applied"].clone(), first["schema_version"].clone()), (serde_json::json!([1, 2, 3]), serde_json::json!(3)));
+    assert_eq!((first["applied"].clone(), first["schema_version"].clone()), (serde_json::json!([1, 2, 3, 4]), serde_json::json!(4)));
     let again = json(&hookline(&["log", "migrate", "--url", &url, "--json"], &[]));
     assert_eq!(again["applied"], serde_json::json!([]));
     let human = hookline(&["log", "migrate", "--url", &url, "--format", "human"], &[]);
-    assert!(String::from_utf8_lossy(&human.stdout).contains("schema version 3, nothing to apply"));
+    assert!(String::from_utf8_lossy(&human.stdout).contains("schema version 4, nothing to apply"));
     // Without --url: the config's [log] table, with its environment overrides.
     let path = dir.join("other.sqlite3");
     let from_env = json(&hookline(&["log", "migrate", "--json"], &[("HOOKLINE_LOG__SQLITE_PATH", path.to_str().unwrap())]));
@@ -67,4 +67,81 @@ fn bench_log_prints_one_json_line_with_the_figures() {
     }
     assert!(sqlite["api_start_s"].as_f64().unwrap() < 60.0);
     assert!(line.get("postgres").is_none(), "no --postgres-url, no PostgreSQL figures");
+}
+
+#[test]
+fn a_standalone_indexer_refuses_sqlite_naming_the_key() {
+    let out = hookline(&["log", "index", "--health-addr", "127.0.0.1:0"], &[("HOOKLINE_LOG__SQLITE_PATH", "/nonexistent/x.sqlite3")]);
+    assert_eq!(out.status.code(), Some(2));
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(err.contains("log.store = \"sqlite\"") && err.contains("hookline-ingest"), "{err}");
+}
+
+/// `hookline log index` on its own (ingest would run with `log.run_indexer = false`): records produced to the
+/// topics end up in the PostgreSQL store, and SIGTERM stops it with exit 0. Needs scripts/with-postgres.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_standalone_indexer_fills_a_postgres_store_and_stops_on_sigterm() {
+    let admin = match std::env::var("HOOKLINE_TEST_POSTGRES_URL") {
+        Ok(u) if !u.trim().is_empty() => u,
+        _ if std::env::var_os("HOOKLINE_TEST_REQUIRE_POSTGRES").is_some() => panic!("HOOKLINE_TEST_POSTGRES_URL is not set: run through scripts/with-postgres"),
+        _ => {
+            eprintln!("skipped: needs HOOKLINE_TEST_POSTGRES_URL (scripts/with-postgres cargo test -p hookline-cli --test log_cli)");
+            return;
+        }
+    };
+    let name = format!("hl_cli_index_{}", std::process::id());
+    let (client, conn) = tokio_postgres::connect(&admin, tokio_postgres::NoTls).await.expect("the test server answers");
+    let task = tokio::spawn(conn);
+    client.batch_execute(&format!("DROP DATABASE IF EXISTS {name}")).await.unwrap();
+    client.batch_execute(&format!("CREATE DATABASE {name}")).await.unwrap();
+    drop(client);
+    let _ = task.await;
+    let url = format!("{}/{name}", admin.rsplit_once('/').unwrap().0);
+
+    let topics = hookline_kafka::Topics::new("hookline.");
+    let broker = hookline_kafka::mock::DevBroker::start(&topics, 2, 2).expect("mock broker");
+    let settings = hookline_service::Config::dev(&broker.bootstrap_servers(), 2, "log-index-test-token-0123456789");
+    let producer = hookline_kafka::client::producer(&settings.kafka, "log-index-test").expect("producer");
+    let now = hookline_service::now_ms();
+    let rec = hookline_core::model::AttemptRecord {
+        delivery_id: "dlv_standalone1".into(),
+        subscription_id: "sub_a".into(),
+        event_id: "evt_standalone1".into(),
+        attempt: 1,
+        r#try: 1,
+        started_at_ms: now,
+        outcome: "200".into(),
+        http_status: 200,
+        final_state: "succeeded".into(),
+        phase: hookline_core::model::AttemptPhase::Finished as i32,
+        ..Default::default()
+    };
+    hookline_kafka::produce::send(&producer, topics.attempts(), "sub_a", &prost::Message::encode_to_vec(&rec)).await.expect("produced");
+
+    let child = std::process::Command::new(env!("CARGO_BIN_EXE_hookline"))
+        .args(["log", "index", "--health-addr", "127.0.0.1:0"])
+        .env_remove("HOOKLINE_CONFIG")
+        .env("HOOKLINE_KAFKA__BOOTSTRAP_SERVERS", broker.bootstrap_servers())
+        .env("HOOKLINE_LOG__STORE", "postgres")
+        .env("HOOKLINE_LOG__POSTGRES_URL", &url)
+        .env("HOOKLINE_LOG__RUN_INDEXER", "false")
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .expect("hookline log index starts");
+    let store = hookline_log::LogStore::open(&hookline_log::Target::Postgres(url.clone())).await.expect("the store opens");
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(60);
+    let found = loop {
+        if let Some(d) = store.delivery("dlv_standalone1").await.unwrap() {
+            break d;
+        }
+        assert!(std::time::Instant::now() < deadline, "the standalone indexer never wrote the delivery");
+        tokio::time::sleep(std::time::Duration::from_millis(200)).await;
+    };
+    assert_eq!((found.delivery.state.as_str(), found.delivery.event_id.as_str()), ("succeeded", "evt_standalone1"));
+    // SIGTERM: the indexer stops cleanly.
+    let pid = child.id().to_string();
+    assert!(std::process::Command::new("kill").args(["-TERM", &pid]).status().unwrap().success());
+    let status = tokio::task::spawn_blocking(move || child.wait_with_output()).await.unwrap().unwrap();
+    assert_eq!(status.status.code(), Some(0), "stderr: {}", String::from_utf8_lossy(&status.stderr));
+    assert!(String::from_utf8_lossy(&status.stderr).contains("health and metrics on http://127.0.0.1:"));
 }

@@ -2,7 +2,8 @@
 //! as separate processes (two dispatchers), publishes through the API while injecting one family of faults, and
 //! reports. Each test asserts what a user relies on: every accepted delivery reached a final state (`missing` = 0),
 //! the state its endpoint implies, every failed or dead delivery was dead-lettered, and duplicates stayed within
-//! an in-flight window per rebalance the faults caused (none at all after a SIGTERM drain or request errors).
+//! an in-flight window per rebalance the faults caused (none at all after a SIGTERM drain or request errors), and
+//! the delivery log store holds every finished delivery in its final state (`log_missing` = 0).
 //!
 //! The service binaries must be built next to `hookline` (`cargo build --workspace --bins`; scripts/test does).
 //! The tests run one at a time: each starts five processes on a small machine.
@@ -39,6 +40,9 @@ fn soak_with(faults: &[&str], extra: &[&str]) -> Value {
     println!("{line}");
     let n = |k: &str| report[k].as_u64().unwrap_or_else(|| panic!("{k} in {report}"));
     assert_eq!(n("missing"), 0, "accepted deliveries without a final state: {report}");
+    // The indexer (inside ingest, killed with it by kill-ingest) left nothing out of the delivery log.
+    assert_eq!(n("log_missing"), 0, "finished deliveries missing from the delivery log store: {report}");
+    assert!(report["log_lag_s"].as_f64().is_some_and(|s| s < 30.0), "{report}");
     assert_eq!(n("events_rejected"), 0, "every event was accepted in the end: {report}");
     assert_eq!(n("events_accepted"), EVENTS.parse::<u64>().unwrap(), "{report}");
     assert!(n("accepted") >= n("events_accepted"), "{report}");

@@ -60,8 +60,90 @@ pub struct Decision {
     pub verdict: Verdict,
     pub counts_toward_disable: bool,
     pub next: Next,
-    /// Index of the classification rule that matched.
+    /// Index of the classification rule that matched (`classify.len()`: none did, or no rule was consulted).
     pub rule: usize,
+    /// Which step of the policy settled it (stored with the attempt, shown in the delivery log).
+    pub decided_by: DecidedBy,
+}
+
+/// The policy's reasoning for a decision: which step of [`decide`] settled it. Stored with every attempt, so the
+/// delivery log says why a delivery was retried, when, or why it ended.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, serde::Serialize)]
+#[serde(rename_all = "snake_case")]
+pub enum DecidedBy {
+    /// A `success` rule matched.
+    SuccessRule,
+    /// A `terminal` rule matched.
+    TerminalRule,
+    /// A retry rule; tried again inside the attempt (`micro_retries`).
+    MicroRetry,
+    /// A retry rule; the next attempt after the schedule's wait.
+    Schedule,
+    /// A retry rule; the next attempt after the wait the receiver's `Retry-After` asked for (longer than the
+    /// schedule's, or the basis of a `base_plus_jitter` wait).
+    RetryAfter,
+    /// A retry rule, but the schedule allows no further attempt (`max_attempts` / the end of `waits_s`).
+    AttemptsExhausted,
+    /// A retry rule, but the next attempt would start after the schedule's `max_window_s`.
+    WindowExhausted,
+}
+
+impl DecidedBy {
+    pub const ALL: [DecidedBy; 7] = [
+        Self::SuccessRule,
+        Self::TerminalRule,
+        Self::MicroRetry,
+        Self::Schedule,
+        Self::RetryAfter,
+        Self::AttemptsExhausted,
+        Self::WindowExhausted,
+    ];
+
+    /// The word stored in the delivery log and returned by the API.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Self::SuccessRule => "success_rule",
+            Self::TerminalRule => "terminal_rule",
+            Self::MicroRetry => "micro_retry",
+            Self::Schedule => "schedule",
+            Self::RetryAfter => "retry_after",
+            Self::AttemptsExhausted => "attempts_exhausted",
+            Self::WindowExhausted => "window_exhausted",
+        }
+    }
+
+    /// The inverse of [`as_str`](Self::as_str); `None` for a word this version does not know.
+    pub fn parse(word: &str) -> Option<Self> {
+        Self::ALL.into_iter().find(|d| d.as_str() == word)
+    }
+
+    /// From the attempt record's field; `None` when unspecified (an old record) or unknown to this version.
+    pub fn from_wire(v: i32) -> Option<Self> {
+        use crate::model::DecidedBy as W;
+        Some(match W::try_from(v).ok()? {
+            W::Unspecified => return None,
+            W::SuccessRule => Self::SuccessRule,
+            W::TerminalRule => Self::TerminalRule,
+            W::MicroRetry => Self::MicroRetry,
+            W::Schedule => Self::Schedule,
+            W::RetryAfter => Self::RetryAfter,
+            W::AttemptsExhausted => Self::AttemptsExhausted,
+            W::WindowExhausted => Self::WindowExhausted,
+        })
+    }
+
+    pub fn to_wire(self) -> i32 {
+        use crate::model::DecidedBy as W;
+        (match self {
+            Self::SuccessRule => W::SuccessRule,
+            Self::TerminalRule => W::TerminalRule,
+            Self::MicroRetry => W::MicroRetry,
+            Self::Schedule => W::Schedule,
+            Self::RetryAfter => W::RetryAfter,
+            Self::AttemptsExhausted => W::AttemptsExhausted,
+            Self::WindowExhausted => W::WindowExhausted,
+        }) as i32
+    }
 }
 
 impl Decision {
@@ -125,19 +207,15 @@ pub fn decide(policy: &Policy, progress: &Progress, outcome: &Outcome, rng: &mut
     let Some((index, rule)) = policy.classify.iter().enumerate().find(|(_, r)| when_matches(&r.when, key)) else {
         // `validate` guarantees some rule matches. For an unvalidated policy, retrying on the schedule is the
         // choice that loses nothing and still ends.
-        return Decision {
-            verdict: Verdict::Retry,
-            counts_toward_disable: true,
-            next: retry_next(policy, &Rule::fallback(), progress, outcome, rng),
-            rule: policy.classify.len(),
-        };
+        let (next, decided_by) = retry_next(policy, &Rule::fallback(), progress, outcome, rng);
+        return Decision { verdict: Verdict::Retry, counts_toward_disable: true, next, rule: policy.classify.len(), decided_by };
     };
-    let next = match rule.verdict {
-        VerdictKind::Success => Next::Final(FinalState::Succeeded),
-        VerdictKind::Terminal => Next::Final(rule.terminal_state.unwrap_or(FinalKind::Dead).state()),
+    let (next, decided_by) = match rule.verdict {
+        VerdictKind::Success => (Next::Final(FinalState::Succeeded), DecidedBy::SuccessRule),
+        VerdictKind::Terminal => (Next::Final(rule.terminal_state.unwrap_or(FinalKind::Dead).state()), DecidedBy::TerminalRule),
         VerdictKind::Retry => retry_next(policy, rule, progress, outcome, rng),
     };
-    Decision { verdict: rule.verdict.into(), counts_toward_disable: rule.counts_toward_disable, next, rule: index }
+    Decision { verdict: rule.verdict.into(), counts_toward_disable: rule.counts_toward_disable, next, rule: index, decided_by }
 }
 
 /// Decides for an attempt that was lost with its dispatcher, under `in_flight = "count"` (LuciBook: "the in-flight
@@ -145,17 +223,17 @@ pub fn decide(policy: &Policy, progress: &Progress, outcome: &Outcome, rng: &mut
 /// the lost attempt started; the next one is due the scheduled wait after that (its end is unknown), so a
 /// delivery found late is retried at once. It counts toward disablement like a timeout would.
 pub fn decide_lost_attempt(policy: &Policy, attempt: u32, started_at_ms: i64, now_ms: i64, rng: &mut dyn RngCore) -> Decision {
-    let next = match policy.scheduled_wait(attempt) {
-        None => Next::Final(FinalState::Dead),
+    let (next, decided_by) = match policy.scheduled_wait(attempt) {
+        None => (Next::Final(FinalState::Dead), DecidedBy::AttemptsExhausted),
         Some(w) => {
             let drawn = draw(w.min_ms, w.max_ms, rng);
             let due = due_at_ms(started_at_ms, drawn.ms);
             let left = u64::try_from(due.saturating_sub(now_ms)).unwrap_or(0);
-            Next::NextAttempt(Wait { ms: left, min_ms: left.min(drawn.min_ms), max_ms: left.min(drawn.max_ms) })
+            (Next::NextAttempt(Wait { ms: left, min_ms: left.min(drawn.min_ms), max_ms: left.min(drawn.max_ms) }), DecidedBy::Schedule)
         }
     };
     let verdict = if matches!(next, Next::Final(_)) { Verdict::Terminal } else { Verdict::Retry };
-    Decision { verdict, counts_toward_disable: true, next, rule: policy.classify.len() }
+    Decision { verdict, counts_toward_disable: true, next, rule: policy.classify.len(), decided_by }
 }
 
 impl Rule {
@@ -172,7 +250,7 @@ impl Rule {
     }
 }
 
-fn retry_next(policy: &Policy, rule: &Rule, progress: &Progress, outcome: &Outcome, rng: &mut dyn RngCore) -> Next {
+fn retry_next(policy: &Policy, rule: &Rule, progress: &Progress, outcome: &Outcome, rng: &mut dyn RngCore) -> (Next, DecidedBy) {
     let retry_after_ms = match (&rule.retry_after, outcome) {
         (RetryAfterUse::Ignore, _) => None,
         (_, Outcome::Http { retry_after: Some(value), .. }) => retry_after::parse(value, progress.wall_clock_ms),
@@ -182,39 +260,40 @@ fn retry_next(policy: &Policy, rule: &Rule, progress: &Progress, outcome: &Outco
     if rule.micro_retry && retry_after_ms.is_none() {
         if let Some(m) = &policy.micro_retries {
             if progress.try_no < m.max_tries {
-                return Next::MicroRetry(draw(m.delay_min_ms, m.delay_max_ms, rng));
+                return (Next::MicroRetry(draw(m.delay_min_ms, m.delay_max_ms, rng)), DecidedBy::MicroRetry);
             }
         }
     }
 
     let exhausted = Next::Final(policy.exhausted.state());
     let Some(scheduled) = policy.scheduled_wait(progress.attempt) else {
-        return exhausted;
+        return (exhausted, DecidedBy::AttemptsExhausted);
     };
     let drawn = draw(scheduled.min_ms, scheduled.max_ms, rng);
-    let wait = match (&rule.retry_after, retry_after_ms) {
+    let (wait, decided_by) = match (&rule.retry_after, retry_after_ms) {
         (RetryAfterUse::Clamp { max_s }, Some(ra)) => {
             // Later than the schedule if asked, up to max_s; never earlier than the schedule.
             let ra = ra.min(secs_to_ms(*max_s));
-            Wait { ms: drawn.ms.max(ra), min_ms: drawn.min_ms.max(ra), max_ms: drawn.max_ms.max(ra) }
+            let by = if ra > drawn.ms { DecidedBy::RetryAfter } else { DecidedBy::Schedule };
+            (Wait { ms: drawn.ms.max(ra), min_ms: drawn.min_ms.max(ra), max_ms: drawn.max_ms.max(ra) }, by)
         }
         (RetryAfterUse::BasePlusJitter { jitter_ratio, max_s }, Some(ra)) => {
             let cap = secs_to_ms(*max_s);
             let ratio = if jitter_ratio.is_finite() { jitter_ratio.clamp(0.0, 1.0) } else { 0.0 };
             // f64 → u64 `as` saturates; precision loss above 2^53 ms is far beyond any cap.
             let hi = ((ra as f64) * (1.0 + ratio)).round() as u64;
-            draw(ra.min(cap), hi.max(ra).min(cap), rng)
+            (draw(ra.min(cap), hi.max(ra).min(cap), rng), DecidedBy::RetryAfter)
         }
-        _ => drawn,
+        _ => (drawn, DecidedBy::Schedule),
     };
 
     if let Some(window_s) = policy.schedule.max_window_s {
         let deadline = due_at_ms(progress.first_attempt_at_ms, secs_to_ms(window_s));
         if due_at_ms(progress.now_ms, wait.ms) > deadline {
-            return exhausted;
+            return (exhausted, DecidedBy::WindowExhausted);
         }
     }
-    Next::NextAttempt(wait)
+    (Next::NextAttempt(wait), decided_by)
 }
 
 /// A wait drawn uniformly from `[lo, hi]` (bounds in either order).
@@ -394,6 +473,35 @@ mod tests {
         assert_eq!(d.rule, p.classify.len());
         assert_eq!((d.verdict, d.counts_toward_disable), (Verdict::Retry, true));
         assert_eq!(d.next, Next::NextAttempt(Wait { ms: 60_000, min_ms: 60_000, max_ms: 60_000 }));
+    }
+
+    #[test]
+    fn every_decision_says_which_step_of_the_policy_settled_it() {
+        let standard = policy::builtin("standard").unwrap();
+        let at = |attempt| Progress { attempt, try_no: 1, first_attempt_at_ms: 0, now_ms: 0, wall_clock_ms: 0 };
+        let by = |p: &Policy, attempt, o: Outcome| decide(p, &at(attempt), &o, &mut StdRng::seed_from_u64(1)).decided_by;
+        assert_eq!(by(&standard, 1, Outcome::http(200)), DecidedBy::SuccessRule);
+        assert_eq!(by(&standard, 1, Outcome::http(503)), DecidedBy::Schedule);
+        let last = standard.schedule.max_attempts.unwrap();
+        assert_eq!(by(&standard, last, Outcome::http(503)), DecidedBy::AttemptsExhausted);
+        // standard clamps a 429's Retry-After: an hour outranks the 5 s schedule, a second does not.
+        assert_eq!(by(&standard, 1, Outcome::Http { status: 429, retry_after: Some("3600".into()) }), DecidedBy::RetryAfter);
+        assert_eq!(by(&standard, 1, Outcome::Http { status: 429, retry_after: Some("1".into()) }), DecidedBy::Schedule);
+        let fynapse = policy::builtin("fynapse").unwrap();
+        assert_eq!(by(&fynapse, 1, Outcome::http(410)), DecidedBy::TerminalRule);
+        let mut windowed = policy::builtin("relay").unwrap();
+        windowed.schedule.max_window_s = Some(0.001);
+        assert_eq!(by(&windowed, 1, Outcome::http(503)), DecidedBy::WindowExhausted);
+        let lost = decide_lost_attempt(&standard, last, 0, 0, &mut StdRng::seed_from_u64(1));
+        assert_eq!(lost.decided_by, DecidedBy::AttemptsExhausted);
+        for d in DecidedBy::ALL {
+            assert_eq!(DecidedBy::parse(d.as_str()), Some(d));
+            assert_eq!(serde_json::to_value(d).unwrap(), d.as_str());
+            assert_eq!(DecidedBy::from_wire(d.to_wire()), Some(d));
+        }
+        assert_eq!(DecidedBy::from_wire(0), None, "an old record");
+        assert_eq!(DecidedBy::from_wire(99), None);
+        assert_eq!(DecidedBy::parse("guess"), None);
     }
 
     #[test]

@@ -263,7 +263,7 @@ mod tests {
     fn micro_retried_tries_are_not_events() {
         let wait = Wait { ms: 500, min_ms: 200, max_ms: 2000 };
         let micro =
-            Decision { verdict: Verdict::Retry, counts_toward_disable: true, next: Next::MicroRetry(wait), rule: 3 };
+            Decision { verdict: Verdict::Retry, counts_toward_disable: true, next: Next::MicroRetry(wait), rule: 3, decided_by: crate::engine::DecidedBy::MicroRetry };
         assert_eq!(HealthEvent::of(&micro), None);
         let next = Decision { next: Next::NextAttempt(wait), ..micro };
         assert_eq!(HealthEvent::of(&next), Some(HealthEvent::CountedFailure));
@@ -274,6 +274,7 @@ mod tests {
             counts_toward_disable: false,
             next: Next::Final(crate::FinalState::Succeeded),
             rule: 0,
+            decided_by: crate::engine::DecidedBy::SuccessRule,
         };
         assert_eq!(HealthEvent::of(&ok), Some(HealthEvent::Success));
     }

@@ -27,6 +27,6 @@ pub mod trace;
 pub mod verification;
 pub mod vocabulary;
 
-pub use engine::{decide, decide_lost_attempt, due_at_ms, Decision, FinalState, Next, Progress, Verdict, Wait};
+pub use engine::{decide, decide_lost_attempt, due_at_ms, DecidedBy, Decision, FinalState, Next, Progress, Verdict, Wait};
 pub use outcome::Outcome;
 pub use policy::Policy;

@@ -566,6 +566,38 @@ fn keys(scheme: SignatureScheme, secrets: &[String]) -> Result<Vec<Cow<'_, [u8]>
         .collect()
 }
 
+/// What a secret header's value is replaced with wherever hookline keeps headers (the attempt record, the log).
+pub const REDACTED: &str = "<redacted>";
+
+/// Header names whose values are never kept: credentials and signatures (a signature lets anyone who reads the log
+/// replay the request within its tolerance window).
+const SECRET_HEADERS: &[&str] = &[
+    "authorization",
+    "proxy-authorization",
+    "cookie",
+    "set-cookie",
+    "x-api-key",
+    "api-key",
+    sign::names::WEBHOOK_SIGNATURE,
+    sign::names::GAUGE_SIGNATURE,
+    sign::names::PULSE_SIGNATURE,
+    "x-hub-signature",
+    "x-hub-signature-256",
+    "stripe-signature",
+    "svix-signature",
+];
+
+/// Whether a header's value is a secret: one of [`SECRET_HEADERS`], or any name containing `signature`, `token`,
+/// `secret`, `password`, `auth`, `credential`, `api-key` or `apikey` (compared case-insensitively, without allocating: this runs per header
+/// of every attempt).
+pub fn is_secret_header(name: &str) -> bool {
+    fn contains_ci(hay: &str, needle: &str) -> bool {
+        hay.as_bytes().windows(needle.len()).any(|w| w.eq_ignore_ascii_case(needle.as_bytes()))
+    }
+    SECRET_HEADERS.iter().any(|s| s.eq_ignore_ascii_case(name))
+        || ["signature", "token", "secret", "password", "auth", "credential", "api-key", "apikey"].iter().any(|w| contains_ci(name, w))
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -896,5 +928,15 @@ oversize = { action = "dead" }
             headers(&policy(STANDARD), &ctx(&bad), b"{}").unwrap_err(),
             SignError::BadSecret { position: 2, .. }
         ));
+    }
+
+    #[test]
+    fn signatures_and_credentials_are_secret_and_the_identifying_headers_are_not() {
+        for secret in ["webhook-signature", "Gauge-Signature", "X-Pulse-Signature", "Authorization", "Cookie", "Set-Cookie", "X-Api-Key", "x-my-token", "X-Auth-User", "Client-Secret", "X-Credential"] {
+            assert!(is_secret_header(secret), "{secret}");
+        }
+        for plain in ["content-type", "user-agent", "webhook-id", "webhook-timestamp", "Gauge-Event-Id", "Idempotency-Key", "x-pulse-timestamp", "traceparent", "retry-after", ""] {
+            assert!(!is_secret_header(plain), "{plain}");
+        }
     }
 }

@@ -152,6 +152,7 @@ async fn lost_attempt(
             rec.verdict = "retry".into();
             rec.counts_toward_disable = true;
             rec.next_due_at_ms = due;
+            rec.decided_by = decision.decided_by.to_wire();
             let mut next = task.clone();
             next.attempts_made = attempt_no;
             next.due_at_ms = due;
@@ -166,6 +167,7 @@ async fn lost_attempt(
             let mut rec = records::closing_record(&task, "lease_expired", reason.clone(), final_word(state), &word, lease.started_at_ms, &policy.name);
             rec.attempt = task.prior_attempts + attempt_no;
             rec.counts_toward_disable = true;
+            rec.decided_by = decision.decided_by.to_wire();
             let mut last = task.clone();
             last.attempts_made = attempt_no;
             let dl = records::dead_letter(&last, DeadLetterReason::LeaseExpired.as_str(), reason.clone(), final_word(state), &word, task.prior_attempts + attempt_no, "lease_expired".into(), now);
@@ -435,18 +437,19 @@ async fn conclude_try(
     metrics::counter!("hookline_attempts_total", "outcome" => outcome_class(&result.outcome)).increment(1);
     metrics::histogram!("hookline_attempt_duration_ms").record(result.duration.as_secs_f64() * 1000.0);
     // Records count attempts across replays (as the attempt header does); the engine counts this run's.
-    let cx = TryContext { task, attempt: task.prior_attempts + attempt_no, try_no, started_at_ms: started, policy_name: &policy.name };
+    let cx = TryContext { task, attempt: task.prior_attempts + attempt_no, try_no, started_at_ms: started, policy };
+    let mut result = result;
 
     let rec = match decision.next {
         Next::MicroRetry(wait) => {
-            let mut rec = records::attempt_record(&cx, &result, &decision, due_at_ms(ended, wait.ms), &policy.status_words.pending);
+            let mut rec = records::attempt_record(&cx, &mut result, &decision, due_at_ms(ended, wait.ms), &policy.status_words.pending);
             traced(&mut rec, span);
             ctx.produce(ctx.topics.attempts(), &task.subscription_id, &rec).await?;
             return Ok(AfterTry::TryAgain(wait.ms));
         }
         Next::NextAttempt(wait) => {
             let due = due_at_ms(ended, wait.ms);
-            let rec = records::attempt_record(&cx, &result, &decision, due, &policy.status_words.pending);
+            let rec = records::attempt_record(&cx, &mut result, &decision, due, &policy.status_words.pending);
             let mut next = task.clone();
             next.attempts_made = attempt_no;
             next.due_at_ms = due;
@@ -458,7 +461,7 @@ async fn conclude_try(
         }
         Next::Final(state) => {
             let word = policy.status_word(state).to_owned();
-            let rec = records::attempt_record(&cx, &result, &decision, 0, &word);
+            let rec = records::attempt_record(&cx, &mut result, &decision, 0, &word);
             metrics::counter!("hookline_deliveries_total", "outcome" => final_word(state)).increment(1);
             if state == FinalState::Succeeded {
                 if let Some(ev) = &task.event {
@@ -566,12 +569,14 @@ async fn send_once(
                 reason: format!("cannot sign the request: {e}"),
                 response_excerpt: String::new(),
                 duration: Duration::ZERO,
+                request_headers: Vec::new(),
+                response_headers: Vec::new(),
             }
         }
     };
     drop(secrets);
-    // The headers move into the request (no copy kept while the request is out).
-    ctx.sender.send_owned(&entry.egress_key, policy, &entry.sub.url, headers, &entry.headers, body).await
+    // The headers move into the request; the attempt record shares their buffers (secrets left out).
+    ctx.sender.send_recorded(&entry.egress_key, policy, &entry.sub.url, headers, &entry.headers, &entry.logged_headers, body).await
 }
 
 async fn follow_ups(ctx: &Ctx, task: &DeliveryTask, policy: &Policy, reason: &str, now: i64) -> Result<(), Aborted> {

@@ -27,17 +27,19 @@ pub struct TryContext<'a> {
     pub attempt: u32,
     pub try_no: u32,
     pub started_at_ms: i64,
-    pub policy_name: &'a str,
+    pub policy: &'a hookline_core::Policy,
 }
 
+/// The record of a try. The headers are moved out of `result` (the rest of it is still read afterwards).
 pub fn attempt_record(
     cx: &TryContext<'_>,
-    result: &TryResult,
+    result: &mut TryResult,
     decision: &Decision,
     next_due_at_ms: i64,
     status_word: &str,
 ) -> AttemptRecord {
     let event = cx.task.event.as_ref();
+    let rule = cx.policy.classify.get(decision.rule);
     AttemptRecord {
         delivery_id: cx.task.delivery_id.clone(),
         subscription_id: cx.task.subscription_id.clone(),
@@ -60,7 +62,13 @@ pub fn attempt_record(
         },
         status_word: status_word.to_owned(),
         phase: AttemptPhase::Finished as i32,
-        policy: cx.policy_name.to_owned(),
+        policy: cx.policy.name.clone(),
+        request_headers: std::mem::take(&mut result.request_headers),
+        response_headers: std::mem::take(&mut result.response_headers),
+        decided_by: decision.decided_by.to_wire(),
+        // 1-based; 0 when no rule matched (an unvalidated policy's fallback).
+        rule: rule.map_or(0, |_| u32::try_from(decision.rule).map_or(0, |i| i.saturating_add(1))),
+        rule_when: rule.map(|r| r.when.join(" ")).unwrap_or_default(),
         // Set by `deliver::conclude` on the record that ends the attempt.
         concludes_attempt: 0,
         run_id: String::new(),

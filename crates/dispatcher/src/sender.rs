@@ -7,6 +7,7 @@ use std::time::{Duration, Instant};
 
 use bytes::Bytes;
 use hookline_core::egress::{EgressGuard, EgressSettings};
+use hookline_core::model::Header;
 use hookline_core::policy::Policy;
 use hookline_core::Outcome;
 use http_body_util::{BodyExt, Full};
@@ -25,10 +26,19 @@ pub struct TryResult {
     pub reason: String,
     pub response_excerpt: String,
     pub duration: Duration,
+    /// The request's headers as the attempt record keeps them (secrets redacted); empty unless the try was sent
+    /// with [`Sender::send_recorded`].
+    pub request_headers: Vec<Header>,
+    /// The response's headers (secrets redacted), at most [`RESPONSE_HEADERS_MAX`] and
+    /// [`RESPONSE_HEADER_BYTES_MAX`] bytes of names and values; empty without a response.
+    pub response_headers: Vec<Header>,
 }
 
 /// Bytes of the response kept for the delivery log.
 const EXCERPT_BYTES: usize = 512;
+/// Most response headers kept for the delivery log, and the most bytes of names and values (the rest left out).
+pub const RESPONSE_HEADERS_MAX: usize = 32;
+pub const RESPONSE_HEADER_BYTES_MAX: usize = 4096;
 
 struct Route {
     guard: Arc<EgressGuard>,
@@ -82,7 +92,7 @@ impl Sender {
         body: Bytes,
     ) -> TryResult {
         let map = header_map(headers.iter().map(|(k, v)| (k, http::HeaderValue::from_str(v))), 0);
-        self.send_with(egress_key, policy, url, map, body).await
+        self.send_with(egress_key, policy, url, map, Vec::new(), body).await
     }
 
     /// [`Sender::send`], taking the headers: their values become the request's without being copied, and nothing
@@ -104,7 +114,56 @@ impl Sender {
             }
             m
         });
-        self.send_with(egress_key, policy, url, map, body).await
+        self.send_with(egress_key, policy, url, map, Vec::new(), body).await
+    }
+
+    /// [`Sender::send_owned`], also keeping the headers for the attempt record: each value's buffer is shared
+    /// between the request and the record (no copy), a secret's value is never kept, and `logged_custom` (the
+    /// custom headers as records keep them, made when the subscription was loaded) is appended as is.
+    #[allow(clippy::too_many_arguments)]
+    pub async fn send_recorded(
+        &self,
+        egress_key: &str,
+        policy: &Policy,
+        url: &str,
+        headers: hookline_core::request::AttemptHeaders,
+        custom: &[(http::HeaderName, http::HeaderValue)],
+        logged_custom: &[Header],
+        body: Bytes,
+    ) -> TryResult {
+        let headers = headers.into_vec();
+        let mut logged = Vec::with_capacity(headers.len() + logged_custom.len());
+        let mut map = http::HeaderMap::with_capacity(headers.len() + custom.len() + 2);
+        let mut bad = None;
+        for (name, value) in headers {
+            let value = Bytes::from(value);
+            let parsed = http::HeaderName::from_bytes(name.as_bytes())
+                .map_err(|e| http::Error::from(e).to_string())
+                .and_then(|n| Ok((n, http::HeaderValue::from_maybe_shared(value.clone()).map_err(|e| http::Error::from(e).to_string())?)));
+            match parsed {
+                Ok((n, v)) => {
+                    map.append(n, v);
+                }
+                Err(e) => {
+                    bad.get_or_insert(e);
+                }
+            }
+            let kept = if hookline_core::request::is_secret_header(&name) {
+                Bytes::from_static(hookline_core::request::REDACTED.as_bytes())
+            } else {
+                value
+            };
+            logged.push(Header { name: name.into_owned(), value: kept });
+        }
+        for (name, value) in custom {
+            map.append(name.clone(), value.clone());
+        }
+        logged.extend(logged_custom.iter().cloned());
+        let map = match bad {
+            Some(e) => Err(e),
+            None => Ok(map),
+        };
+        self.send_with(egress_key, policy, url, map, logged, body).await
     }
 
     async fn send_with(
@@ -113,19 +172,24 @@ impl Sender {
         policy: &Policy,
         url: &str,
         headers: Result<http::HeaderMap, String>,
+        request_headers: Vec<Header>,
         body: Bytes,
     ) -> TryResult {
         let started = Instant::now();
         let timeout = Duration::from_millis(policy.attempt.timeout_ms);
-        let finish = |outcome: Outcome, reason: String, excerpt: String| TryResult {
+        // Only a recorded try keeps the response's headers (the records are what the log shows).
+        let record = !request_headers.is_empty();
+        let finish = |outcome: Outcome, reason: String, excerpt: String, response_headers: Vec<Header>| TryResult {
             outcome,
             reason,
             response_excerpt: excerpt,
             duration: started.elapsed(),
+            request_headers,
+            response_headers,
         };
         let route = match self.route(egress_key, policy) {
             Ok(r) => r,
-            Err(e) => return finish(Outcome::EgressRefused, format!("egress refused: {e}"), String::new()),
+            Err(e) => return finish(Outcome::EgressRefused, format!("egress refused: {e}"), String::new(), Vec::new()),
         };
         let exchange = async {
             // Resolve and judge the destination on every attempt, even when a pooled connection exists.
@@ -133,20 +197,20 @@ impl Sender {
                 Ok((target, _)) => target,
                 Err(PrecheckError::Refused(r)) => {
                     let reason = format!("egress refused: {}", r.reason);
-                    return (r.outcome(), reason, String::new());
+                    return (r.outcome(), reason, String::new(), Vec::new());
                 }
                 Err(PrecheckError::Resolve(e)) => {
-                    return (Outcome::ConnectError, format!("DNS resolution failed: {e}"), String::new())
+                    return (Outcome::ConnectError, format!("DNS resolution failed: {e}"), String::new(), Vec::new())
                 }
             };
             // The parsed, normalised URL that was judged, never the raw string.
             let uri = match http::Uri::try_from(target.url.as_str()) {
                 Ok(u) => u,
-                Err(e) => return (Outcome::InvalidUrl, format!("invalid request: {}", http::Error::from(e)), String::new()),
+                Err(e) => return (Outcome::InvalidUrl, format!("invalid request: {}", http::Error::from(e)), String::new(), Vec::new()),
             };
             let headers = match headers {
                 Ok(h) => h,
-                Err(e) => return (Outcome::InvalidUrl, format!("invalid request: {e}"), String::new()),
+                Err(e) => return (Outcome::InvalidUrl, format!("invalid request: {e}"), String::new(), Vec::new()),
             };
             drop(target);
             let mut req = http::Request::new(Full::new(body));
@@ -155,7 +219,10 @@ impl Sender {
             *req.headers_mut() = headers;
             let resp = match route.client.request(req).await {
                 Ok(r) => r,
-                Err(e) => return classify_error(&e),
+                Err(e) => {
+                    let (o, r, x) = classify_error(&e);
+                    return (o, r, x, Vec::new());
+                }
             };
             let status = resp.status().as_u16();
             let retry_after = resp
@@ -163,17 +230,18 @@ impl Sender {
                 .get(http::header::RETRY_AFTER)
                 .and_then(|v| v.to_str().ok())
                 .map(str::to_owned);
+            let response_headers = if record { kept_response_headers(resp.headers()) } else { Vec::new() };
             let excerpt = read_capped(resp.into_body(), policy.attempt.response_cap_bytes).await;
-            (Outcome::Http { status, retry_after }, format!("HTTP {status}"), excerpt)
+            (Outcome::Http { status, retry_after }, format!("HTTP {status}"), excerpt, response_headers)
         };
         match tokio::time::timeout(timeout, exchange).await {
-            Ok((outcome, reason, excerpt)) => {
+            Ok((outcome, reason, excerpt, response_headers)) => {
                 if matches!(outcome, Outcome::EgressRefused | Outcome::InvalidUrl) {
                     metrics::counter!("hookline_egress_refusals_total", "outcome" => if outcome == Outcome::EgressRefused { "egress_refused" } else { "invalid_url" }).increment(1);
                 }
-                finish(outcome, reason, excerpt)
+                finish(outcome, reason, excerpt, response_headers)
             }
-            Err(_) => finish(Outcome::Timeout, format!("Timed out after {}", hookline_core::sign::human_duration_ms(timeout.as_millis() as u64)), String::new()),
+            Err(_) => finish(Outcome::Timeout, format!("Timed out after {}", hookline_core::sign::human_duration_ms(timeout.as_millis() as u64)), String::new(), Vec::new()),
         }
     }
 }
@@ -191,6 +259,26 @@ fn header_map<K: AsRef<str>>(
         map.append(name, value);
     }
     Ok(map)
+}
+
+/// The response's headers as the attempt record keeps them: in order, secrets redacted, at most
+/// [`RESPONSE_HEADERS_MAX`] of them and [`RESPONSE_HEADER_BYTES_MAX`] bytes of names and values (a receiver's
+/// headers are not ours to store without bound).
+fn kept_response_headers(headers: &http::HeaderMap) -> Vec<Header> {
+    let mut out = Vec::with_capacity(headers.len().min(RESPONSE_HEADERS_MAX));
+    let mut bytes = 0usize;
+    for (name, value) in headers {
+        let size = name.as_str().len().saturating_add(value.len());
+        if out.len() >= RESPONSE_HEADERS_MAX {
+            break;
+        }
+        if bytes.saturating_add(size) > RESPONSE_HEADER_BYTES_MAX {
+            continue;
+        }
+        bytes = bytes.saturating_add(size);
+        out.push(hookline_kafka::state::logged_header(name.as_str(), value.as_bytes()));
+    }
+    out
 }
 
 /// Reads the body up to `cap` bytes and returns the start of it; the rest is not read (the connection is then
@@ -243,4 +331,50 @@ fn classify_error(err: &hyper_util::client::legacy::Error) -> (Outcome, String, 
     }
     chain.dedup();
     (Outcome::ConnectError, format!("connection failed: {}", chain.join(": ")), String::new())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A receiver's headers are kept in order, bounded in count and bytes, credentials redacted.
+    #[test]
+    fn response_headers_are_capped_and_credentials_redacted() {
+        let mut m = http::HeaderMap::new();
+        m.append("set-cookie", http::HeaderValue::from_static("session=abc"));
+        m.append("x-big", http::HeaderValue::from_str(&"b".repeat(5_000)).unwrap());
+        for i in 0..40 {
+            m.append(http::HeaderName::from_bytes(format!("x-h{i}").as_bytes()).unwrap(), http::HeaderValue::from_static("v"));
+        }
+        let kept = kept_response_headers(&m);
+        assert_eq!(kept.len(), RESPONSE_HEADERS_MAX);
+        assert_eq!((kept[0].name.as_str(), &kept[0].value[..]), ("set-cookie", hookline_core::request::REDACTED.as_bytes()));
+        assert!(kept.iter().all(|h| h.name != "x-big"), "a header over the byte budget is left out, the rest kept");
+        assert_eq!(kept[1].name, "x-h0");
+        let bytes: usize = kept.iter().map(|h| h.name.len() + h.value.len()).sum();
+        assert!(bytes <= RESPONSE_HEADER_BYTES_MAX);
+    }
+
+    /// The record's copy of a value shares the request's buffer; a secret's value is never kept.
+    #[tokio::test]
+    async fn recorded_request_headers_are_redacted_in_sending_order() {
+        let sender = Sender::new(Default::default(), Arc::new(crate::connector::SystemResolver));
+        let policy = hookline_core::policy::builtin("standard").unwrap();
+        let headers = hookline_core::request::AttemptHeaders(vec![
+            ("content-type".into(), "application/json".into()),
+            ("webhook-id".into(), "evt_1".into()),
+            ("webhook-signature".into(), "v1,secret".into()),
+        ]);
+        let logged = [hookline_kafka::state::logged_header("x-partner", b"acme")];
+        let custom = [(http::HeaderName::from_static("x-partner"), http::HeaderValue::from_static("acme"))];
+        // Port 1 on loopback: refused by the default egress rules, after the headers were prepared.
+        let r = sender.send_recorded("k", &policy, "https://127.0.0.1:1/", headers, &custom, &logged, Bytes::new()).await;
+        assert_eq!(r.outcome, Outcome::EgressRefused, "{}", r.reason);
+        let got: Vec<(&str, &[u8])> = r.request_headers.iter().map(|h| (h.name.as_str(), &h.value[..])).collect();
+        assert_eq!(
+            got,
+            [("content-type", &b"application/json"[..]), ("webhook-id", b"evt_1"), ("webhook-signature", b"<redacted>"), ("x-partner", b"acme")]
+        );
+        assert!(r.response_headers.is_empty());
+    }
 }

@@ -112,6 +112,9 @@ pub struct SubscriptionEntry {
     pub egress_key: String,
     /// The subscription's custom headers, checked and converted once here; every attempt appends them.
     pub headers: Vec<(http::HeaderName, http::HeaderValue)>,
+    /// The same headers as each attempt record keeps them (secret values redacted), made once here: an attempt
+    /// clones shared buffers instead of judging and copying every value again.
+    pub logged_headers: Vec<hookline_core::model::Header>,
     /// The payload filter: `Ok(None)` = none; `Err` = a stored filter that does not parse, which matches nothing
     /// (the API refuses such a filter on save, so only a record written by other means can hold one).
     pub filter: Result<Option<PayloadFilter>, String>,
@@ -130,6 +133,7 @@ impl SubscriptionEntry {
             Ok(p) if !sub.headers.is_empty() => prepared_headers(&sub, p),
             _ => Vec::new(),
         };
+        let logged_headers = headers.iter().map(|(n, v)| logged_header(n.as_str(), v.as_bytes())).collect();
         let filter = if sub.filter_json.is_empty() {
             Ok(None)
         } else {
@@ -142,7 +146,7 @@ impl SubscriptionEntry {
             Ok(p) => hookline_core::rate_limit::effective(sub.rate_limit_per_s, sub.burst, p),
             Err(_) => None,
         };
-        Self { sub, policy, egress_key, headers, filter, rate_limit }
+        Self { sub, policy, egress_key, headers, logged_headers, filter, rate_limit }
     }
 
     /// Whether the payload filter lets `ev` (whose data was parsed once into `data`) through.
@@ -166,6 +170,16 @@ impl SubscriptionEntry {
             .map(|(_, s)| s.value.clone())
             .collect()
     }
+}
+
+/// A header as attempt records keep it: a secret's value replaced by [`hookline_core::request::REDACTED`].
+pub fn logged_header(name: &str, value: &[u8]) -> hookline_core::model::Header {
+    let value = if hookline_core::request::is_secret_header(name) {
+        bytes::Bytes::from_static(hookline_core::request::REDACTED.as_bytes())
+    } else {
+        bytes::Bytes::copy_from_slice(value)
+    };
+    hookline_core::model::Header { name: name.to_owned(), value }
 }
 
 /// The custom headers as the request carries them; one that no longer passes the rules under the subscription's

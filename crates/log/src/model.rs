@@ -68,36 +68,17 @@ impl FromStr for DeliveryState {
     }
 }
 
-/// Header names whose values are never stored: credentials and signatures (a signature lets anyone who reads the
-/// log replay the request within its tolerance window).
-const SECRET_HEADERS: &[&str] = &[
-    "authorization",
-    "proxy-authorization",
-    "cookie",
-    "set-cookie",
-    "x-api-key",
-    "api-key",
-    "webhook-signature",
-    "x-hub-signature",
-    "x-hub-signature-256",
-    "gauge-signature",
-    "x-pulse-signature",
-    "stripe-signature",
-    "svix-signature",
-];
-
 /// What a redacted header value is replaced with.
-pub const REDACTED: &str = "<redacted>";
+pub use hookline_core::request::REDACTED;
 
-/// Headers as stored: secret values replaced by [`REDACTED`] (names kept, so a reader sees a signature was sent).
-/// Any header named like a signature, token or secret is treated as one.
+/// Headers as stored: secret values replaced by [`REDACTED`] (names kept, so a reader sees a signature was sent),
+/// by the one rule the dispatcher applies before writing a record (`hookline_core::request::is_secret_header`);
+/// applied again here so a record written by other means cannot put a secret in the log.
 pub fn redact_headers(headers: &[(String, String)]) -> Vec<(String, String)> {
     headers
         .iter()
         .map(|(name, value)| {
-            let lower = name.to_ascii_lowercase();
-            let secret = SECRET_HEADERS.contains(&lower.as_str())
-                || ["signature", "token", "secret", "password"].iter().any(|w| lower.contains(w));
+            let secret = hookline_core::request::is_secret_header(name);
             (name.clone(), if secret { REDACTED.to_owned() } else { value.clone() })
         })
         .collect()
@@ -140,6 +121,11 @@ pub struct AttemptRow {
     pub policy: String,
     pub concludes_attempt: u32,
     pub traceparent: String,
+    /// The policy's reasoning: which step decided (`None`: a record without one, or indexed before migration 4).
+    pub decided_by: Option<hookline_core::DecidedBy>,
+    /// The `classify` rule that matched, 1-based (0: none or unknown), and its `when` matchers.
+    pub rule: u32,
+    pub rule_when: String,
 }
 
 /// A delivery as stored: one event for one subscription, across all its runs.
@@ -331,10 +317,9 @@ pub fn attempt_row(rec: &AttemptRecord) -> AttemptRow {
         outcome: rec.outcome.clone(),
         http_status: clamp_u16(rec.http_status),
         reason: rec.reason.clone(),
-        // The attempt record carries no headers yet; the columns are ready for when it does.
-        request_headers: Vec::new(),
+        request_headers: header_pairs(&rec.request_headers),
         body_ref: if rec.event_id.is_empty() { String::new() } else { format!("event:{}", rec.event_id) },
-        response_headers: Vec::new(),
+        response_headers: header_pairs(&rec.response_headers),
         response_excerpt: rec.response_excerpt.clone(),
         verdict: rec.verdict.clone(),
         counts_toward_disable: rec.counts_toward_disable,
@@ -344,7 +329,15 @@ pub fn attempt_row(rec: &AttemptRecord) -> AttemptRow {
         policy: rec.policy.clone(),
         concludes_attempt: rec.concludes_attempt,
         traceparent: rec.traceparent.clone(),
+        decided_by: hookline_core::DecidedBy::from_wire(rec.decided_by),
+        rule: rec.rule,
+        rule_when: rec.rule_when.clone(),
     }
+}
+
+/// A record's headers as text pairs (a value that is not UTF-8 is read lossily: the log is for people).
+fn header_pairs(headers: &[hookline_core::model::Header]) -> Vec<(String, String)> {
+    headers.iter().map(|h| (h.name.clone(), String::from_utf8_lossy(&h.value).into_owned())).collect()
 }
 
 /// Merges `new` into `old` the way the backends merge into a stored row (kept in one place: the SQL of both

@@ -213,7 +213,7 @@ impl PgStore {
                 "INSERT INTO attempts AS a ({}) SELECT * FROM UNNEST($1::text[], $2::text[], $3::int8[], $4::int8[], \
                  $5::int8[], $6::text[], $7::int8[], $8::text[], $9::int8[], $10::text[], $11::text[], $12::text[], \
                  $13::text[], $14::text[], $15::text[], $16::bool[], $17::int8[], $18::text[], $19::text[], $20::text[], \
-                 $21::int8[], $22::text[]) {}",
+                 $21::int8[], $22::text[], $23::text[], $24::int8[], $25::text[]) {}",
                 sql::ATTEMPT_COLS,
                 sql::attempt_merge(Dialect::Postgres)
             );
@@ -242,6 +242,9 @@ impl PgStore {
                     &text(|x| &x.policy),
                     &int(|x| i64::from(x.concludes_attempt)),
                     &text(|x| &x.traceparent),
+                    &text(|x| x.decided_by.map_or("", |d| d.as_str())),
+                    &int(|x| i64::from(x.rule)),
+                    &text(|x| &x.rule_when),
                 ],
             )
             .await?;

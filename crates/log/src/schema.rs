@@ -78,6 +78,13 @@ CREATE INDEX events_by_time ON events (at_ms);
     "CREATE TABLE store_meta (key TEXT PRIMARY KEY, value TEXT NOT NULL) WITHOUT ROWID; \
      INSERT INTO store_meta (key, value) VALUES ('store_id', lower(hex(randomblob(8))));",
 ),
+(
+    4,
+    "attempts: the policy's reasoning (decided_by, rule, rule_when)",
+    "ALTER TABLE attempts ADD COLUMN decided_by TEXT NOT NULL DEFAULT ''; \
+     ALTER TABLE attempts ADD COLUMN rule INTEGER NOT NULL DEFAULT 0; \
+     ALTER TABLE attempts ADD COLUMN rule_when TEXT NOT NULL DEFAULT '';",
+),
 ];
 
 /// PostgreSQL: `attempts` and `events` are range-partitioned by time (one partition per UTC day, created ahead by
@@ -152,6 +159,15 @@ CREATE TABLE events (
     "store_meta: the store's own id",
     "CREATE TABLE store_meta (key TEXT PRIMARY KEY, value TEXT NOT NULL); \
      INSERT INTO store_meta (key, value) VALUES ('store_id', md5(random()::text || clock_timestamp()::text));",
+),
+(
+    4,
+    "attempts: the policy's reasoning (decided_by, rule, rule_when)",
+    // On the partitioned parent: every partition, present and future, gets the columns. A constant default is
+    // metadata only (PostgreSQL 11+): no rewrite of the stored rows.
+    "ALTER TABLE attempts ADD COLUMN decided_by TEXT NOT NULL DEFAULT '', \
+     ADD COLUMN rule BIGINT NOT NULL DEFAULT 0, \
+     ADD COLUMN rule_when TEXT NOT NULL DEFAULT '';",
 ),
 ];
 

@@ -48,7 +48,8 @@ pub const DELIVERY_COLS: &str = "delivery_id, subscription_id, tenant, event_id,
 
 pub const ATTEMPT_COLS: &str = "delivery_id, run_id, attempt, try_no, started_at_ms, subscription_id, duration_ms, \
      outcome, http_status, reason, request_headers, body_ref, response_headers, response_excerpt, verdict, \
-     counts_toward_disable, next_due_at_ms, final_state, status_word, policy, concludes_attempt, traceparent";
+     counts_toward_disable, next_due_at_ms, final_state, status_word, policy, concludes_attempt, traceparent, \
+     decided_by, rule, rule_when";
 
 pub const ATTEMPT_KEY: &str = "delivery_id, run_id, attempt, try_no, started_at_ms";
 
@@ -262,5 +263,9 @@ pub fn attempt(r: &impl RowGet) -> Result<AttemptRow, crate::StoreError> {
         policy: r.text(19)?,
         concludes_attempt: u32_of(r.int(20)?),
         traceparent: r.text(21)?,
+        // A word this version does not know reads as none rather than failing the whole delivery.
+        decided_by: hookline_core::DecidedBy::parse(&r.text(22)?),
+        rule: u32_of(r.int(23)?),
+        rule_when: r.text(24)?,
     })
 }

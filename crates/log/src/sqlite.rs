@@ -300,7 +300,7 @@ fn index(c: &mut Connection, f: Folded) -> Result<IndexSummary, StoreError> {
     {
         let q = format!(
             "INSERT INTO attempts AS a ({}) VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11, ?12, ?13, ?14, ?15, ?16, \
-             ?17, ?18, ?19, ?20, ?21, ?22) {}",
+             ?17, ?18, ?19, ?20, ?21, ?22, ?23, ?24, ?25) {}",
             sql::ATTEMPT_COLS,
             sql::attempt_merge(Dialect::Sqlite)
         );
@@ -329,6 +329,9 @@ fn index(c: &mut Connection, f: Folded) -> Result<IndexSummary, StoreError> {
                 a.policy,
                 a.concludes_attempt,
                 a.traceparent,
+                a.decided_by.map_or("", |d| d.as_str()),
+                a.rule,
+                a.rule_when,
             ])?;
         }
     }

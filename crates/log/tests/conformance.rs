@@ -88,16 +88,18 @@ conformance!(
     attempt_points_are_one_subscriptions_tries_in_a_window,
     a_page_gets_the_latest_try_of_each_delivery,
     retention_skips_and_removes_old_history,
+    headers_and_the_policys_reasoning_come_back_redacted,
+    rows_of_a_version_3_store_read_after_migration_4,
 );
 
 async fn migrations_apply_once_and_a_newer_schema_is_refused(target: Target) {
     let first = open(&target).await;
-    assert_eq!(first.migrations_applied(), [1, 2, 3]);
-    assert_eq!(first.schema_version().await.unwrap(), 3);
+    assert_eq!(first.migrations_applied(), [1, 2, 3, 4]);
+    assert_eq!(first.schema_version().await.unwrap(), 4);
     drop(first);
     let (applied, version) = hookline_log::migrate(&target).await.unwrap();
     assert!(applied.is_empty(), "nothing left to apply: {applied:?}");
-    assert_eq!(version, 3);
+    assert_eq!(version, 4);
     // The store's id stays with it; the SQLite indexer's group is the file's own.
     let again = open(&target).await;
     let id = again.store_id().await.unwrap();
@@ -122,7 +124,7 @@ async fn migrations_apply_once_and_a_newer_schema_is_refused(target: Target) {
         }
     }
     match LogStore::open(&target).await {
-        Err(e @ StoreError::SchemaTooNew { found: 99, known: 3 }) => assert!(e.to_string().contains("upgrade hookline"), "{e}"),
+        Err(e @ StoreError::SchemaTooNew { found: 99, known: 4 }) => assert!(e.to_string().contains("upgrade hookline"), "{e}"),
         Err(e) => panic!("expected SchemaTooNew, got {e}"),
         Ok(_) => panic!("a newer schema was accepted"),
     }
@@ -423,4 +425,99 @@ async fn retention_skips_and_removes_old_history(target: Target) {
     } else {
         assert_eq!((r.attempts, r.events), (1, 1));
     }
+}
+
+fn header(name: &str, value: &str) -> hookline_core::model::Header {
+    hookline_core::model::Header { name: name.into(), value: value.as_bytes().to_vec().into() }
+}
+
+async fn headers_and_the_policys_reasoning_come_back_redacted(target: Target) {
+    let store = open(&target).await;
+    let mut retried = attempt("dlv_h", "sub_a", "evt_h", 1, T0 + 10, 503, "");
+    retried.request_headers = vec![
+        header("content-type", "application/json"),
+        header("webhook-id", "evt_h"),
+        header("webhook-timestamp", "1767225600"),
+        // A record written by other means than the dispatcher: the store redacts again.
+        header("webhook-signature", "v1,c2VjcmV0"),
+    ];
+    retried.response_headers = vec![header("retry-after", "60"), header("set-cookie", "session=abc")];
+    retried.decided_by = hookline_core::DecidedBy::RetryAfter.to_wire();
+    retried.rule = 3;
+    retried.rule_when = "429 503".into();
+    let mut done = attempt("dlv_h", "sub_a", "evt_h", 2, T0 + 60_010, 200, "succeeded");
+    done.decided_by = hookline_core::DecidedBy::SuccessRule.to_wire();
+    done.rule = 1;
+    index(&store, Batch { attempts: vec![retried, done], ..Default::default() }).await;
+    let d = store.delivery("dlv_h").await.unwrap().expect("stored");
+    let [first, second] = &d.attempts[..] else { panic!("{:?}", d.attempts) };
+    let pairs = |v: &[(&str, &str)]| v.iter().map(|(a, b)| (a.to_string(), b.to_string())).collect::<Vec<_>>();
+    assert_eq!(
+        first.request_headers,
+        pairs(&[("content-type", "application/json"), ("webhook-id", "evt_h"), ("webhook-timestamp", "1767225600"), ("webhook-signature", "<redacted>")])
+    );
+    assert_eq!(first.response_headers, pairs(&[("retry-after", "60"), ("set-cookie", "<redacted>")]));
+    assert_eq!((first.decided_by, first.rule, first.rule_when.as_str(), first.next_due_at_ms), (Some(hookline_core::DecidedBy::RetryAfter), 3, "429 503", T0 + 60_010));
+    assert_eq!((second.decided_by, second.rule, second.next_due_at_ms), (Some(hookline_core::DecidedBy::SuccessRule), 1, 0));
+    // The list's latest try carries them too.
+    let last = store.last_attempts(std::slice::from_ref(&d.delivery)).await.unwrap();
+    assert_eq!(last["dlv_h"].decided_by, Some(hookline_core::DecidedBy::SuccessRule));
+}
+
+/// A store made by a hookline of schema version 3 (before the reasoning columns) with a row in it: opening it
+/// applies migration 4 and the old row reads, with no reasoning.
+async fn rows_of_a_version_3_store_read_after_migration_4(target: Target) {
+    let old_row = "INSERT INTO attempts (delivery_id, run_id, attempt, try_no, started_at_ms, subscription_id, duration_ms, \
+        outcome, http_status, reason, request_headers, body_ref, response_headers, response_excerpt, verdict, \
+        counts_toward_disable, next_due_at_ms, final_state, status_word, policy, concludes_attempt, traceparent) VALUES \
+        ('dlv_old', '', 1, 1, START, 'sub_a', 5, '200', 200, 'HTTP 200', '[]', 'event:evt_old', '[]', '', 'success', \
+        FALSE, 0, 'succeeded', 'succeeded', 'standard', 1, ''); \
+        INSERT INTO deliveries VALUES ('dlv_old', 'sub_a', '', 'evt_old', 'order.created', 'succeeded', 'succeeded', \
+        START, START, 1, 200, '200', '', '');";
+    let start = T0 + 10;
+    let old_row = old_row.replace("START", &start.to_string());
+    let record = |v: u32| format!("INSERT INTO schema_migrations (version, name, applied_at_ms) VALUES ({v}, 'v{v}', 0);");
+    match &target {
+        Target::Sqlite(path) => {
+            let c = rusqlite::Connection::open(path).unwrap();
+            c.execute_batch("CREATE TABLE schema_migrations (version INTEGER PRIMARY KEY, name TEXT NOT NULL, applied_at_ms INTEGER NOT NULL)").unwrap();
+            for (v, _, sql) in &hookline_log::schema::SQLITE[..3] {
+                c.execute_batch(sql).unwrap();
+                c.execute_batch(&record(*v)).unwrap();
+            }
+            c.execute_batch(&old_row.replace("FALSE", "0")).unwrap();
+        }
+        Target::Postgres(url) => {
+            let (c, conn) = tokio_postgres::connect(url, tokio_postgres::NoTls).await.unwrap();
+            tokio::spawn(conn);
+            c.batch_execute("CREATE TABLE schema_migrations (version BIGINT PRIMARY KEY, name TEXT NOT NULL, applied_at_ms BIGINT NOT NULL)").await.unwrap();
+            for (v, _, sql) in &hookline_log::schema::POSTGRES[..3] {
+                c.batch_execute(sql).await.unwrap();
+                c.batch_execute(&record(*v)).await.unwrap();
+            }
+            let day = start.div_euclid(DAY);
+            c.batch_execute(&format!(
+                "CREATE TABLE {} PARTITION OF attempts FOR VALUES FROM ({}) TO ({})",
+                hookline_log::postgres::partition_name("attempts", day),
+                day * DAY,
+                (day + 1) * DAY
+            ))
+            .await
+            .unwrap();
+            c.batch_execute(&old_row).await.unwrap();
+        }
+    }
+    let store = open(&target).await;
+    assert_eq!(store.migrations_applied(), [4]);
+    let d = store.delivery("dlv_old").await.unwrap().expect("the old row reads");
+    assert_eq!(d.delivery.state, DeliveryState::Succeeded);
+    let a = &d.attempts[0];
+    assert_eq!((a.http_status, a.decided_by, a.rule, a.rule_when.as_str()), (200, None, 0, ""));
+    assert!(a.request_headers.is_empty());
+    // New rows beside it carry the reasoning.
+    let mut new = attempt("dlv_old", "sub_a", "evt_old", 2, start + 1_000, 200, "succeeded");
+    new.decided_by = hookline_core::DecidedBy::SuccessRule.to_wire();
+    index(&store, Batch { attempts: vec![new], ..Default::default() }).await;
+    let d = store.delivery("dlv_old").await.unwrap().unwrap();
+    assert_eq!(d.attempts.iter().map(|a| a.decided_by).collect::<Vec<_>>(), [None, Some(hookline_core::DecidedBy::SuccessRule)]);
 }

@@ -24,10 +24,56 @@ pub enum LogCmd {
         #[command(flatten)]
         output: OutputArgs,
     },
+    /// Run the delivery log's indexer on its own, until SIGTERM or Ctrl-C: for PostgreSQL, beside API replicas
+    /// (hookline-ingest) that run with `log.run_indexer = false`. It reads `attempts`, `dlq` and `events` in the
+    /// consumer group `log.group_id` (shared by every indexer of the one database) and serves `/metrics`,
+    /// `/healthz` and `/readyz` on --health-addr. With SQLite the indexer runs inside hookline-ingest (the file is
+    /// that process's own), so this refuses to start.
+    Index {
+        /// The config file (TOML): `[kafka]` and `[log]`; `HOOKLINE_<SECTION>__<KEY>` variables override it.
+        #[arg(long, env = "HOOKLINE_CONFIG", value_name = "FILE")]
+        config: Option<PathBuf>,
+        /// Where `/metrics`, `/healthz` and `/readyz` listen (port 0 picks one, printed at start).
+        #[arg(long, default_value = "0.0.0.0:9093", value_name = "ADDR")]
+        health_addr: std::net::SocketAddr,
+    },
+}
+
+/// Why `hookline log index` does not start on this config.
+fn standalone_refusal(config: &hookline_service::Config) -> Option<String> {
+    (config.log.store == hookline_service::config::LogStoreKind::Sqlite).then(|| {
+        "log.store = \"sqlite\": the indexer runs inside hookline-ingest (log.run_indexer, required with SQLite: \
+         the file is that process's own); a standalone indexer needs log.store = \"postgres\""
+            .to_owned()
+    })
+}
+
+fn index(config: Option<PathBuf>, health_addr: std::net::SocketAddr) -> anyhow::Result<ExitCode> {
+    let config = hookline_service::Config::load(config.as_deref(), std::env::vars())?;
+    if let Some(why) = standalone_refusal(&config) {
+        eprintln!("error: {why}");
+        return Ok(ExitCode::from(2));
+    }
+    let rt = tokio::runtime::Builder::new_multi_thread().enable_all().build()?;
+    rt.block_on(async move {
+        let metrics = hookline_service::telemetry::init(&config.telemetry);
+        let shutdown = hookline_service::shutdown::on_signals();
+        let readiness = hookline_service::health::Readiness::default();
+        let addr = hookline_service::health::serve(health_addr, readiness.clone(), metrics, Default::default(), shutdown.clone())
+            .await
+            .with_context(|| format!("--health-addr {health_addr}"))?;
+        eprintln!("hookline log index: health and metrics on http://{addr}");
+        // Ready once the store is open and the consumer starts (run_with_store opens nothing else that can fail late).
+        let store = std::sync::Arc::new(hookline_log::LogStore::open(&Target::from_settings(&config.log)?).await.context("opening the delivery log store")?);
+        readiness.set(true);
+        hookline_log::indexer::run_with_store(&config, store, "hookline-log-indexer", shutdown).await.context("the delivery log indexer")?;
+        anyhow::Ok(ExitCode::SUCCESS)
+    })
 }
 
 pub fn run(cmd: LogCmd) -> anyhow::Result<ExitCode> {
     match cmd {
+        LogCmd::Index { config, health_addr } => index(config, health_addr),
         LogCmd::Migrate { url, config, output } => {
             let target = match url {
                 Some(u) => Target::parse(&u).map_err(|e| anyhow::anyhow!("--url: {e}"))?,

@@ -184,6 +184,20 @@ impl Ledger {
         }
     }
 
+    /// Every accepted delivery with a final record: (delivery id, the final states its records name).
+    pub fn finished_deliveries(&self) -> Vec<(String, Vec<String>)> {
+        let s = self.state.lock().unwrap();
+        let mut out = Vec::new();
+        for (id, index) in &s.accepted {
+            for (pair, _) in self.pairs(id, *index) {
+                if let Some(finals) = s.finals.get(&pair) {
+                    out.push((hookline_core::model::delivery_id(&pair.0, &pair.1), finals.clone()));
+                }
+            }
+        }
+        out
+    }
+
     pub fn tally(&self) -> Tally {
         let s = self.state.lock().unwrap();
         let mut t = Tally {

@@ -2,11 +2,14 @@
 //! dispatchers and the retry-scheduler as separate processes, a receiver whose endpoints succeed, fail, hang and
 //! go away, publishes a bounded stream of events through the API while injecting faults, waits until every
 //! accepted delivery has a final state, and reports `accepted`, `final_states`, `missing` (must be 0),
-//! `duplicates` and the fault schedule as one JSON line. The exit code is 0 only when nothing is missing and
-//! every delivery ended in the state its endpoint implies.
+//! `duplicates` and the fault schedule as one JSON line; then checks the delivery log store holds every accepted
+//! delivery with its final state (`log_missing`, must be 0; `log_lag_s`: how long the indexer took to get
+//! there). The exit code is 0 only when nothing is missing, from the deliveries or the log, and every delivery
+//! ended in the state its endpoint implies.
 
 mod faults;
 mod ledger;
+mod log_check;
 mod procs;
 mod publish;
 mod receiver;
@@ -35,6 +38,8 @@ const TOKEN: &str = "soak-token-not-for-production";
 const ATTEMPT_TIMEOUT_MS: u64 = 2_000;
 const HANG: Duration = Duration::from_secs(5);
 const MAX_ATTEMPTS: u32 = 3;
+/// The longest the log check waits for the indexer to catch up (it trails Kafka by a batch, ~0.2 s, when healthy).
+const LOG_LAG_LIMIT: Duration = Duration::from_secs(30);
 
 #[derive(clap::Args, Clone)]
 pub struct SoakArgs {
@@ -146,6 +151,8 @@ async fn soak(args: SoakArgs) -> anyhow::Result<Value> {
     config.telemetry.log_level = "info".into();
     let dir = std::env::temp_dir().join(format!("hookline-soak-{}", std::process::id()));
     std::fs::create_dir_all(&dir)?;
+    // The delivery log beside the config: it outlives ingest's restarts (kill-ingest), not the run.
+    config.log.sqlite_path = dir.join("delivery-log.sqlite3");
     let config_path = dir.join("config.toml");
     std::fs::write(&config_path, toml::to_string(&config)?)?;
     let service = |role: Role, name: String| Service::new(role, name, &bin_dir, &config_path, args.verbose);
@@ -216,6 +223,9 @@ async fn soak(args: SoakArgs) -> anyhow::Result<Value> {
     let settled_s = t0.elapsed().as_secs_f64();
     // Then quiet: late copies (a thawed zombie, a redelivery) still count as duplicates.
     ledger.wait_quiet(Duration::from_secs(2), Duration::from_secs(30)).await;
+    // The delivery log, while ingest (and its indexer) still runs: every finished delivery, in its final state.
+    fleet.revive()?;
+    let log = log_check::check(&config.log, ledger.finished_deliveries(), LOG_LAG_LIMIT).await.context("reading the delivery log store")?;
 
     let mut final_exits = Vec::new();
     for s in fleet.services() {
@@ -238,6 +248,7 @@ async fn soak(args: SoakArgs) -> anyhow::Result<Value> {
     let duplicate_bound = rebalances * (args.dispatchers * args.max_in_flight) as u64;
     let term_exits_ok = schedule.iter().chain(final_exits.iter()).all(|l| l.get("exit_code").is_none_or(|c| c == &json!(0)));
     let passed = t.missing == 0
+        && log.missing == 0
         && t.unexpected_final == 0
         && t.missing_dead_letters == 0
         && term_exits_ok
@@ -254,6 +265,9 @@ async fn soak(args: SoakArgs) -> anyhow::Result<Value> {
         "accepted": t.expected,
         "final_states": t.final_states,
         "missing": t.missing,
+        "log_missing": log.missing,
+        "log_lag_s": round1(log.lag.as_secs_f64()),
+        "examples_log_missing": log.examples,
         "unexpected_final": t.unexpected_final,
         "duplicates": t.duplicates,
         "duplicate_finals": t.duplicate_finals,

@@ -1,0 +1,176 @@
+// The delivery log in the portal, in headless Chromium against `hookline dev` (run by scripts/test-portal, after
+// portal.spec.mjs). The story: a subscription of its own (a unique description) points at a receiver this test
+// runs, which answers 200 with a header of its own; an event is delivered; the event is found in the portal by its
+// id, its delivery opened: the request headers as sent (the event id and timestamp; the signature redacted, never
+// shown) and the response's status and headers; it is resent from the portal and the receiver gets it again with
+// the same event id.
+
+import { test, before, after } from 'node:test';
+import assert from 'node:assert/strict';
+import { createServer } from 'node:http';
+import { mkdtempSync, rmSync } from 'node:fs';
+import { tmpdir } from 'node:os';
+import { join } from 'node:path';
+import { chromium } from 'playwright-core';
+
+const API = required('HOOKLINE_API');
+const TOKEN = process.env.HOOKLINE_TOKEN || 'dev-token-not-for-production';
+const SCREENSHOT = (process.env.PORTAL_SCREENSHOT || 'target/portal-screenshot.png').replace(/\.png$/, '-log.png');
+const WAIT = 60_000;
+
+function required(name) {
+  const v = process.env[name];
+  if (!v) throw new Error(`${name} is not set: run this through scripts/test-portal`);
+  return v;
+}
+
+let context;
+let page;
+let userDataDir;
+let receiver;
+let receiverUrl;
+const received = [];
+const pageErrors = [];
+
+before(async () => {
+  // The receiver: records every request, answers 200 with a header the portal must show.
+  receiver = createServer((req, res) => {
+    let body = '';
+    req.on('data', (c) => { body += c; });
+    req.on('end', () => {
+      received.push({ path: req.url, headers: req.headers, body });
+      res.writeHead(200, { 'content-type': 'text/plain', 'x-receiver': 'portal-log-spec' });
+      res.end('thanks');
+    });
+  });
+  await new Promise((resolve) => receiver.listen(0, '127.0.0.1', resolve));
+  receiverUrl = `http://127.0.0.1:${receiver.address().port}`;
+
+  userDataDir = mkdtempSync(join(tmpdir(), 'hookline-portal-log-chromium-'));
+  context = await chromium.launchPersistentContext(userDataDir, {
+    executablePath: '/usr/bin/chromium',
+    headless: true,
+    args: ['--headless', '--no-sandbox', '--disable-gpu', '--disable-quic', '--no-first-run', '--disable-background-networking',
+      '--disable-component-update', '--disable-sync'],
+    viewport: { width: 1366, height: 900 },
+    timeout: WAIT,
+  });
+  context.setDefaultTimeout(WAIT);
+  page = context.pages()[0] ?? (await context.newPage());
+  page.on('pageerror', (e) => pageErrors.push(`page error: ${e.message}`));
+  page.on('console', (m) => {
+    if (m.type() === 'error' && !/net::/.test(m.text())) pageErrors.push(`console: ${m.text()}`);
+  });
+});
+
+after(async () => {
+  await context?.close();
+  if (userDataDir) rmSync(userDataDir, { recursive: true, force: true });
+  await new Promise((resolve) => (receiver ? receiver.close(resolve) : resolve()));
+});
+
+async function api(method, path, body) {
+  const r = await fetch(API + path, {
+    method,
+    headers: { authorization: `Bearer ${TOKEN}`, 'content-type': 'application/json' },
+    body: body === undefined ? undefined : JSON.stringify(body),
+  });
+  const text = await r.text();
+  return { status: r.status, body: text ? JSON.parse(text) : null };
+}
+
+async function until(what, fn, ms = WAIT) {
+  const end = Date.now() + ms;
+  let last;
+  while (Date.now() < end) {
+    last = await fn();
+    if (last) return last;
+    await new Promise((r) => setTimeout(r, 250));
+  }
+  throw new Error(`timed out waiting for ${what}`);
+}
+
+/// The value shown for `name` in one of the attempt's header tables.
+async function shownHeader(table, name) {
+  const row = table.locator('tr', { has: page.locator('th', { hasText: new RegExp(`^${name}$`, 'i') }) });
+  if ((await row.count()) === 0) return null;
+  return (await row.first().locator('td').textContent()).trim();
+}
+
+test('the delivery log in the portal: search, attempt detail, resend', async (t) => {
+  const stamp = Date.now();
+  const eventId = `evt_portal_log_${stamp}`;
+  let deliveryId;
+
+  await t.test('an event is delivered to a subscription of this test', async () => {
+    const sub = await api('POST', '/v1/subscriptions', {
+      url: `${receiverUrl}/hooks`,
+      event_types: ['portallog.*'],
+      policy: 'standard',
+      description: `portal log spec ${stamp}`,
+    });
+    assert.equal(sub.status, 201, JSON.stringify(sub.body));
+    const ev = await api('POST', '/v1/events', { id: eventId, type: 'portallog.ping', data: { n: 1 } });
+    assert.equal(ev.status, 202, JSON.stringify(ev.body));
+    await until('the receiver got the event', async () => received.length === 1);
+    assert.equal(received[0].headers['webhook-id'], eventId);
+    await until('the delivery is succeeded in the log', async () => {
+      const r = await api('GET', `/v1/deliveries?event_id=${eventId}`);
+      const d = r.body && r.body.items && r.body.items[0];
+      if (d && d.state === 'succeeded') deliveryId = d.delivery_id;
+      return Boolean(deliveryId);
+    });
+  });
+
+  await t.test('the portal finds the event by its id and opens its delivery', async () => {
+    await page.goto(`${API}/portal`);
+    const token = page.getByLabel('API token');
+    await token.fill(TOKEN);
+    await token.press('Enter');
+    await page.getByRole('heading', { name: 'Subscriptions' }).waitFor();
+    const search = page.getByRole('searchbox', { name: 'Event id' });
+    await search.fill(eventId);
+    await search.press('Enter');
+    const row = page.locator(`#found tr[data-found="${deliveryId}"]`);
+    await row.locator('[data-testid=found-status]', { hasText: 'succeeded' }).waitFor();
+    assert.equal(await page.locator('#found tr[data-found]').count(), 1, 'one subscription got the event');
+    await row.getByRole('button', { name: 'Open' }).click();
+    await page.locator('#found-h', { hasText: deliveryId }).waitFor();
+    await page.locator('#found-delivery table.attempts td', { hasText: 'HTTP 200' }).first().waitFor();
+  });
+
+  await t.test('the attempt shows the request headers as sent, the signature redacted, and the response', async () => {
+    const attempt = page.locator('#found-delivery table.attempts > tbody > tr').first();
+    await attempt.locator('details.attempt-headers summary').click();
+    const req = attempt.locator('[data-testid=request-headers]');
+    await req.waitFor();
+    assert.equal(await shownHeader(req, 'webhook-id'), eventId);
+    assert.equal(await shownHeader(req, 'webhook-timestamp'), received[0].headers['webhook-timestamp']);
+    assert.equal(await shownHeader(req, 'content-type'), 'application/json');
+    assert.equal(await shownHeader(req, 'webhook-signature'), '<redacted>');
+    const signature = received[0].headers['webhook-signature'];
+    assert.match(signature, /^v1,/, 'the receiver got a real signature');
+    const text = await page.locator('#found-delivery').textContent();
+    assert.ok(!text.includes(signature.slice(3)), 'the signature is nowhere on the page');
+    const resp = attempt.locator('[data-testid=response-headers]');
+    assert.equal(await shownHeader(resp, 'x-receiver'), 'portal-log-spec');
+    assert.match(await shownHeader(resp, 'content-type'), /^text\/plain/);
+    await attempt.locator('.excerpt', { hasText: 'thanks' }).waitFor();
+    await attempt.locator('[data-testid=reasoning]', { hasText: 'rule 1 (2xx)' }).waitFor();
+    await page.screenshot({ path: SCREENSHOT, fullPage: true });
+  });
+
+  await t.test('it is resent from the portal and arrives again with the same event id', async () => {
+    await page.locator('#found-resend').click();
+    const dialog = page.locator('#confirm-dialog[open]');
+    await dialog.waitFor();
+    await dialog.getByRole('button', { name: 'Resend' }).click();
+    await page.locator('#find-result', { hasText: 'accepted' }).waitFor();
+    await until('the receiver got it again', async () => received.length === 2);
+    assert.deepEqual(received.map((r) => r.headers['webhook-id']), [eventId, eventId], 'the same event id both times');
+    assert.equal(received[1].body, received[0].body, 'the same event');
+    // The portal's delivery view refreshes to the resend's attempt.
+    await until('two attempts in the portal', async () => (await page.locator('#found-delivery table.attempts > tbody > tr').count()) === 2);
+    assert.deepEqual(pageErrors, []);
+  });
+});
