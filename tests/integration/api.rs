@@ -96,7 +96,7 @@ async fn the_list_shows_each_endpoints_health_and_its_24h_success_rate() {
     let item = |list: &serde_json::Value, id: &str| list["items"].as_array().unwrap().iter().find(|i| i["id"] == id).cloned().unwrap();
     // The log follows the topics: wait until it has every delivery.
     let list = p
-        .get_when("/v1/subscriptions?limit=10", |l| {
+        .get_when("/v1/subscriptions?limit=10&include=success_24h", |l| {
             let done = |id: &str| item(l, id)["success_24h"]["pending"] == 0 && item(l, id)["success_24h"]["succeeded"].as_u64().unwrap_or(0) + item(l, id)["success_24h"]["failed"].as_u64().unwrap_or(0) == 3;
             done(&ok) && done(&bad) && item(l, &bad)["consecutive_failures"] == 3
         })
@@ -112,6 +112,11 @@ async fn the_list_shows_each_endpoints_health_and_its_24h_success_rate() {
     // The single read has the health, not the list's log counts.
     let (_, one) = p.call("GET", &format!("/v1/subscriptions/{bad}"), None).await;
     assert_eq!((one["health"].as_str(), one.get("success_24h")), (Some("failing"), None), "{one}");
+    // Without `include`, a page costs only the subscription index: no log counts.
+    let (_, plain) = p.call("GET", "/v1/subscriptions?limit=10", None).await;
+    assert!(plain["items"].as_array().unwrap().iter().all(|i| i.get("success_24h").is_none()), "{plain}");
+    let (status, bad_include) = p.call("GET", "/v1/subscriptions?include=everything", None).await;
+    assert_eq!((status, bad_include["error"]["field"].as_str()), (400, Some("include")), "{bad_include}");
     p.stop().await;
 }
 

@@ -157,6 +157,10 @@ test('the delivery log in the portal: search, attempt detail, resend', async (t)
     assert.match(await shownHeader(resp, 'content-type'), /^text\/plain/);
     await attempt.locator('.excerpt', { hasText: 'thanks' }).waitFor();
     await attempt.locator('[data-testid=reasoning]', { hasText: 'rule 1 (2xx)' }).waitFor();
+    // The body's payload: the event's data, as the receiver got it.
+    await page.locator('#found-delivery details.event-body summary').click();
+    const shown = JSON.parse(await page.locator('#found-delivery [data-testid=event-data]').textContent());
+    assert.deepEqual(shown, JSON.parse(received[0].body).data, 'the event data the receiver got');
     await page.screenshot({ path: SCREENSHOT, fullPage: true });
   });
 

@@ -344,7 +344,7 @@ function stateBadge(sub) {
 
 async function loadList() {
   const after = state.subsCursor[state.subsCursor.length - 1];
-  const page = await api('GET', `/v1/subscriptions${q({ limit: PAGE, after })}`);
+  const page = await api('GET', `/v1/subscriptions${q({ limit: PAGE, after, include: 'success_24h' })}`);
   state.subsNext = page.next_after;
   $('subs-prev').disabled = state.subsCursor.length <= 1;
   $('subs-next').disabled = !page.next_after;
@@ -517,12 +517,20 @@ function logRows(d, att) {
   if (!att) body = h('p', {}, 'Loading…');
   else if (att.error) body = h('p', { class: 'error' }, att.error);
   else {
-    body = attemptsTable(att.entry, `Attempts of ${d.event_id} (${att.entry.attempts.length} kept)`);
+    body = [eventBody(att.entry), attemptsTable(att.entry, `Attempts of ${d.event_id} (${att.entry.attempts.length} kept)`)];
   }
   return [row, h('tr', { class: 'attempts-row', id: panelId }, h('td', { colspan: 6 }, body))];
 }
 
 // ----- attempt detail (shared by the subscription's log and the event search) -----
+
+/// The event the requests carried (its `data` is the body's payload), while the delivery log keeps it.
+function eventBody(entry) {
+  if (!entry.event) return h('p', { class: 'muted' }, 'The event is no longer kept (older than the log\'s retention).');
+  return h('details', { class: 'event-body', 'data-key': `ev-${entry.delivery_id}` },
+    h('summary', {}, `Request body: event ${entry.event.id} (${entry.event.type})`),
+    h('pre', { class: 'excerpt', 'data-testid': 'event-data' }, JSON.stringify(entry.event.data, null, 2)));
+}
 
 /// A delivery's attempts, oldest first: result, the policy's reasoning, the response excerpt, and per attempt the
 /// request headers as sent (signatures and credentials arrive `<redacted>` from the API) and the response's.
@@ -609,6 +617,7 @@ async function loadFoundDelivery() {
     h('dl', { class: 'facts' },
       ...[['Event', `${d.event_id} (${d.event_type})`], ['Subscription', d.subscription_id], ['State', d.state], ['Attempts', String(d.attempts_made)]]
         .map(([k, v]) => h('div', { 'data-fact': k }, h('dt', {}, k), h('dd', {}, v)))),
+    eventBody(d),
     h('div', { class: 'toolbar' },
       d.replayable ? h('button', { type: 'button', id: 'found-resend', 'data-key': 'found-resend', onclick: () => resendFound(d) }, 'Resend…')
         : h('span', { class: 'muted' }, d.state === 'pending' ? 'Not finished yet: it can be resent once it is.' : 'Its event is no longer stored: it cannot be resent.')),

@@ -87,6 +87,16 @@ pub struct ListQuery {
     after: Option<String>,
     /// Only this tenant's subscriptions (a tenant credential always gets only its own).
     tenant: Option<String>,
+    /// `success_24h`: add each item's last 24 h of outcomes (one delivery-log query for the page). Off by default,
+    /// so a plain page costs only the subscription index.
+    include: Option<Include>,
+}
+
+#[derive(Deserialize, Clone, Copy, PartialEq, Eq)]
+#[serde(rename_all = "snake_case")]
+pub enum Include {
+    #[serde(rename = "success_24h")]
+    Success24h,
 }
 
 /// The header that makes a create safe to retry.
@@ -227,7 +237,9 @@ pub async fn list(
     };
     let page = s.subs.page(tenant.as_deref(), q.after.as_deref(), limit);
     let mut items: Vec<Value> = page.items.iter().map(|e| view(&s, e)).collect();
-    add_success_24h(&s, &mut items, &page.items).await;
+    if q.include == Some(Include::Success24h) {
+        add_success_24h(&s, &mut items, &page.items).await;
+    }
     let next = if page.more { page.items.last().map(|e| e.sub.id.clone()) } else { None };
     Ok(Json(json!({"items": items, "next_after": next})))
 }
