@@ -2,8 +2,10 @@
 //! for 600 s) to 8 healthy subscriptions and 2 whose first attempt fails (so every one of their deliveries goes
 //! through a retry tier and the retry-scheduler), while a short-lived, rate-limited subscription is created, sent
 //! to and deleted every 5 s (the dispatcher's per-endpoint maps must forget it). Each service's RSS is sampled every
-//! 10 s; the report compares the end of the run with the sample a quarter of the way in (after warm-up and the
-//! first allocations), per process.
+//! 10 s. A leak is a slope that goes on: the target is the growth over the second half of the run (from the sample at
+//! half-time to the end), per process; the growth from a quarter of the way in (after warm-up and the first
+//! allocations) is printed beside it. A load peak (a shared machine) raises RSS once, and the allocator keeps the
+//! pages, which the second half does not count against it.
 
 use std::sync::atomic::Ordering;
 use std::sync::Arc;
@@ -20,8 +22,8 @@ const HEALTHY: usize = 8;
 const RETRIED: usize = 2;
 const SAMPLE_EVERY: Duration = Duration::from_secs(10);
 const CHURN_EVERY: Duration = Duration::from_secs(5);
-/// Growth from the quarter-way sample to the end that still counts as flat.
-const FLAT_PCT: f64 = 10.0;
+/// Growth over the second half of the run that still counts as flat.
+const FLAT_PCT: f64 = 5.0;
 
 fn retry_policy() -> anyhow::Result<String> {
     let mut p = hookline_core::policy::builtin("standard").expect("built-in profile");
@@ -104,7 +106,8 @@ pub async fn run(args: &BenchArgs) -> anyhow::Result<(Map<String, Value>, bool)>
     let delivered = recv.state.ok.load(Ordering::Relaxed);
     drop(recv);
 
-    let quarter = samples.iter().find(|(at, _)| *at >= args.duration_s as f64 / 4.0).copied().unwrap_or(samples[0]);
+    let at_fraction = |f: f64| samples.iter().find(|(at, _)| *at >= args.duration_s as f64 * f).copied().unwrap_or(samples[0]);
+    let (quarter, half) = (at_fraction(0.25), at_fraction(0.5));
     let end = *samples.last().expect("sampled at least at the end");
     let mut out = Map::new();
     out.insert("events".into(), json!(total));
@@ -119,18 +122,20 @@ pub async fn run(args: &BenchArgs) -> anyhow::Result<(Map<String, Value>, bool)>
     out.insert("samples_columns".into(), json!(["at_s", NAMES[0], NAMES[1], NAMES[2]]));
     let mut rows = vec![row("events", total, "", None), row("subscriptions created and deleted", churned, "", None)];
     let mut met = true;
+    let pct = |from: f64, to: f64| if from > 0.0 { (to - from) / from * 100.0 } else { f64::NAN };
     for (i, name) in NAMES.iter().enumerate() {
-        let (from, to) = (quarter.1[i], end.1[i]);
-        let growth = if from > 0.0 { (to - from) / from * 100.0 } else { f64::NAN };
-        let flat = growth <= FLAT_PCT;
+        let (from, mid, to) = (quarter.1[i], half.1[i], end.1[i]);
+        let (growth, second_half) = (pct(from, to), pct(mid, to));
+        let flat = second_half <= FLAT_PCT;
         met &= flat;
         out.insert(
             (*name).into(),
-            json!({"rss_mb_at_quarter": round(from, 1), "rss_mb_at_end": round(to, 1), "growth_pct": round(growth, 1),
+            json!({"rss_mb_at_quarter": round(from, 1), "rss_mb_at_half": round(mid, 1), "rss_mb_at_end": round(to, 1),
+                   "growth_pct": round(growth, 1), "second_half_growth_pct": round(second_half, 1),
                    "rss_mb_max": round(samples.iter().map(|s| s.1[i]).fold(0.0, f64::max), 1)}),
         );
-        rows.push(row(name, format!("{from:.1} → {to:.1} MB ({growth:+.1} %)"), format!("≤ +{FLAT_PCT:.0} %"), Some(flat)));
+        rows.push(row(name, format!("{mid:.1} → {to:.1} MB ({second_half:+.1} %; {growth:+.1} % from {from:.1})"), format!("≤ +{FLAT_PCT:.0} %"), Some(flat)));
     }
-    print_table(&format!("steady: RSS from {:.0} s to {:.0} s, no scrape", quarter.0, end.0), &rows);
+    print_table(&format!("steady: RSS from {:.0} s to {:.0} s (from {:.0} s), no scrape", half.0, end.0, quarter.0), &rows);
     Ok((out, met))
 }
