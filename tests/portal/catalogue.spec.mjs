@@ -6,77 +6,31 @@
 
 import { test, before, after } from 'node:test';
 import assert from 'node:assert/strict';
-import { mkdtempSync, readFileSync, rmSync } from 'node:fs';
-import { tmpdir } from 'node:os';
+import { API, TOKEN, WAIT, api, launch, required, until } from './harness.mjs';
+import { readFileSync } from 'node:fs';
 import { dirname, join } from 'node:path';
-import { chromium } from 'playwright-core';
 
-const API = required('HOOKLINE_API');
 const RECEIVER = required('HOOKLINE_RECEIVER');
-const TOKEN = process.env.HOOKLINE_TOKEN || 'dev-token-not-for-production';
 // scripts/test-portal writes hookline dev's output next to the screenshot.
 const SCREENSHOT = process.env.PORTAL_SCREENSHOT || 'target/portal-screenshot.png';
 const DEV_LOG = join(dirname(SCREENSHOT), 'portal-dev.log');
-const WAIT = 60_000;
 const TYPE = 'catalogue.order.created';
 
-function required(name) {
-  const v = process.env[name];
-  if (!v) throw new Error(`${name} is not set: run this through scripts/test-portal`);
-  return v;
-}
-
-let context;
+let browser;
 let page;
-let userDataDir;
-const pageErrors = [];
 const made = { sub: null, other: null, type: false };
 
-async function api(method, path, body) {
-  const r = await fetch(API + path, {
-    method,
-    headers: { authorization: `Bearer ${TOKEN}`, 'content-type': 'application/json' },
-    body: body === undefined ? undefined : JSON.stringify(body),
-  });
-  const text = await r.text();
-  return { status: r.status, body: text ? JSON.parse(text) : null };
-}
-
-async function until(what, fn, ms = WAIT) {
-  const end = Date.now() + ms;
-  while (Date.now() < end) {
-    const v = await fn();
-    if (v) return v;
-    await new Promise((r) => setTimeout(r, 250));
-  }
-  throw new Error(`timed out waiting for ${what}`);
-}
-
 before(async () => {
-  userDataDir = mkdtempSync(join(tmpdir(), 'hookline-catalogue-chromium-'));
-  context = await chromium.launchPersistentContext(userDataDir, {
-    executablePath: '/usr/bin/chromium',
-    headless: true,
-    args: ['--headless', '--no-sandbox', '--disable-gpu', '--disable-quic', '--no-first-run', '--disable-background-networking',
-      '--disable-component-update', '--disable-sync'],
-    viewport: { width: 1366, height: 900 },
-    timeout: WAIT,
-  });
-  context.setDefaultTimeout(WAIT);
-  page = context.pages()[0] ?? (await context.newPage());
-  page.on('pageerror', (e) => pageErrors.push(`page error: ${e.message}`));
-  page.on('console', (m) => {
-    // The delivery is asked for before the log has indexed it (404), which the page expects.
-    if (m.type() === 'error' && !/status of 404|net::/.test(m.text())) pageErrors.push(`console: ${m.text()}`);
-  });
+  // The delivery is asked for before the log has indexed it (404), which the page expects.
+  browser = await launch('catalogue', { expected: /status of 404|net::/ });
+  page = browser.page;
 });
 
 after(async () => {
   // Leave hookline dev as it was: an empty catalogue constrains no one's subscriptions.
   for (const id of [made.sub, made.other]) if (id) await api('DELETE', `/v1/subscriptions/${id}`);
   if (made.type) await api('DELETE', `/v1/event-types/${TYPE}`);
-  await context?.close();
-  if (userDataDir) rmSync(userDataDir, { recursive: true, force: true });
+  await browser?.close();
 });
 
 test('the catalogue and the test-event button', async (t) => {
@@ -148,5 +102,5 @@ test('the catalogue and the test-event button', async (t) => {
     await api('DELETE', `/v1/subscriptions/${made.other}`);
   });
 
-  assert.deepEqual(pageErrors, []);
+  assert.deepEqual(browser.pageErrors, []);
 });

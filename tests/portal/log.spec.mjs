@@ -7,30 +7,16 @@
 
 import { test, before, after } from 'node:test';
 import assert from 'node:assert/strict';
+import { API, TOKEN, WAIT, api, launch, until } from './harness.mjs';
 import { createServer } from 'node:http';
-import { mkdtempSync, rmSync } from 'node:fs';
-import { tmpdir } from 'node:os';
-import { join } from 'node:path';
-import { chromium } from 'playwright-core';
 
-const API = required('HOOKLINE_API');
-const TOKEN = process.env.HOOKLINE_TOKEN || 'dev-token-not-for-production';
 const SCREENSHOT = (process.env.PORTAL_SCREENSHOT || 'target/portal-screenshot.png').replace(/\.png$/, '-log.png');
-const WAIT = 60_000;
 
-function required(name) {
-  const v = process.env[name];
-  if (!v) throw new Error(`${name} is not set: run this through scripts/test-portal`);
-  return v;
-}
-
-let context;
+let browser;
 let page;
-let userDataDir;
 let receiver;
 let receiverUrl;
 const received = [];
-const pageErrors = [];
 
 before(async () => {
   // The receiver: records every request, answers 200 with a header the portal must show.
@@ -46,49 +32,14 @@ before(async () => {
   await new Promise((resolve) => receiver.listen(0, '127.0.0.1', resolve));
   receiverUrl = `http://127.0.0.1:${receiver.address().port}`;
 
-  userDataDir = mkdtempSync(join(tmpdir(), 'hookline-portal-log-chromium-'));
-  context = await chromium.launchPersistentContext(userDataDir, {
-    executablePath: '/usr/bin/chromium',
-    headless: true,
-    args: ['--headless', '--no-sandbox', '--disable-gpu', '--disable-quic', '--no-first-run', '--disable-background-networking',
-      '--disable-component-update', '--disable-sync'],
-    viewport: { width: 1366, height: 900 },
-    timeout: WAIT,
-  });
-  context.setDefaultTimeout(WAIT);
-  page = context.pages()[0] ?? (await context.newPage());
-  page.on('pageerror', (e) => pageErrors.push(`page error: ${e.message}`));
-  page.on('console', (m) => {
-    if (m.type() === 'error' && !/net::/.test(m.text())) pageErrors.push(`console: ${m.text()}`);
-  });
+  browser = await launch('portal-log', { expected: /net::/ });
+  page = browser.page;
 });
 
 after(async () => {
-  await context?.close();
-  if (userDataDir) rmSync(userDataDir, { recursive: true, force: true });
+  await browser?.close();
   await new Promise((resolve) => (receiver ? receiver.close(resolve) : resolve()));
 });
-
-async function api(method, path, body) {
-  const r = await fetch(API + path, {
-    method,
-    headers: { authorization: `Bearer ${TOKEN}`, 'content-type': 'application/json' },
-    body: body === undefined ? undefined : JSON.stringify(body),
-  });
-  const text = await r.text();
-  return { status: r.status, body: text ? JSON.parse(text) : null };
-}
-
-async function until(what, fn, ms = WAIT) {
-  const end = Date.now() + ms;
-  let last;
-  while (Date.now() < end) {
-    last = await fn();
-    if (last) return last;
-    await new Promise((r) => setTimeout(r, 250));
-  }
-  throw new Error(`timed out waiting for ${what}`);
-}
 
 /// The value shown for `name` in one of the attempt's header tables.
 async function shownHeader(table, name) {
@@ -175,6 +126,6 @@ test('the delivery log in the portal: search, attempt detail, resend', async (t)
     assert.equal(received[1].body, received[0].body, 'the same event');
     // The portal's delivery view refreshes to the resend's attempt.
     await until('two attempts in the portal', async () => (await page.locator('#found-delivery table.attempts > tbody > tr').count()) === 2);
-    assert.deepEqual(pageErrors, []);
+    assert.deepEqual(browser.pageErrors, []);
   });
 });

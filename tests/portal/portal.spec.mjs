@@ -10,74 +10,25 @@
 
 import { test, before, after } from 'node:test';
 import assert from 'node:assert/strict';
+import { API, TOKEN, WAIT, api, launch, required, until } from './harness.mjs';
 import { execFileSync } from 'node:child_process';
-import { mkdtempSync, rmSync } from 'node:fs';
-import { tmpdir } from 'node:os';
-import { join } from 'node:path';
-import { chromium } from 'playwright-core';
 
-const API = required('HOOKLINE_API');
 const RECEIVER = required('HOOKLINE_RECEIVER');
-const TOKEN = process.env.HOOKLINE_TOKEN || 'dev-token-not-for-production';
 const BIN = process.env.HOOKLINE_BIN || 'target/debug/hookline';
 const SCREENSHOT = process.env.PORTAL_SCREENSHOT || 'target/portal-screenshot.png';
-const WAIT = 60_000;
 
-function required(name) {
-  const v = process.env[name];
-  if (!v) throw new Error(`${name} is not set: run this through scripts/test-portal`);
-  return v;
-}
-
-let context;
+let browser;
 let page;
-let userDataDir;
-const pageErrors = [];
 
 before(async () => {
-  userDataDir = mkdtempSync(join(tmpdir(), 'hookline-portal-chromium-'));
-  context = await chromium.launchPersistentContext(userDataDir, {
-    executablePath: '/usr/bin/chromium',
-    headless: true,
-    args: ['--headless', '--no-sandbox', '--disable-gpu', '--disable-quic', '--no-first-run', '--disable-background-networking',
-      '--disable-component-update', '--disable-sync'],
-    viewport: { width: 1366, height: 900 },
-    timeout: WAIT,
-  });
-  context.setDefaultTimeout(WAIT);
-  page = context.pages()[0] ?? (await context.newPage());
-  page.on('pageerror', (e) => pageErrors.push(`page error: ${e.message}`));
-  page.on('console', (m) => {
-    // 401s of the wrong-token steps and aborted requests of the API-down step are expected; nothing else is.
-    if (m.type() === 'error' && !/status of 401|ERR_FAILED|net::/.test(m.text())) pageErrors.push(`console: ${m.text()}`);
-  });
+  // 401s of the wrong-token steps and aborted requests of the API-down step are expected; nothing else is.
+  browser = await launch('portal', { expected: /status of 401|ERR_FAILED|net::/ });
+  page = browser.page;
 });
 
 after(async () => {
-  await context?.close();
-  if (userDataDir) rmSync(userDataDir, { recursive: true, force: true });
+  await browser?.close();
 });
-
-async function api(method, path, body) {
-  const r = await fetch(API + path, {
-    method,
-    headers: { authorization: `Bearer ${TOKEN}`, 'content-type': 'application/json' },
-    body: body === undefined ? undefined : JSON.stringify(body),
-  });
-  const text = await r.text();
-  return { status: r.status, body: text ? JSON.parse(text) : null };
-}
-
-async function until(what, fn, ms = WAIT) {
-  const end = Date.now() + ms;
-  let last;
-  while (Date.now() < end) {
-    last = await fn();
-    if (last) return last;
-    await new Promise((r) => setTimeout(r, 250));
-  }
-  throw new Error(`timed out waiting for ${what}`);
-}
 
 async function switchReceiver(mode) {
   const r = await fetch(`${RECEIVER}/switch/control`, { method: 'POST', body: mode });
@@ -283,6 +234,6 @@ test('the portal, end to end', async (t) => {
   });
 
   await t.test('no script error and no content-security-policy violation', () => {
-    assert.deepEqual(pageErrors, []);
+    assert.deepEqual(browser.pageErrors, []);
   });
 });

@@ -10,86 +10,33 @@
 
 import { test, before, after } from 'node:test';
 import assert from 'node:assert/strict';
-import { mkdtempSync, rmSync } from 'node:fs';
-import { tmpdir } from 'node:os';
-import { join } from 'node:path';
-import { chromium } from 'playwright-core';
+import { API, WAIT, api, launch, required, until } from './harness.mjs';
 
-const API = required('HOOKLINE_API');
 const RECEIVER = required('HOOKLINE_RECEIVER');
-const TOKEN = process.env.HOOKLINE_TOKEN || 'dev-token-not-for-production';
 const SCREENSHOT = (process.env.PORTAL_SCREENSHOT || 'target/portal-screenshot.png').replace(/\.png$/, '-tenant.png');
-const WAIT = 60_000;
 // Names of this run only: the dev server may hold what earlier specs made.
 const RUN = Date.now().toString(36);
 const A = { id: `alpha-${RUN}`, name: `Alpha ${RUN}` };
 const B = { id: `beta-${RUN}`, name: `Beta ${RUN}` };
 const TYPE = `tn${RUN}.ping`;
 
-function required(name) {
-  const v = process.env[name];
-  if (!v) throw new Error(`${name} is not set: run this through scripts/test-portal`);
-  return v;
-}
-
-let context;
+let browser;
 let page;
-let userDataDir;
-const pageErrors = [];
 
 before(async () => {
-  userDataDir = mkdtempSync(join(tmpdir(), 'hookline-portal-tenant-'));
-  context = await chromium.launchPersistentContext(userDataDir, {
-    executablePath: '/usr/bin/chromium',
-    headless: true,
-    args: ['--headless', '--no-sandbox', '--disable-gpu', '--disable-quic', '--no-first-run', '--disable-background-networking',
-      '--disable-component-update', '--disable-sync'],
-    viewport: { width: 1280, height: 900 },
-    timeout: WAIT,
-  });
-  context.setDefaultTimeout(WAIT);
-  page = context.pages()[0] ?? (await context.newPage());
-  watch(page);
+  // The refused calls this story makes on purpose (expired link 401, read-only 403, tampered id 404).
+  browser = await launch('portal-tenant', { expected: /status of (401|403|404)/, viewport: { width: 1280, height: 900 } });
+  page = browser.page;
 });
 
 after(async () => {
-  await context?.close();
-  if (userDataDir) rmSync(userDataDir, { recursive: true, force: true });
+  await browser?.close();
 });
-
-function watch(p) {
-  p.on('pageerror', (e) => pageErrors.push(`page error: ${e.message}`));
-  p.on('console', (m) => {
-    // The refused calls this story makes on purpose (expired link 401, read-only 403, tampered id 404) log a
-    // resource error; nothing else may.
-    if (m.type() === 'error' && !/status of (401|403|404)/.test(m.text())) pageErrors.push(`console: ${m.text()}`);
-  });
-}
-
-async function api(method, path, body, token = TOKEN) {
-  const r = await fetch(API + path, {
-    method,
-    headers: { authorization: `Bearer ${token}`, 'content-type': 'application/json' },
-    body: body === undefined ? undefined : JSON.stringify(body),
-  });
-  const text = await r.text();
-  return { status: r.status, body: text ? JSON.parse(text) : null };
-}
 
 async function must(status, method, path, body, token) {
   const r = await api(method, path, body, token);
   assert.equal(r.status, status, `${method} ${path}: ${JSON.stringify(r.body)}`);
   return r.body;
-}
-
-async function until(what, fn, ms = WAIT) {
-  const end = Date.now() + ms;
-  while (Date.now() < end) {
-    const v = await fn();
-    if (v) return v;
-    await new Promise((r) => setTimeout(r, 250));
-  }
-  throw new Error(`timed out waiting for ${what}`);
 }
 
 async function link(tenant, opts = {}) {
@@ -265,6 +212,6 @@ test('the portal through a tenant’s portal link', async (t) => {
   });
 
   await t.test('no script error and no content-security-policy violation', () => {
-    assert.deepEqual(pageErrors, []);
+    assert.deepEqual(browser.pageErrors, []);
   });
 });

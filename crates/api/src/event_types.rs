@@ -51,19 +51,15 @@ pub struct CreateEventType {
 pub struct UpdateEventType {
     description: Option<String>,
     /// Replaces the schema; `null` removes it.
-    #[serde(default, deserialize_with = "present")]
+    #[serde(default, deserialize_with = "crate::present")]
     schema: Option<Value>,
     /// Replaces every example (`[]` removes them).
     examples: Option<Vec<Value>>,
     /// `null`: back to `ingest.schema_validation`.
-    #[serde(default, deserialize_with = "present")]
+    #[serde(default, deserialize_with = "crate::present")]
     validation: Option<Value>,
 }
 
-/// A field that is present, even as `null` (which a plain `Option` would read as absent).
-fn present<'de, D: serde::Deserializer<'de>>(d: D) -> Result<Option<Value>, D::Error> {
-    Value::deserialize(d).map(Some)
-}
 
 #[derive(Deserialize)]
 #[serde(deny_unknown_fields)]

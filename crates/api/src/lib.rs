@@ -39,6 +39,12 @@ use hookline_kafka::client::Producer as FutureProducer;
 use serde::de::DeserializeOwned;
 use serde_json::json;
 
+/// A request field that is present, even as `null` (which a plain `Option` reads as absent): `null` then means
+/// "back to the default" in a PATCH.
+pub(crate) fn present<'de, D: serde::Deserializer<'de>>(d: D) -> Result<Option<serde_json::Value>, D::Error> {
+    <serde_json::Value as serde::Deserialize>::deserialize(d).map(Some)
+}
+
 pub struct ApiState {
     pub topics: Topics,
     pub producer: FutureProducer,

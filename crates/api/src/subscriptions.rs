@@ -67,17 +67,13 @@ pub struct UpdateSubscription {
     /// Replaces every custom header (`{}` removes them all).
     headers: Option<HashMap<String, String>>,
     /// Replaces the payload filter; `null` removes it.
-    #[serde(default, deserialize_with = "present")]
+    #[serde(default, deserialize_with = "crate::present")]
     filter: Option<Value>,
     /// 0 = back to the policy's default (or none).
     rate_limit_per_s: Option<u32>,
     burst: Option<u32>,
 }
 
-/// A field that is present, even as `null` (which a plain `Option` would read as absent).
-fn present<'de, D: serde::Deserializer<'de>>(d: D) -> Result<Option<Value>, D::Error> {
-    Value::deserialize(d).map(Some)
-}
 
 #[derive(Deserialize)]
 #[serde(deny_unknown_fields)]

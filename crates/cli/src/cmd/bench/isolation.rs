@@ -20,26 +20,14 @@ const HANGING: usize = 2;
 const HANG_TIMEOUT_MS: u64 = 2_000;
 
 fn hang_policy() -> anyhow::Result<String> {
-    let mut p = hookline_core::policy::builtin("standard").expect("built-in profile");
-    p.name = "bench-hang".into();
+    let mut p = super::policies::one_retry("bench-hang", 1.0);
     p.attempt.timeout_ms = HANG_TIMEOUT_MS;
-    p.schedule.waits_s = Some(vec![1.0]);
-    p.schedule.exponential = None;
-    p.schedule.max_attempts = Some(2);
-    p.schedule.jitter = None;
-    p.schedule.max_window_s = None;
     Ok(toml::to_string(&p)?)
 }
 
 /// The 429 + Retry-After endpoints' policy: one retry, and adaptive concurrency that pauses on Retry-After.
 fn rate_limited_policy(per_sub: usize) -> anyhow::Result<String> {
-    let mut p = hookline_core::policy::builtin("standard").expect("built-in profile");
-    p.name = "bench-rate-limited".into();
-    p.schedule.waits_s = Some(vec![1.0]);
-    p.schedule.exponential = None;
-    p.schedule.max_attempts = Some(2);
-    p.schedule.jitter = None;
-    p.schedule.max_window_s = None;
+    let mut p = super::policies::one_retry("bench-rate-limited", 1.0);
     p.concurrency = Some(hookline_core::policy::ConcurrencyRule {
         min: 1,
         max: u32::try_from(per_sub).unwrap_or(u32::MAX).max(1),

@@ -17,6 +17,7 @@ mod memory;
 mod receiver;
 mod retry_precision;
 mod scale;
+mod policies;
 mod stats;
 mod steady;
 mod throughput;

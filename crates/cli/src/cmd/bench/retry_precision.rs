@@ -29,14 +29,7 @@ struct Case {
 }
 
 fn quick_policy(wait_s: u64) -> anyhow::Result<String> {
-    let mut p = hookline_core::policy::builtin("standard").expect("built-in profile");
-    p.name = format!("bench-wait-{wait_s}s");
-    p.schedule.waits_s = Some(vec![wait_s as f64]);
-    p.schedule.exponential = None;
-    p.schedule.max_attempts = Some(2);
-    p.schedule.jitter = None;
-    p.schedule.max_window_s = None;
-    Ok(toml::to_string(&p)?)
+    Ok(toml::to_string(&super::policies::one_retry(&format!("bench-wait-{wait_s}s"), wait_s as f64))?)
 }
 
 pub async fn run(args: &BenchArgs) -> anyhow::Result<(Map<String, Value>, bool)> {

@@ -26,14 +26,7 @@ const CHURN_EVERY: Duration = Duration::from_secs(5);
 const FLAT_PCT: f64 = 5.0;
 
 fn retry_policy() -> anyhow::Result<String> {
-    let mut p = hookline_core::policy::builtin("standard").expect("built-in profile");
-    p.name = "bench-steady-retry".into();
-    p.schedule.waits_s = Some(vec![1.0]);
-    p.schedule.exponential = None;
-    p.schedule.max_attempts = Some(2);
-    p.schedule.jitter = None;
-    p.schedule.max_window_s = None;
-    Ok(toml::to_string(&p)?)
+    Ok(toml::to_string(&super::policies::one_retry("bench-steady-retry", 1.0))?)
 }
 
 pub async fn run(args: &BenchArgs) -> anyhow::Result<(Map<String, Value>, bool)> {
