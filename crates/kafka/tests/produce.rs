@@ -4,7 +4,7 @@
 
 use std::time::Duration;
 
-use hookline_kafka::client::producer;
+use hookline_kafka::client::{producer, Producer};
 use hookline_kafka::mock::DevBroker;
 use hookline_kafka::produce::{send_until_acked, ShutDown};
 use hookline_kafka::scan::scan_partitions;
@@ -17,17 +17,22 @@ fn settings(broker: &DevBroker) -> KafkaSettings {
     KafkaSettings { bootstrap_servers: broker.bootstrap_servers(), delivery_timeout_ms: 1_000, ..KafkaSettings::default() }
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_record_is_written_once_after_an_outage_longer_than_the_delivery_timeout() {
-    let topics = Topics::new("pu");
+/// A broker, a producer that has written one record (`before`) to `topic`, so the outage hits an established
+/// producer, and the broker then taken down.
+async fn producer_in_an_outage(prefix: &str) -> (DevBroker, KafkaSettings, Producer, String) {
+    let topics = Topics::new(prefix);
     let broker = DevBroker::start(&topics, 1, 1).unwrap();
     let settings = settings(&broker);
     let p = producer(&settings, "produce-test").unwrap();
     let topic = topics.attempts().to_owned();
-    // Connected first, so the outage hits an established producer.
     send_until_acked(&p, &topic, "k0", b"before", None, &CancellationToken::new()).await.unwrap();
-
     broker.cluster().broker_down(1).unwrap();
+    (broker, settings, p, topic)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_record_is_written_once_after_an_outage_longer_than_the_delivery_timeout() {
+    let (broker, settings, p, topic) = producer_in_an_outage("pu").await;
     let stop = CancellationToken::new();
     let send = tokio::spawn({
         let (p, topic, stop) = (p.clone(), topic.clone(), stop.clone());
@@ -51,12 +56,7 @@ async fn a_record_is_written_once_after_an_outage_longer_than_the_delivery_timeo
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn shutting_down_during_an_outage_answers_shut_down_instead_of_waiting() {
-    let topics = Topics::new("ps");
-    let broker = DevBroker::start(&topics, 1, 1).unwrap();
-    let p = producer(&settings(&broker), "produce-test").unwrap();
-    let topic = topics.attempts().to_owned();
-    send_until_acked(&p, &topic, "k0", b"before", None, &CancellationToken::new()).await.unwrap();
-    broker.cluster().broker_down(1).unwrap();
+    let (_broker, _, p, topic) = producer_in_an_outage("ps").await;
     let stop = CancellationToken::new();
     let send = tokio::spawn({
         let (p, topic, stop) = (p.clone(), topic.clone(), stop.clone());
