@@ -23,7 +23,7 @@ pub struct Forgotten {
 }
 
 /// Drops every entry of a subscription `is_live` denies, and every route no live egress key uses.
-pub fn sweep(ctx: &Ctx, is_live: impl Fn(&str) -> bool, live_egress_keys: &HashSet<String>) -> Forgotten {
+pub fn sweep(ctx: &Ctx, is_live: impl Fn(&str) -> bool, live_egress_keys: &HashSet<&str>) -> Forgotten {
     let endpoints = ctx.rates.retain(&is_live)
         + ctx.breakers.retain(&is_live)
         + ctx.limits.retain(&is_live)
@@ -38,7 +38,8 @@ pub async fn forget_deleted_every(ctx: Arc<Ctx>, every: Duration, stop: Cancella
             _ = tokio::time::sleep(every) => {}
             _ = stop.cancelled() => return,
         }
-        let live_keys: HashSet<String> = ctx.subs.all().iter().map(|e| e.egress_key.clone()).collect();
+        let all = ctx.subs.all();
+        let live_keys: HashSet<&str> = all.iter().map(|e| e.egress_key.as_str()).collect();
         let forgotten = sweep(&ctx, |id| ctx.subs.get(id).is_some(), &live_keys);
         if forgotten != Forgotten::default() {
             tracing::debug!(endpoints = forgotten.endpoints, routes = forgotten.routes, "forgot deleted subscriptions");
