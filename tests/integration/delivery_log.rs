@@ -206,14 +206,7 @@ async fn postgres_url() -> Option<String> {
     };
     static N: std::sync::atomic::AtomicU32 = std::sync::atomic::AtomicU32::new(0);
     let name = format!("hl_it_{}_{}", std::process::id(), N.fetch_add(1, std::sync::atomic::Ordering::Relaxed));
-    let (client, conn) = tokio_postgres::connect(&admin, tokio_postgres::NoTls).await.expect("the test server answers");
-    let task = tokio::spawn(conn);
-    client.batch_execute(&format!("DROP DATABASE IF EXISTS {name}")).await.unwrap();
-    client.batch_execute(&format!("CREATE DATABASE {name}")).await.unwrap();
-    drop(client);
-    let _ = task.await;
-    let (base, _) = admin.rsplit_once('/').expect("a URL with a database name");
-    Some(format!("{base}/{name}"))
+    Some(hookline_log::postgres::create_database(&admin, &name).await.expect("the test server makes a database"))
 }
 
 fn header<'a>(headers: &'a Value, name: &str) -> Option<&'a str> {

@@ -90,13 +90,7 @@ async fn a_standalone_indexer_fills_a_postgres_store_and_stops_on_sigterm() {
         }
     };
     let name = format!("hl_cli_index_{}", std::process::id());
-    let (client, conn) = tokio_postgres::connect(&admin, tokio_postgres::NoTls).await.expect("the test server answers");
-    let task = tokio::spawn(conn);
-    client.batch_execute(&format!("DROP DATABASE IF EXISTS {name}")).await.unwrap();
-    client.batch_execute(&format!("CREATE DATABASE {name}")).await.unwrap();
-    drop(client);
-    let _ = task.await;
-    let url = format!("{}/{name}", admin.rsplit_once('/').unwrap().0);
+    let url = hookline_log::postgres::create_database(&admin, &name).await.expect("the test server makes a database");
 
     let topics = hookline_kafka::Topics::new("hookline.");
     let broker = hookline_kafka::mock::DevBroker::start(&topics, 2, 2).expect("mock broker");

@@ -504,3 +504,29 @@ mod tests {
         assert_eq!(day_of_name("attempts", "events_d20260105"), None);
     }
 }
+
+/// Makes a new, empty database `name` on the server `server_url` points at (a URL naming a database the user may
+/// connect to, e.g. `…/postgres`), dropping one of that name first; returns the new database's URL. For scratch
+/// stores: tests and `hookline bench log`. `name` must be a plain identifier (it is not quoted).
+pub async fn create_database(server_url: &str, name: &str) -> Result<String, StoreError> {
+    let (base, _) = server_url
+        .rsplit_once('/')
+        .ok_or_else(|| StoreError::Target(format!("{server_url:?} names no database (…/postgres)")))?;
+    let (client, connection) = tokio_postgres::connect(server_url, NoTls).await.map_err(|e| StoreError::Open(crate::pg_message(&e)))?;
+    let task = tokio::spawn(connection);
+    client.batch_execute(&format!("DROP DATABASE IF EXISTS {name}")).await?;
+    client.batch_execute(&format!("CREATE DATABASE {name}")).await?;
+    drop(client);
+    let _ = task.await;
+    Ok(format!("{base}/{name}"))
+}
+
+/// Drops a database made by [`create_database`], closing its connections; best effort (a scratch store).
+pub async fn drop_database(server_url: &str, name: &str) {
+    if let Ok((client, connection)) = tokio_postgres::connect(server_url, NoTls).await {
+        let task = tokio::spawn(connection);
+        let _ = client.batch_execute(&format!("DROP DATABASE IF EXISTS {name} WITH (FORCE)")).await;
+        drop(client);
+        let _ = task.await;
+    }
+}

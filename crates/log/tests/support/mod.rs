@@ -55,12 +55,6 @@ pub fn postgres_admin_url() -> Option<String> {
 pub async fn postgres() -> Option<Target> {
     let admin = postgres_admin_url()?;
     let name = format!("hl_test_{}_{}", std::process::id(), N.fetch_add(1, Ordering::Relaxed));
-    let (client, conn) = tokio_postgres::connect(&admin, tokio_postgres::NoTls).await.expect("the test server answers");
-    let task = tokio::spawn(conn);
-    client.batch_execute(&format!("DROP DATABASE IF EXISTS {name}")).await.unwrap();
-    client.batch_execute(&format!("CREATE DATABASE {name}")).await.unwrap();
-    drop(client);
-    let _ = task.await;
-    let (base, _) = admin.rsplit_once('/').expect("a URL with a database name");
-    Some(Target::Postgres(format!("{base}/{name}")))
+    let url = hookline_log::postgres::create_database(&admin, &name).await.expect("the test server makes a database");
+    Some(Target::Postgres(url))
 }

@@ -160,21 +160,12 @@ async fn measure(target: &Target, attempts: u64, queries: usize) -> anyhow::Resu
 /// A scratch database on the server, dropped afterwards; the server's own database is only used to create it.
 async fn scratch(url: &str) -> anyhow::Result<(String, String)> {
     let name = format!("hookline_bench_{}", std::process::id());
-    let (client, conn) = tokio_postgres::connect(url, tokio_postgres::NoTls)
-        .await
-        .map_err(|e| anyhow::anyhow!("--postgres-url: {}", hookline_log::pg_message(&e)))?;
-    tokio::spawn(conn);
-    client.batch_execute(&format!("DROP DATABASE IF EXISTS {name}")).await?;
-    client.batch_execute(&format!("CREATE DATABASE {name}")).await?;
-    let (base, _) = url.rsplit_once('/').ok_or_else(|| anyhow::anyhow!("--postgres-url: needs a database name (…/postgres)"))?;
-    Ok((format!("{base}/{name}"), name))
+    let db_url = hookline_log::postgres::create_database(url, &name).await.map_err(|e| anyhow::anyhow!("--postgres-url: {e}"))?;
+    Ok((db_url, name))
 }
 
 async fn drop_scratch(url: &str, name: &str) {
-    if let Ok((client, conn)) = tokio_postgres::connect(url, tokio_postgres::NoTls).await {
-        tokio::spawn(conn);
-        let _ = client.batch_execute(&format!("DROP DATABASE IF EXISTS {name} WITH (FORCE)")).await;
-    }
+    hookline_log::postgres::drop_database(url, name).await;
 }
 
 pub async fn run(args: &BenchArgs) -> anyhow::Result<(Map<String, Value>, bool)> {
