@@ -11,7 +11,7 @@ use rdkafka::{Offset, TopicPartitionList};
 use serde_json::json;
 use tokio_util::sync::CancellationToken;
 
-use crate::support::{wait_for, Pipeline};
+use crate::support::{wait_for, Pipeline, ReceiverState};
 
 const LIMIT: Duration = Duration::from_secs(60);
 
@@ -31,11 +31,28 @@ async fn publish_n(p: &Pipeline, prefix: &str, event_type: &str, n: usize) {
 
 /// Waits until `path` received `n` requests.
 async fn wait_requests(p: &Pipeline, path: &str, n: usize, limit: Duration) {
-    let seen = p.seen.clone();
-    wait_for(&p.seen.changed, limit, &format!("{n} requests to {path}"), || {
-        seen.requests.lock().unwrap().iter().filter(|r| r.path == path).count() >= n
+    wait_received(&p.seen, path, n, limit).await;
+}
+
+async fn wait_received(seen: &Arc<ReceiverState>, path: &str, n: usize, limit: Duration) {
+    let s = seen.clone();
+    wait_for(&seen.changed, limit, &format!("{n} requests to {path}"), || {
+        s.requests.lock().unwrap().iter().filter(|r| r.path == path).count() >= n
     })
     .await;
+}
+
+fn event_ids(seen: &ReceiverState, path: &str) -> Vec<String> {
+    let mut ids: Vec<String> = seen
+        .requests
+        .lock()
+        .unwrap()
+        .iter()
+        .filter(|r| r.path == path)
+        .map(|r| r.headers["webhook-id"].to_str().unwrap().to_owned())
+        .collect();
+    ids.sort();
+    ids
 }
 
 /// The parked positions as the compacted topic says (the last record per subscription; `None` = tombstone).
@@ -100,9 +117,7 @@ async fn a_long_paused_subscription_does_not_hold_back_the_resume_of_another_on_
     assert_eq!(status, 200);
     wait_requests(&p, "b", 3, Duration::from_secs(15)).await;
     let waited = resumed.elapsed();
-    let mut ids: Vec<String> = p.requests_to("b").iter().map(|r| r.headers["webhook-id"].to_str().unwrap().to_owned()).collect();
-    ids.sort();
-    assert_eq!(ids, ["evt_b0", "evt_b1", "evt_b2"], "B's held deliveries, each once");
+    assert_eq!(event_ids(&p.seen, "b"), ["evt_b0", "evt_b1", "evt_b2"], "B's held deliveries, each once");
     assert!(p.requests_to("a").is_empty(), "A stays parked");
     eprintln!("B's held deliveries arrived {waited:?} after its resume, with A holding 30 on the partition");
 
@@ -120,11 +135,9 @@ async fn a_long_paused_subscription_does_not_hold_back_the_resume_of_another_on_
     let (status, _) = p.call("POST", &format!("/v1/subscriptions/{a}/resume"), None).await;
     assert_eq!(status, 200);
     wait_requests(&p, "a", 30, LIMIT).await;
-    let mut got: Vec<String> = p.requests_to("a").iter().map(|r| r.headers["webhook-id"].to_str().unwrap().to_owned()).collect();
-    got.sort();
     let mut want: Vec<String> = (0..30).map(|i| format!("evt_a{i}")).collect();
     want.sort();
-    assert_eq!(got, want, "A's parked deliveries, each once");
+    assert_eq!(event_ids(&p.seen, "a"), want, "A's parked deliveries, each once");
     assert_eq!(p.requests_to("b").len(), 3, "B's were not sent again");
     p.stop().await;
 }
@@ -151,16 +164,18 @@ async fn parked_deliveries_survive_a_restart_after_their_offsets_were_committed(
         tokio::time::sleep(Duration::from_millis(100)).await;
     }
     let bootstrap = p.config.kafka.bootstrap_servers.clone();
+    let secrets = p.config.secrets.clone();
+    // The receiver outlives the services (A's URL names it).
+    let receiver = p.seen.clone();
     p.stop().await;
 
-    // New processes on the same broker: they start after every held record, so only the parked position finds A's.
-    let p = Pipeline::start_at(None, &bootstrap, 1, |_| {}, true).await;
+    // New processes on the same broker (and master key): they start after every held record, so only the parked
+    // position finds A's.
+    let p = Pipeline::start_at(None, &bootstrap, 1, |c| c.secrets = secrets, true).await;
     let (status, _) = p.call("POST", &format!("/v1/subscriptions/{a}/resume"), None).await;
     assert_eq!(status, 200);
-    wait_requests(&p, "a", 5, Duration::from_secs(20)).await;
-    let mut got: Vec<String> = p.requests_to("a").iter().map(|r| r.headers["webhook-id"].to_str().unwrap().to_owned()).collect();
-    got.sort();
-    assert_eq!(got, ["evt_r0", "evt_r1", "evt_r2", "evt_r3", "evt_r4"]);
+    wait_received(&receiver, "a", 5, Duration::from_secs(20)).await;
+    assert_eq!(event_ids(&receiver, "a"), ["evt_r0", "evt_r1", "evt_r2", "evt_r3", "evt_r4"]);
     // Released: the position is removed.
     let items = parked.clone();
     wait_for(&parked.changed, LIMIT, "A's parked position removed", || matches!(last_parked(&items.items, &a), Some(None))).await;
