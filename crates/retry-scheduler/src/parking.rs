@@ -529,3 +529,185 @@ impl ReleaseJob {
         Ok(())
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use std::collections::HashSet;
+
+    use hookline_kafka::mock::DevBroker;
+
+    use super::*;
+
+    struct Fixture {
+        _broker: DevBroker,
+        settings: KafkaSettings,
+        topics: Topics,
+        producer: Producer,
+        active: Arc<Mutex<HashSet<String>>>,
+        stop: CancellationToken,
+        written: std::sync::atomic::AtomicUsize,
+    }
+
+    impl Fixture {
+        fn new() -> Self {
+            let topics = Topics::new("hookline.");
+            let broker = DevBroker::start(&topics, 1, 1).expect("mock broker");
+            let settings = hookline_service::Config::dev(&broker.bootstrap_servers(), 1, "t").kafka;
+            let producer = hookline_kafka::client::producer(&settings, "parking-test").unwrap();
+            Self { _broker: broker, settings, topics, producer, active: Arc::default(), stop: CancellationToken::new(), written: Default::default() }
+        }
+
+        async fn parking(&self) -> Parking {
+            let active = self.active.clone();
+            self.parking_with(Arc::new(move |id: &str| active.lock().unwrap().contains(id))).await
+        }
+
+        async fn parking_with(&self, releasable: Releasable) -> Parking {
+            let p = Parking::start(
+                &self.settings,
+                &self.topics,
+                "parking-test",
+                self.producer.clone(),
+                releasable,
+                Tracer::default(),
+                self.stop.clone(),
+                self.stop.clone(),
+            )
+            .await
+            .unwrap();
+            p.caught_up().await;
+            p
+        }
+
+        /// Writes held records for these subscriptions, in order, to partition 0 (delivery ids `<sub>-<n>`, n
+        /// counting every record written); returns their offsets.
+        async fn held(&self, subs: &[&str]) -> Vec<i64> {
+            let mut at = Vec::new();
+            for s in subs {
+                let n = self.written.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+                let task = DeliveryTask { subscription_id: (*s).into(), delivery_id: format!("{s}-{n}"), ..Default::default() };
+                let payload = task.encode_to_vec();
+                let record: FutureRecord<'_, str, [u8]> = FutureRecord::to(self.topics.held()).partition(0).key(*s).payload(payload.as_slice());
+                at.push(self.producer.send(record, Duration::from_secs(10)).await.unwrap().offset);
+            }
+            at
+        }
+
+        fn activate(&self, sub: &str) {
+            self.active.lock().unwrap().insert(sub.into());
+        }
+
+        /// The delivery ids on `deliveries`, in order.
+        async fn delivered(&self) -> Vec<String> {
+            let reader = self.parking().await.reader;
+            let end = reader.end_offset_of(self.topics.deliveries(), 0).await.unwrap();
+            let mut r = RangeReader::open(&self.settings, self.topics.deliveries(), 0, 0, end, Duration::from_secs(10)).unwrap();
+            let mut ids = Vec::new();
+            while let Some(m) = r.next().await {
+                ids.push(DeliveryTask::decode(m.unwrap().payload().unwrap()).unwrap().delivery_id);
+            }
+            ids
+        }
+    }
+
+    async fn acked(h: Held) {
+        match h {
+            Held::ParkedOnceWritten(rx) => rx.await.expect("the position is acknowledged"),
+            _ => panic!("expected the first parked record to wait for its position"),
+        }
+    }
+
+    fn is(h: &Held, want: &str) -> bool {
+        matches!((h, want), (Held::Release, "release") | (Held::Parked, "parked"))
+    }
+
+    async fn finish(p: &mut Parking) -> &'static str {
+        let ev = tokio::time::timeout(Duration::from_secs(30), p.next_event()).await.expect("the release ends").unwrap();
+        let what = match ev.outcome {
+            Outcome::Done => "done",
+            Outcome::Partial { failed: false, .. } => "stopped",
+            Outcome::Partial { failed: true, .. } => "failed",
+            Outcome::Progress { .. } => "progress",
+            Outcome::Cancelled => "cancelled",
+        };
+        p.handle(ev);
+        what
+    }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn parked_records_cost_a_position_and_a_resume_releases_only_that_subscriptions_in_order() {
+        let f = Fixture::new();
+        let at = f.held(&["a", "a", "b", "a", "c", "a"]).await;
+        let mut p = f.parking().await;
+        f.activate("b");
+        // The first parked record of a subscription waits for its position; the later ones are done at once.
+        acked(p.on_held(0, at[0], "a", false).await).await;
+        assert!(is(&p.on_held(0, at[1], "a", false).await, "parked"));
+        assert!(is(&p.on_held(0, at[2], "b", true).await, "release"), "an active subscription's goes out at once");
+        assert!(is(&p.on_held(0, at[3], "a", false).await, "parked"));
+        acked(p.on_held(0, at[4], "c", false).await).await;
+        assert!(is(&p.on_held(0, at[5], "a", false).await, "parked"));
+        assert_eq!(p.parked_subscriptions(), 2, "one position per subscription, whatever it holds");
+
+        // A new owner of the partition (a restart): the positions were durable, the records were never kept.
+        let mut q = f.parking().await;
+        q.assigned(0).await.unwrap();
+        assert_eq!(q.parked_subscriptions(), 2);
+        p.tick();
+        assert_eq!(p.parked_subscriptions(), 2, "nothing resumed, nothing released");
+        drop(p);
+
+        f.activate("a");
+        q.tick();
+        // A record of A read while its release runs (beyond what it reads) is parked behind it.
+        let later = f.held(&["a"]).await[0];
+        assert!(is(&q.on_held(0, later, "a", true).await, "parked"));
+        assert_eq!(finish(&mut q).await, "done");
+        assert_eq!(q.parked_subscriptions(), 2, "A's position moved to the later record; C's stays");
+        assert_eq!(f.delivered().await, ["a-0", "a-1", "a-3", "a-5"], "A's parked records, in order, nothing of B or C");
+        q.tick();
+        assert_eq!(finish(&mut q).await, "done");
+        assert_eq!(q.parked_subscriptions(), 1, "A's position removed once everything was released");
+        assert_eq!(f.delivered().await, ["a-0", "a-1", "a-3", "a-5", "a-6"]);
+
+        // Another restart: only C's position is left on the topic.
+        let mut r = f.parking().await;
+        r.assigned(0).await.unwrap();
+        assert_eq!(r.parked_subscriptions(), 1);
+        f.stop.cancel();
+    }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn a_record_read_again_below_the_position_moves_it_down_and_a_pause_mid_release_keeps_the_rest() {
+        let f = Fixture::new();
+        let at = f.held(&["a", "a", "a", "a"]).await;
+        let mut p = f.parking().await;
+        acked(p.on_held(0, at[2], "a", false).await).await;
+        // Read again after a restart from an earlier commit: the position goes down to it, durably.
+        acked(p.on_held(0, at[0], "a", false).await).await;
+        assert!(is(&p.on_held(0, at[1], "a", false).await, "parked"));
+        assert!(is(&p.on_held(0, at[3], "a", false).await, "parked"));
+        drop(p);
+
+        // Resumed, then paused again after two records went out: the release stops and the position moves there.
+        let calls = Arc::new(std::sync::atomic::AtomicUsize::new(0));
+        let c = calls.clone();
+        let releasable: Releasable = Arc::new(move |_: &str| c.fetch_add(1, std::sync::atomic::Ordering::SeqCst) < 3);
+        let mut q = f.parking_with(releasable).await;
+        q.assigned(0).await.unwrap();
+        q.tick();
+        assert_eq!(finish(&mut q).await, "stopped");
+        assert_eq!(f.delivered().await, ["a-0", "a-1"]);
+        assert_eq!(q.parked_subscriptions(), 1);
+        drop(q);
+
+        let mut r = f.parking().await;
+        r.assigned(0).await.unwrap();
+        f.activate("a");
+        r.tick();
+        assert_eq!(finish(&mut r).await, "done");
+        assert_eq!(f.delivered().await, ["a-0", "a-1", "a-2", "a-3"], "the rest, from the moved position");
+        assert_eq!(r.parked_subscriptions(), 0);
+        f.stop.cancel();
+    }
+}
