@@ -87,6 +87,8 @@ struct Mark {
     release: Option<Release>,
     /// After a failed release, the next is not started before this.
     not_before: Option<Instant>,
+    /// Written by this process (false for a position read from the topic at assignment).
+    confirmed: bool,
 }
 
 struct Release {
@@ -230,7 +232,7 @@ impl Parking {
             .get(&partition)
             .map(|m| {
                 m.iter()
-                    .map(|(id, pos)| (id.clone(), Mark { from: pos.held_offset, parked_at_ms: pos.parked_at_ms, release: None, not_before: None }))
+                    .map(|(id, pos)| (id.clone(), Mark { from: pos.held_offset, parked_at_ms: pos.parked_at_ms, release: None, not_before: None, confirmed: false }))
                     .collect()
             })
             .unwrap_or_default();
@@ -258,35 +260,58 @@ impl Parking {
         }
         let part = self.parts.get_mut(&partition).expect("assigned above");
         part.next = part.next.max(offset.saturating_add(1));
-        let park = |part: &mut Part, from: i64| {
-            let (tx, rx) = oneshot::channel();
-            let position = ParkedPosition { subscription_id: sub.to_owned(), held_partition: partition, held_offset: from, parked_at_ms: now_ms() };
-            let _ = part.writes.send(Write { sub: sub.to_owned(), position: Some(position), acked: Some(tx) });
-            metrics::counter!("hookline_held_parked_total").increment(1);
-            Held::ParkedOnceWritten(rx)
-        };
-        match part.marks.get_mut(sub) {
-            None if releasable => Held::Release,
+        enum Step {
+            Release,
+            Parked,
+            /// Write the position (from, parked at); the record is done once it is acknowledged.
+            Write(i64, i64),
+        }
+        let step = match part.marks.get_mut(sub) {
+            None if releasable => Step::Release,
             None => {
-                part.marks.insert(sub.to_owned(), Mark { from: offset, parked_at_ms: now_ms(), release: None, not_before: None });
-                park(part, offset)
+                let at = now_ms();
+                part.marks.insert(sub.to_owned(), Mark { from: offset, parked_at_ms: at, release: None, not_before: None, confirmed: true });
+                Step::Write(offset, at)
             }
-            Some(m) => match &mut m.release {
-                // A release is reading up to `upto`; what comes after goes after it, in order.
-                Some(r) if offset >= r.upto => {
-                    r.covered_above = true;
-                    Held::Parked
-                }
-                _ if offset >= m.from => Held::Parked,
-                // Below the position (read again after a restart): out now, or the position moves down to it.
-                _ if releasable => Held::Release,
-                // A release is running from the position: forwarding it is safe, the dispatcher holds it again.
-                Some(_) => Held::Release,
-                None => {
+            Some(m) => {
+                let covered = match &mut m.release {
+                    // A release is reading up to `upto`; what comes after goes after it, in order.
+                    Some(r) if offset >= r.upto => {
+                        r.covered_above = true;
+                        true
+                    }
+                    _ => offset >= m.from,
+                };
+                if covered && m.confirmed {
+                    Step::Parked
+                } else if covered {
+                    // A position taken over from the former owner is written again before anything parked behind
+                    // it is done: a write of the former owner's still in flight lands before this one.
+                    m.confirmed = true;
+                    Step::Write(m.from, m.parked_at_ms)
+                } else if releasable || m.release.is_some() {
+                    // Below the position (read again after a restart): out now. While a release runs from the
+                    // position, forwarding it is safe too: the dispatcher holds it again if it must wait.
+                    Step::Release
+                } else {
                     m.from = offset;
-                    park(part, offset)
+                    m.confirmed = true;
+                    Step::Write(offset, m.parked_at_ms)
                 }
-            },
+            }
+        };
+        if !matches!(step, Step::Release) {
+            metrics::counter!("hookline_held_parked_total").increment(1);
+        }
+        match step {
+            Step::Release => Held::Release,
+            Step::Parked => Held::Parked,
+            Step::Write(from, parked_at_ms) => {
+                let (tx, rx) = oneshot::channel();
+                let position = ParkedPosition { subscription_id: sub.to_owned(), held_partition: partition, held_offset: from, parked_at_ms };
+                let _ = part.writes.send(Write { sub: sub.to_owned(), position: Some(position), acked: Some(tx) });
+                Held::ParkedOnceWritten(rx)
+            }
         }
     }
 
@@ -367,6 +392,7 @@ impl Parking {
             Outcome::Done => {
                 m.from = upto;
                 m.release = None;
+                m.confirmed = true;
                 let _ = part.writes.send(Write { sub: sub.clone(), position: position(m.from, m.parked_at_ms), acked: None });
             }
             Outcome::Partial { next, failed } => {
@@ -377,12 +403,14 @@ impl Parking {
                     m.not_before = Some(Instant::now() + RETRY_AFTER);
                 }
                 if moved {
+                    m.confirmed = true;
                     let _ = part.writes.send(Write { sub: sub.clone(), position: position(m.from, m.parked_at_ms), acked: None });
                 }
             }
             Outcome::Progress { next } => {
                 if next > m.from {
                     m.from = next;
+                    m.confirmed = true;
                     let _ = part.writes.send(Write { sub: sub.clone(), position: position(m.from, m.parked_at_ms), acked: None });
                 }
                 return;
@@ -659,9 +687,10 @@ mod tests {
 
         f.activate("a");
         q.tick();
-        // A record of A read while its release runs (beyond what it reads) is parked behind it.
+        // A record of A read while its release runs (beyond what it reads) is parked behind it; the position
+        // taken over from the former owner is written again first.
         let later = f.held(&["a"]).await[0];
-        assert!(is(&q.on_held(0, later, "a", true).await, "parked"));
+        acked(q.on_held(0, later, "a", true).await).await;
         assert_eq!(finish(&mut q).await, "done");
         assert_eq!(q.parked_subscriptions(), 2, "A's position moved to the later record; C's stays");
         assert_eq!(f.delivered().await, ["a-0", "a-1", "a-3", "a-5"], "A's parked records, in order, nothing of B or C");
