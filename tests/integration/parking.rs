@@ -1,7 +1,7 @@
 //! Parking held deliveries: a paused subscription's deliveries wait on `held` without being kept in memory or
 //! holding back the partition, so another subscription on the same partition gets its own back as soon as it is
-//! resumed, whatever the first one holds; parked positions survive a restart; a deleted subscription's parked
-//! deliveries end `cancelled`.
+//! resumed, whatever the first one holds; parked positions survive a restart and a partition move to another
+//! retry-scheduler; a deleted subscription's parked deliveries end `cancelled`.
 
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
@@ -201,5 +201,56 @@ async fn a_deleted_subscriptions_parked_deliveries_end_cancelled() {
     let items = parked.clone();
     wait_for(&parked.changed, LIMIT, "A's parked position removed", || matches!(last_parked(&items.items, &a), Some(None))).await;
     stop.cancel();
+    p.stop().await;
+}
+
+/// A retry-scheduler of the pipeline's group, run by the test.
+struct Scheduler {
+    stop: CancellationToken,
+    run: tokio::task::JoinHandle<()>,
+    readiness: hookline_service::Readiness,
+}
+
+impl Scheduler {
+    fn start(p: &Pipeline, name: &str) -> Scheduler {
+        let stop = CancellationToken::new();
+        let readiness = hookline_service::Readiness::default();
+        let options = hookline_retry_scheduler::Options { instance: Some(name.into()), readiness: readiness.clone(), ..Default::default() };
+        let run = hookline_retry_scheduler::run(p.config.clone(), stop.clone(), options);
+        Scheduler { stop, run: tokio::spawn(async move { run.await.expect("retry-scheduler runs") }), readiness }
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn parked_deliveries_move_with_their_partition_to_another_scheduler() {
+    let p = Pipeline::start_without_scheduler(1, |_| {}).await;
+    let first = Scheduler::start(&p, "scheduler-1");
+    let a = paused(&p, "a", "a.happened").await;
+    p.subscribe(json!({"url": p.url("witness"), "event_types": ["a.happened"]})).await;
+    publish_n(&p, "evt_m", "a.happened", 6).await;
+    wait_requests(&p, "witness", 6, LIMIT).await;
+    let deadline = Instant::now() + LIMIT;
+    loop {
+        let (committed, end) = tokio::task::block_in_place(|| held_committed_and_end(&p));
+        if committed == end && end >= 6 {
+            break;
+        }
+        assert!(Instant::now() < deadline, "the committed offset of held/0 stayed at {committed} of {end}");
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    assert!(first.readiness.is_ready());
+    // A second member joins; the first leaves, so the partition (with A's position) moves to the second.
+    let second = Scheduler::start(&p, "scheduler-2");
+    first.stop.cancel();
+    first.run.await.unwrap();
+    let (status, _) = p.call("POST", &format!("/v1/subscriptions/{a}/resume"), None).await;
+    assert_eq!(status, 200);
+    wait_requests(&p, "a", 6, LIMIT).await;
+    let mut want: Vec<String> = (0..6).map(|i| format!("evt_m{i}")).collect();
+    want.sort();
+    assert_eq!(event_ids(&p.seen, "a"), want, "A's parked deliveries, each once, released by the new owner");
+    assert!(second.readiness.is_ready());
+    second.stop.cancel();
+    second.run.await.unwrap();
     p.stop().await;
 }
