@@ -16,7 +16,7 @@
 //! again (duplicates), never none. A new owner of a partition reads the partition's positions to the end before
 //! it handles any record of it.
 
-use std::collections::HashMap;
+use std::collections::{HashMap, HashSet};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
@@ -57,7 +57,8 @@ pub enum Held {
     /// The subscription's first parked record: done once its position is acknowledged (`Ok`); an error means the
     /// partition was revoked or the process is stopping, and the record stays uncommitted.
     ParkedOnceWritten(oneshot::Receiver<()>),
-    /// Stopping before the partition's positions were read: leave the record uncommitted.
+    /// Stopping before the partition's positions were read, or the partition was revoked: leave the record
+    /// uncommitted.
     Abandoned,
 }
 
@@ -128,6 +129,8 @@ pub struct Parking {
     table: Arc<Mutex<HashMap<i32, HashMap<String, ParkedPosition>>>>,
     reader: TableHandle,
     parts: HashMap<i32, Part>,
+    /// Revoked and not assigned again since.
+    revoked: HashSet<i32>,
     events_tx: mpsc::UnboundedSender<ReleaseEvent>,
     events_rx: mpsc::UnboundedReceiver<ReleaseEvent>,
     slots: Arc<Semaphore>,
@@ -185,6 +188,7 @@ impl Parking {
             table,
             reader,
             parts: HashMap::new(),
+            revoked: HashSet::new(),
             events_tx,
             events_rx,
             slots: Arc::new(Semaphore::new(MAX_RELEASES)),
@@ -204,6 +208,11 @@ impl Parking {
 
     /// A `held` partition was assigned: read its positions to the end (also done by the first record of it).
     pub async fn assigned(&mut self, partition: i32) -> Result<(), ShutDown> {
+        self.revoked.remove(&partition);
+        self.sync(partition).await
+    }
+
+    async fn sync(&mut self, partition: i32) -> Result<(), ShutDown> {
         if self.parts.contains_key(&partition) {
             return Ok(());
         }
@@ -250,12 +259,14 @@ impl Parking {
         if let Some(part) = self.parts.remove(&partition) {
             part.cancel.cancel();
         }
+        self.revoked.insert(partition);
     }
 
     /// What to do with the record at `offset` of `held` partition `partition`, a task of subscription `sub`
     /// (its record key) that [`Releasable`] says may or may not go out now.
     pub async fn on_held(&mut self, partition: i32, offset: i64, sub: &str, releasable: bool) -> Held {
-        if !self.parts.contains_key(&partition) && self.assigned(partition).await.is_err() {
+        // A record of a partition revoked since it was fetched is its next owner's.
+        if self.revoked.contains(&partition) || (!self.parts.contains_key(&partition) && self.sync(partition).await.is_err()) {
             return Held::Abandoned;
         }
         let part = self.parts.get_mut(&partition).expect("assigned above");
@@ -560,8 +571,6 @@ impl ReleaseJob {
 
 #[cfg(test)]
 mod tests {
-    use std::collections::HashSet;
-
     use hookline_kafka::mock::DevBroker;
 
     use super::*;
@@ -703,6 +712,11 @@ mod tests {
         let mut r = f.parking().await;
         r.assigned(0).await.unwrap();
         assert_eq!(r.parked_subscriptions(), 1);
+        // Revoked: a record of the partition fetched before is left to its next owner, and nothing is known here.
+        r.revoked(0);
+        let stale = f.held(&["c"]).await[0];
+        assert!(matches!(r.on_held(0, stale, "c", false).await, Held::Abandoned));
+        assert_eq!(r.parked_subscriptions(), 0);
         f.stop.cancel();
     }
 
