@@ -195,8 +195,9 @@ async fn a_deleted_subscriptions_parked_deliveries_end_cancelled() {
     let (status, _) = p.call("DELETE", &format!("/v1/subscriptions/{a}"), None).await;
     assert_eq!(status, 204);
     let attempts = p.wait_final_of(&a, 4, LIMIT).await;
-    let finals: Vec<&str> = attempts.iter().filter(|r| !r.final_state.is_empty()).map(|r| r.final_state.as_str()).collect();
-    assert_eq!(finals, ["cancelled"; 4], "{attempts:?}");
+    let finals: Vec<(&str, &str)> =
+        attempts.iter().filter(|r| !r.final_state.is_empty()).map(|r| (r.final_state.as_str(), r.outcome.as_str())).collect();
+    assert_eq!(finals, [("cancelled", "subscription_deleted"); 4], "{attempts:?}");
     assert!(p.requests_to("a").is_empty(), "a deleted subscription gets nothing");
     let items = parked.clone();
     wait_for(&parked.changed, LIMIT, "A's parked position removed", || matches!(last_parked(&items.items, &a), Some(None))).await;
