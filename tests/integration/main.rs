@@ -23,4 +23,5 @@ mod event_types;
 mod tracing;
 mod delivery_control;
 mod delivery_log;
+mod parking;
 mod key_rotation;

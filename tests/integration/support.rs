@@ -308,6 +308,14 @@ impl Pipeline {
         Self::start_at(Some(broker), &bootstrap, partitions, edit, dispatcher).await
     }
 
+    /// Like [`Pipeline::start_with`], without a retry-scheduler: the test runs its own (`hookline_retry_scheduler::run`).
+    pub async fn start_without_scheduler(partitions: i32, edit: impl FnOnce(&mut hookline_service::Config)) -> Pipeline {
+        let topics = Topics::new("hookline.");
+        let broker = DevBroker::start(&topics, partitions, partitions).expect("mock broker");
+        let bootstrap = broker.bootstrap_servers();
+        Self::start_at_with(Some(broker), &bootstrap, partitions, edit, true, false).await
+    }
+
     /// Like [`Pipeline::start_with`] on a broker the test made: an embedded one (e.g. behind a TLS terminator, whose
     /// address `edit` puts in the config), or with `None` a broker process at `bootstrap` with the topics created.
     pub async fn start_at(
@@ -316,6 +324,17 @@ impl Pipeline {
         partitions: i32,
         edit: impl FnOnce(&mut hookline_service::Config),
         dispatcher: bool,
+    ) -> Pipeline {
+        Self::start_at_with(broker, bootstrap, partitions, edit, dispatcher, true).await
+    }
+
+    async fn start_at_with(
+        broker: Option<DevBroker>,
+        bootstrap: &str,
+        partitions: i32,
+        edit: impl FnOnce(&mut hookline_service::Config),
+        dispatcher: bool,
+        scheduler: bool,
     ) -> Pipeline {
         let topics = Topics::new("hookline.");
         let mut config = hookline_service::Config::dev(bootstrap, partitions, TOKEN);
@@ -336,16 +355,16 @@ impl Pipeline {
         }
         let shutdown = CancellationToken::new();
         let (tx, rx) = tokio::sync::oneshot::channel();
-        let mut services = vec![
-            tokio::spawn({
-                let f = hookline_ingest::run(config.clone(), shutdown.clone(), hookline_ingest::Options { bound: Some(tx), ..Default::default() });
-                async move { f.await.expect("ingest runs") }
-            }),
-            tokio::spawn({
+        let mut services = vec![tokio::spawn({
+            let f = hookline_ingest::run(config.clone(), shutdown.clone(), hookline_ingest::Options { bound: Some(tx), ..Default::default() });
+            async move { f.await.expect("ingest runs") }
+        })];
+        if scheduler {
+            services.push(tokio::spawn({
                 let f = hookline_retry_scheduler::run(config.clone(), shutdown.clone(), Default::default());
                 async move { f.await.expect("retry-scheduler runs") }
-            }),
-        ];
+            }));
+        }
         if dispatcher {
             services.push(tokio::spawn({
                 let f = hookline_dispatcher::run(config.clone(), shutdown.clone(), Default::default());

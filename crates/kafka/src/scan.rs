@@ -118,3 +118,57 @@ where
     }
     Ok(visited)
 }
+
+/// Reads one partition of a topic from an offset up to (not including) another, one record at a time: how the
+/// retry-scheduler releases a subscription's parked records. Offsets already deleted by retention are skipped
+/// (reading starts at the partition's earliest record).
+pub struct RangeReader {
+    consumer: StreamConsumer<QuietEof>,
+    topic: String,
+    partition: i32,
+    next: i64,
+    to: i64,
+    stall: Duration,
+}
+
+impl RangeReader {
+    /// `stall` bounds the wait for any one record (a broker that stopped answering), not the whole read.
+    pub fn open(settings: &KafkaSettings, topic: &str, partition: i32, from: i64, to: i64, stall: Duration) -> Result<Self, ScanError> {
+        let err = |source| ScanError::Kafka { topic: topic.to_owned(), source };
+        let mut config = crate::client::table_consumer_config(settings, "hookline-range").map_err(err)?;
+        config.set("enable.partition.eof", "false");
+        let consumer: StreamConsumer<QuietEof> = config.create_with_context(QuietEof::default()).map_err(err)?;
+        if from < to {
+            let mut tpl = TopicPartitionList::new();
+            tpl.add_partition_offset(topic, partition, Offset::Offset(from.max(0))).map_err(err)?;
+            consumer.assign(&tpl).map_err(err)?;
+        }
+        Ok(Self { consumer, topic: topic.to_owned(), partition, next: from, to, stall })
+    }
+
+    /// The next offset this reader would return (everything below it was returned or did not exist).
+    pub fn position(&self) -> i64 {
+        self.next
+    }
+
+    /// The next record of the range, `None` past its end.
+    pub async fn next(&mut self) -> Option<Result<rdkafka::message::OwnedMessage, ScanError>> {
+        while self.next < self.to {
+            let m = match tokio::time::timeout(self.stall, self.consumer.recv()).await {
+                Err(_) => return Some(Err(ScanError::TooLong { topic: self.topic.clone(), limit: self.stall })),
+                Ok(Err(source)) => return Some(Err(ScanError::Kafka { topic: self.topic.clone(), source })),
+                Ok(Ok(m)) => m,
+            };
+            if m.partition() != self.partition || m.offset() < self.next {
+                continue;
+            }
+            if m.offset() >= self.to {
+                self.next = self.to;
+                return None;
+            }
+            self.next = m.offset() + 1;
+            return Some(Ok(m.detach()));
+        }
+        None
+    }
+}

@@ -141,13 +141,18 @@ impl TableHandle {
 
     /// The partition's current end offset (high watermark).
     pub async fn end_offset(&self, partition: i32) -> Result<i64, TableError> {
+        self.end_offset_of(&self.topic.clone(), partition).await
+    }
+
+    /// The current end offset of a partition of another topic, asked through this reader's client.
+    pub async fn end_offset_of(&self, topic: &str, partition: i32) -> Result<i64, TableError> {
         let consumer = self.consumer.clone();
-        let topic = self.topic.clone();
-        tokio::task::spawn_blocking(move || consumer.fetch_watermarks(&topic, partition, Duration::from_secs(10)))
+        let t = topic.to_owned();
+        tokio::task::spawn_blocking(move || consumer.fetch_watermarks(&t, partition, Duration::from_secs(10)))
             .await
             .expect("watermark lookup does not panic")
             .map(|(_, high)| high)
-            .map_err(|source| TableError::Kafka { topic: self.topic.clone(), source })
+            .map_err(|source| TableError::Kafka { topic: topic.to_owned(), source })
     }
 
     /// Waits until the reader has applied every record of `partition` below `offset`.

@@ -52,6 +52,7 @@ pub struct Topics {
     deliveries: String,
     retry: Vec<String>,
     held: String,
+    parked: String,
     dlq: String,
     subscriptions: String,
     endpoint_state: String,
@@ -72,6 +73,7 @@ impl Topics {
             deliveries: name("deliveries"),
             retry: TIERS.iter().map(|t| name(&format!("retry.{}", t.name))).collect(),
             held: name("held"),
+            parked: name("parked"),
             dlq: name("dlq"),
             subscriptions: name("subscriptions"),
             endpoint_state: name("endpoint-state"),
@@ -97,6 +99,12 @@ impl Topics {
     /// Deliveries waiting for their paused subscription to be resumed.
     pub fn held(&self) -> &str {
         &self.held
+    }
+    /// Where each subscription's parked deliveries begin on its `held` partition (compacted, key = subscription
+    /// id, co-partitioned so a subscription's position lives on the partition number of its held records), written
+    /// and read by the retry-scheduler that owns that partition.
+    pub fn parked(&self) -> &str {
+        &self.parked
     }
     pub fn dlq(&self) -> &str {
         &self.dlq
@@ -147,6 +155,7 @@ impl Topics {
         }));
         specs.extend([
             TopicSpec { name: self.held.clone(), cleanup: Cleanup::Delete, co_partitioned: true, retention_ms: Some(30 * day) },
+            TopicSpec { name: self.parked.clone(), cleanup: Cleanup::Compact, co_partitioned: true, retention_ms: None },
             TopicSpec { name: self.dlq.clone(), cleanup: Cleanup::Delete, co_partitioned: false, retention_ms: Some(30 * day) },
             TopicSpec { name: self.subscriptions.clone(), cleanup: Cleanup::Compact, co_partitioned: true, retention_ms: None },
             TopicSpec { name: self.endpoint_state.clone(), cleanup: Cleanup::Compact, co_partitioned: true, retention_ms: None },
@@ -194,6 +203,6 @@ mod tests {
         let all = t.all();
         assert!(all.iter().all(|s| s.name.starts_with("acme.")));
         let compacted: Vec<_> = all.iter().filter(|s| s.cleanup == Cleanup::Compact).map(|s| s.name.as_str()).collect();
-        assert_eq!(compacted, ["acme.subscriptions", "acme.endpoint-state", "acme.inflight", "acme.tenants", "acme.api-keys", "acme.event-types"]);
+        assert_eq!(compacted, ["acme.parked", "acme.subscriptions", "acme.endpoint-state", "acme.inflight", "acme.tenants", "acme.api-keys", "acme.event-types"]);
     }
 }

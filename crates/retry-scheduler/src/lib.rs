@@ -1,8 +1,10 @@
 //! The retry-scheduler: consumes the retry tier topics and the `held` topic. A tier record is kept in memory until
 //! min(enqueued + tier delay, due) — the partition is paused while too many are held, the poll loop keeps
 //! running — then re-routed to a shorter tier if time remains, or forwarded to `deliveries`. A held delivery is
-//! kept until its subscription is active again. Offsets are stored only after the forward is acknowledged.
+//! parked until its subscription is active again, without being kept in memory ([`parking`]). Offsets are stored
+//! only after the forward (or the parked position) is acknowledged.
 
+pub mod parking;
 pub mod tiers;
 
 use std::cmp::Reverse;
@@ -57,7 +59,6 @@ type Tp = (String, i32);
 /// A record waiting in memory.
 enum Waiting {
     Tier(RetryEnvelope),
-    Held(DeliveryTask),
 }
 
 struct Scheduler {
@@ -96,6 +97,27 @@ pub async fn run(config: Config, shutdown: CancellationToken, options: Options) 
         _ = shutdown.cancelled() => { reader_stop.cancel(); return Ok(()) }
     }
     let StateTables { subs, states, .. } = tables;
+    let producer = producer(&config.kafka, &instance)?;
+    let tracer = Tracer::new(&config.telemetry, "retry-scheduler");
+    let releasable: parking::Releasable = {
+        let (subs, states) = (subs.clone(), states.clone());
+        Arc::new(move |id: &str| may_release(&subs, &states, id))
+    };
+    let mut parking = parking::Parking::start(
+        &config.kafka,
+        &topics,
+        &instance,
+        producer.clone(),
+        releasable,
+        tracer.clone(),
+        shutdown.clone(),
+        reader_stop.clone(),
+    )
+    .await?;
+    tokio::select! {
+        _ = parking.caught_up() => {}
+        _ = shutdown.cancelled() => { reader_stop.cancel(); return Ok(()) }
+    }
 
     let (context, mut rebalances) = RebalanceContext::new("retry-scheduler");
     let consumer: StreamConsumer<RebalanceContext> =
@@ -106,7 +128,7 @@ pub async fn run(config: Config, shutdown: CancellationToken, options: Options) 
 
     let mut sched = Scheduler {
         topics: topics.clone(),
-        producer: producer(&config.kafka, &instance)?,
+        producer,
         subs,
         states,
         shutdown: shutdown.clone(),
@@ -115,13 +137,13 @@ pub async fn run(config: Config, shutdown: CancellationToken, options: Options) 
         waiting: HashMap::new(),
         held_count: HashMap::new(),
         paused: HashMap::new(),
-        tracer: Tracer::new(&config.telemetry, "retry-scheduler"),
+        tracer,
         dlq: hookline_kafka::dead_letters::DeadLetterWriter::new(config.dlq.format, &config.kafka),
     };
     let (done_tx, mut done_rx) = mpsc::unbounded_channel::<(String, i32, i64)>();
     let mut marks = Watermarks::new();
     let held_topic = topics.held();
-    // Held deliveries are re-checked on this beat: resuming a subscription releases them within it.
+    // Parked subscriptions are re-checked on this beat: resuming one starts the release of its deliveries within it.
     let mut held_check = tokio::time::interval(Duration::from_millis(500));
     held_check.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
 
@@ -143,12 +165,20 @@ pub async fn run(config: Config, shutdown: CancellationToken, options: Options) 
                     RebalanceEvent::Revoked(parts) => for (t, p) in parts {
                         marks.forget(&t, p);
                         sched.forget(&t, p);
+                        if t == held_topic {
+                            parking.revoked(p);
+                        }
                     },
-                    RebalanceEvent::Assigned(_) if !readiness.is_ready() => {
-                        readiness.set(true);
-                        tracing::info!("retry-scheduler ready");
+                    RebalanceEvent::Assigned(parts) => {
+                        for (_, p) in parts.iter().filter(|(t, _)| *t == held_topic) {
+                            // Stopping: the loop ends at the next turn.
+                            let _ = parking.assigned(*p).await;
+                        }
+                        if !readiness.is_ready() {
+                            readiness.set(true);
+                            tracing::info!("retry-scheduler ready");
+                        }
                     }
-                    RebalanceEvent::Assigned(_) => {}
                 }
             }
             Some((t, p, o)) = done_rx.recv() => {
@@ -166,16 +196,8 @@ pub async fn run(config: Config, shutdown: CancellationToken, options: Options) 
                     }
                 }
             }
-            _ = held_check.tick() => {
-                let ready: Vec<(String, i32, i64)> = sched.waiting.iter()
-                    .filter_map(|(k, w)| match w { Waiting::Held(task) if sched.may_release_held(task) => Some(k.clone()), _ => None })
-                    .collect();
-                for k in ready {
-                    if let Some(Waiting::Held(task)) = sched.waiting.remove(&k) {
-                        sched.release_held(&consumer, task, k, &done_tx);
-                    }
-                }
-            }
+            Some(ev) = parking.next_event() => parking.handle(ev),
+            _ = held_check.tick() => parking.tick(),
             received = consumer.recv() => {
                 let m = match received {
                     Ok(m) => m,
@@ -187,8 +209,22 @@ pub async fn run(config: Config, shutdown: CancellationToken, options: Options) 
                 let key = (t.clone(), p, o);
                 if t == held_topic {
                     match DeliveryTask::decode(payload) {
-                        Ok(task) if sched.may_release_held(&task) => sched.release_held(&consumer, task, key, &done_tx),
-                        Ok(task) => sched.hold(&consumer, key, Waiting::Held(task)),
+                        // Parked by subscription (the record key); a record keyed otherwise goes back to the
+                        // dispatcher, which holds it again under its subscription's key.
+                        Ok(task) if m.key() != Some(task.subscription_id.as_bytes()) => sched.release_held(task, key, &done_tx),
+                        Ok(task) => {
+                            let releasable = sched.may_release_held(&task);
+                            match parking.on_held(p, o, &task.subscription_id, releasable).await {
+                                parking::Held::Release => sched.release_held(task, key, &done_tx),
+                                parking::Held::Parked => { let _ = done_tx.send(key); }
+                                parking::Held::ParkedOnceWritten(acked) => {
+                                    let done = done_tx.clone();
+                                    tokio::spawn(async move { if acked.await.is_ok() { let _ = done.send(key); } });
+                                }
+                                // Stopping: left uncommitted for the next owner.
+                                parking::Held::Abandoned => {}
+                            }
+                        }
                         Err(e) => sched.dead_letter(payload, &e.to_string(), key, &done_tx),
                     }
                 } else {
@@ -232,13 +268,18 @@ pub async fn run(config: Config, shutdown: CancellationToken, options: Options) 
     Ok(())
 }
 
+/// Whether a subscription's held deliveries may go to `deliveries`: it is active again, or deleted (the dispatcher
+/// then records them as cancelled).
+fn may_release(subs: &SubscriptionTable, states: &EndpointStates, id: &str) -> bool {
+    match subs.get(id) {
+        None => true,
+        Some(e) => activity(&e.sub, states.get(id).as_ref()).is_active(),
+    }
+}
+
 impl Scheduler {
     fn may_release_held(&self, task: &DeliveryTask) -> bool {
-        match self.subs.get(&task.subscription_id) {
-            // Deleted: the dispatcher records it as cancelled.
-            None => true,
-            Some(e) => activity(&e.sub, self.states.get(&task.subscription_id).as_ref()).is_active(),
-        }
+        may_release(&self.subs, &self.states, &task.subscription_id)
     }
 
     fn hold<C: Consumer<X>, X: rdkafka::consumer::ConsumerContext>(&mut self, consumer: &C, key: (String, i32, i64), w: Waiting) {
@@ -301,20 +342,7 @@ impl Scheduler {
         self.forward(topic, sub, payload, key, done);
     }
 
-    fn release_held<C: Consumer<X>, X: rdkafka::consumer::ConsumerContext>(
-        &mut self,
-        consumer: &C,
-        mut task: DeliveryTask,
-        key: (String, i32, i64),
-        done: &mpsc::UnboundedSender<(String, i32, i64)>,
-    ) {
-        if self.waiting.contains_key(&key) {
-            return;
-        }
-        let tp = (key.0.clone(), key.1);
-        if self.held_count.get(&tp).copied().unwrap_or(0) > 0 {
-            self.unhold(consumer, tp);
-        }
+    fn release_held(&mut self, mut task: DeliveryTask, key: (String, i32, i64), done: &mpsc::UnboundedSender<(String, i32, i64)>) {
         task.origin = TaskOrigin::Held as i32;
         let sub = task.subscription_id.clone();
         metrics::counter!("hookline_held_released_total").increment(1);
