@@ -244,6 +244,9 @@ pub trait Handler {
     /// What [`Handler::wake`] resolved to.
     fn woken(&mut self, _wake: Self::Wake, _ctl: &Control<'_>) {}
 
+    /// Shutting down: called once, before the drain.
+    fn stopping(&mut self) {}
+
     /// Records in flight that the shutdown drain does not wait for (kept by the handler on purpose, like the
     /// retry-scheduler's held records). Only asked of loops without a budget.
     fn parked(&self) -> usize {
@@ -388,6 +391,7 @@ impl Worker {
         }
 
         // Drain: let work in flight finish, storing offsets as it completes.
+        handler.stopping();
         let deadline = tokio::time::sleep(self.settings.drain);
         tokio::pin!(deadline);
         loop {
