@@ -293,6 +293,11 @@ impl Worker {
         Ok(Self { consumer, rebalances, moved, shared, budget, liveness, settings })
     }
 
+    /// Completes records by key (see [`Completer`]).
+    pub fn completer(&self) -> Completer {
+        Completer { shared: self.shared.clone() }
+    }
+
     /// Runs until `shutdown`, then drains (up to `Settings::drain`), commits what is stored and leaves the group.
     pub async fn run<H: Handler>(mut self, handler: &mut H, shutdown: &CancellationToken) {
         let name = self.settings.name;

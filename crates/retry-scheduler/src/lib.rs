@@ -12,19 +12,20 @@ use std::time::Duration;
 
 use hookline_core::model::{DeliveryTask, RetryEnvelope, TaskOrigin};
 use hookline_core::subscription::activity;
-use hookline_kafka::client::{group_consumer_config, producer};
-use hookline_kafka::rebalance::{RebalanceContext, RebalanceEvent};
+use hookline_kafka::client::producer;
+use hookline_kafka::rebalance::RebalanceEvent;
 use hookline_kafka::state::{EndpointStates, StateTables, SubscriptionTable};
 use hookline_kafka::table::TableError;
-use hookline_kafka::watermark::{store, Watermarks};
+use hookline_kafka::worker::{self, Control, Done, Handler, Liveness, Worker};
 use hookline_kafka::{Topics, TIERS};
 use hookline_service::traces::Tracer;
 use hookline_service::{health, telemetry, Config, Readiness};
 use prost::Message as _;
-use rdkafka::consumer::{CommitMode, Consumer, StreamConsumer};
+use rdkafka::consumer::Consumer;
 use rdkafka::error::KafkaError;
 use hookline_kafka::client::Producer as FutureProducer;
 use rdkafka::producer::Producer;
+use rdkafka::message::BorrowedMessage;
 use rdkafka::{Message, TopicPartitionList};
 use tokio::sync::mpsc;
 use tokio::time::Instant;
@@ -97,14 +98,24 @@ pub async fn run(config: Config, shutdown: CancellationToken, options: Options) 
     }
     let StateTables { subs, states, .. } = tables;
 
-    let (context, mut rebalances) = RebalanceContext::new("retry-scheduler");
-    let consumer: StreamConsumer<RebalanceContext> =
-        group_consumer_config(&config.kafka, &config.retry_scheduler.group_id, &instance)?.create_with_context(context)?;
-    let mut inputs: Vec<&str> = TIERS.iter().map(|t| topics.retry(t)).collect();
-    inputs.push(topics.held());
-    consumer.subscribe(&inputs)?;
+    let mut inputs: Vec<String> = TIERS.iter().map(|t| topics.retry(t).to_owned()).collect();
+    inputs.push(topics.held().to_owned());
+    let settings = worker::Settings {
+        name: "retry-scheduler",
+        group_id: config.retry_scheduler.group_id.clone(),
+        client_id: instance.clone(),
+        topics: inputs,
+        // Held records pause their own partitions (see `Scheduler::hold`).
+        max_in_flight: None,
+        paused_gauge: None,
+        // Held records stay uncommitted; only finished forwards are stored. Give those a moment to land.
+        drain: Duration::from_millis(config.retry_scheduler.drain_timeout_ms),
+        stall: None,
+    };
+    let liveness = Liveness::new(Duration::from_millis(config.kafka.max_poll_interval_ms));
+    let worker = Worker::subscribe(&config.kafka, settings, liveness, None)?;
 
-    let mut sched = Scheduler {
+    let sched = Scheduler {
         topics: topics.clone(),
         producer: producer(&config.kafka, &instance)?,
         subs,
@@ -118,15 +129,92 @@ pub async fn run(config: Config, shutdown: CancellationToken, options: Options) 
         tracer: Tracer::new(&config.telemetry, "retry-scheduler"),
         dlq: hookline_kafka::dead_letters::DeadLetterWriter::new(config.dlq.format, &config.kafka),
     };
+    // Forwards complete by (topic, partition, offset), which is how the scheduler keys what it holds.
     let (done_tx, mut done_rx) = mpsc::unbounded_channel::<(String, i32, i64)>();
-    let mut marks = Watermarks::new();
-    let held_topic = topics.held();
+    let completer = worker.completer();
+    tokio::spawn(async move {
+        while let Some(at) = done_rx.recv().await {
+            let _ = completer.send(at);
+        }
+    });
     // Held deliveries are re-checked on this beat: resuming a subscription releases them within it.
     let mut held_check = tokio::time::interval(Duration::from_millis(500));
     held_check.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    let mut handler = Retries { held_topic: topics.held().to_owned(), sched, done_tx, held_check, readiness };
+    worker.run(&mut handler, &shutdown).await;
+    let _ = handler.sched.producer.flush(Duration::from_secs(10));
+    reader_stop.cancel();
+    handler.sched.tracer.flush().await;
+    tracing::info!("retry-scheduler stopped");
+    Ok(())
+}
 
-    loop {
-        let next_timer = sched.timers.peek().map(|Reverse((at, ..))| *at);
+/// The retry-scheduler's consume loop (see `hookline_kafka::worker`) around its [`Scheduler`].
+struct Retries {
+    sched: Scheduler,
+    done_tx: mpsc::UnboundedSender<(String, i32, i64)>,
+    held_topic: String,
+    held_check: tokio::time::Interval,
+    readiness: Readiness,
+}
+
+/// What woke the loop besides a record.
+enum Wake {
+    /// The earliest tier record is due.
+    Timer,
+    /// Time to re-check the held deliveries.
+    HeldCheck,
+}
+
+impl Handler for Retries {
+    type Wake = Wake;
+
+    fn rebalance(&mut self, ev: RebalanceEvent, _: &Control<'_>) {
+        match ev {
+            RebalanceEvent::Revoked(parts) => {
+                for (t, p) in parts {
+                    self.sched.forget(&t, p);
+                }
+            }
+            RebalanceEvent::Assigned(_) if !self.readiness.is_ready() => {
+                self.readiness.set(true);
+                tracing::info!("retry-scheduler ready");
+            }
+            RebalanceEvent::Assigned(_) => {}
+        }
+    }
+
+    fn record(&mut self, m: &BorrowedMessage<'_>, _: Done, ctl: &Control<'_>) {
+        let (sched, done_tx, consumer) = (&mut self.sched, &self.done_tx, ctl.consumer());
+        let (t, p, o) = (m.topic().to_owned(), m.partition(), m.offset());
+        let payload = m.payload().unwrap_or_default();
+        let key = (t.clone(), p, o);
+        if t == self.held_topic {
+            match DeliveryTask::decode(payload) {
+                Ok(task) if sched.may_release_held(&task) => sched.release_held(consumer, task, key, done_tx),
+                Ok(task) => sched.hold(consumer, key, Waiting::Held(task)),
+                Err(e) => sched.dead_letter(payload, &e.to_string(), key, done_tx),
+            }
+        } else {
+            match RetryEnvelope::decode(payload) {
+                Ok(env) if env.task.is_some() => {
+                    let at = release_at_ms(&env);
+                    if at <= now_ms() {
+                        sched.release_tier(consumer, env, key, done_tx, now_ms());
+                    } else {
+                        sched.timers.push(Reverse((at, t, p, o)));
+                        sched.hold(consumer, key, Waiting::Tier(env));
+                    }
+                }
+                Ok(_) => sched.dead_letter(payload, "retry envelope without a task", key, done_tx),
+                Err(e) => sched.dead_letter(payload, &e.to_string(), key, done_tx),
+            }
+        }
+        metrics::gauge!("hookline_retry_held").set(sched.waiting.len() as f64);
+    }
+
+    fn wake(&mut self) -> impl std::future::Future<Output = Wake> + Send + '_ {
+        let next_timer = self.sched.timers.peek().map(|Reverse((at, ..))| *at);
         let sleep_until = next_timer.map_or_else(
             || Instant::now() + Duration::from_secs(3600),
             |at| {
@@ -135,101 +223,50 @@ pub async fn run(config: Config, shutdown: CancellationToken, options: Options) 
                 Instant::now() + left.min(Duration::from_secs(3600))
             },
         );
-        tokio::select! {
-            biased;
-            _ = shutdown.cancelled() => break,
-            Some(ev) = rebalances.recv() => {
-                match ev {
-                    RebalanceEvent::Revoked(parts) => for (t, p) in parts {
-                        marks.forget(&t, p);
-                        sched.forget(&t, p);
-                    },
-                    RebalanceEvent::Assigned(_) if !readiness.is_ready() => {
-                        readiness.set(true);
-                        tracing::info!("retry-scheduler ready");
-                    }
-                    RebalanceEvent::Assigned(_) => {}
-                }
+        let held_check = &mut self.held_check;
+        async move {
+            tokio::select! {
+                biased;
+                _ = tokio::time::sleep_until(sleep_until), if next_timer.is_some() => Wake::Timer,
+                _ = held_check.tick() => Wake::HeldCheck,
             }
-            Some((t, p, o)) = done_rx.recv() => {
-                if let Some(w) = marks.complete(&t, p, o) {
-                    store(&consumer, &t, p, w);
-                }
-            }
-            _ = tokio::time::sleep_until(sleep_until), if next_timer.is_some() => {
+        }
+    }
+
+    fn woken(&mut self, wake: Wake, ctl: &Control<'_>) {
+        let (sched, done_tx, consumer) = (&mut self.sched, &self.done_tx, ctl.consumer());
+        match wake {
+            Wake::Timer => {
                 let now = now_ms();
                 while let Some(Reverse((at, ..))) = sched.timers.peek() {
                     if *at > now { break; }
                     let Reverse((_, t, p, o)) = sched.timers.pop().expect("peeked");
                     if let Some(Waiting::Tier(env)) = sched.waiting.remove(&(t.clone(), p, o)) {
-                        sched.release_tier(&consumer, env, (t, p, o), &done_tx, now);
+                        sched.release_tier(consumer, env, (t, p, o), done_tx, now);
                     }
                 }
             }
-            _ = held_check.tick() => {
+            Wake::HeldCheck => {
                 let ready: Vec<(String, i32, i64)> = sched.waiting.iter()
                     .filter_map(|(k, w)| match w { Waiting::Held(task) if sched.may_release_held(task) => Some(k.clone()), _ => None })
                     .collect();
                 for k in ready {
                     if let Some(Waiting::Held(task)) = sched.waiting.remove(&k) {
-                        sched.release_held(&consumer, task, k, &done_tx);
+                        sched.release_held(consumer, task, k, done_tx);
                     }
                 }
-            }
-            received = consumer.recv() => {
-                let m = match received {
-                    Ok(m) => m,
-                    Err(e) => { tracing::warn!(error = %e, "retry consumer error"); continue; }
-                };
-                let (t, p, o) = (m.topic().to_owned(), m.partition(), m.offset());
-                marks.start(&t, p, o);
-                let payload = m.payload().unwrap_or_default();
-                let key = (t.clone(), p, o);
-                if t == held_topic {
-                    match DeliveryTask::decode(payload) {
-                        Ok(task) if sched.may_release_held(&task) => sched.release_held(&consumer, task, key, &done_tx),
-                        Ok(task) => sched.hold(&consumer, key, Waiting::Held(task)),
-                        Err(e) => sched.dead_letter(payload, &e.to_string(), key, &done_tx),
-                    }
-                } else {
-                    match RetryEnvelope::decode(payload) {
-                        Ok(env) if env.task.is_some() => {
-                            let at = release_at_ms(&env);
-                            if at <= now_ms() {
-                                sched.release_tier(&consumer, env, key, &done_tx, now_ms());
-                            } else {
-                                sched.timers.push(Reverse((at, t, p, o)));
-                                sched.hold(&consumer, key, Waiting::Tier(env));
-                            }
-                        }
-                        Ok(_) => sched.dead_letter(payload, "retry envelope without a task", key, &done_tx),
-                        Err(e) => sched.dead_letter(payload, &e.to_string(), key, &done_tx),
-                    }
-                }
-                metrics::gauge!("hookline_retry_held").set(sched.waiting.len() as f64);
             }
         }
     }
 
-    // Held records stay uncommitted; only finished forwards are stored. Give those a moment to land.
-    readiness.set(false);
-    let deadline = tokio::time::sleep(Duration::from_millis(config.retry_scheduler.drain_timeout_ms));
-    tokio::pin!(deadline);
-    while marks.total_in_flight() > sched.waiting.len() {
-        tokio::select! {
-            _ = &mut deadline => break,
-            Some((t, p, o)) = done_rx.recv() => {
-                if let Some(w) = marks.complete(&t, p, o) { store(&consumer, &t, p, w); }
-            }
-        }
+    fn stopping(&mut self) {
+        self.readiness.set(false);
     }
-    let _ = consumer.commit_consumer_state(CommitMode::Sync);
-    hookline_kafka::client::close_consumer(consumer, hookline_kafka::client::LEAVE_GROUP_WITHIN, "retry-scheduler").await;
-    let _ = sched.producer.flush(Duration::from_secs(10));
-    reader_stop.cancel();
-    sched.tracer.flush().await;
-    tracing::info!("retry-scheduler stopped");
-    Ok(())
+
+    /// Held records stay uncommitted: the drain waits only for forwards.
+    fn parked(&self) -> usize {
+        self.sched.waiting.len()
+    }
 }
 
 impl Scheduler {
