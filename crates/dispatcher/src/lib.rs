@@ -259,7 +259,7 @@ pub async fn run(config: Config, shutdown: CancellationToken, options: Options) 
         topics: vec![deliveries.to_owned()],
         // Saturated, the dispatcher pauses its partitions and keeps polling (see `Budget`).
         max_in_flight: Some(config.dispatcher.max_in_flight),
-        paused_gauge: Some("hookline_dispatcher_paused"),
+        paused_gauge: Some(metrics::gauge!("hookline_dispatcher_paused")),
         drain: Duration::from_millis(config.dispatcher.drain_timeout_ms),
         stall: options.stall_polling.clone(),
     };

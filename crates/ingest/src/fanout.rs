@@ -46,7 +46,7 @@ pub async fn run(f: Arc<Fanout>, config: &hookline_service::Config, client_id: &
         topics: vec![f.topics.events().to_owned()],
         // Spent, the fan-out pauses its partitions and keeps polling (see `Budget`).
         max_in_flight: Some(MAX_TASKS_IN_FLIGHT),
-        paused_gauge: Some("hookline_fanout_paused"),
+        paused_gauge: Some(metrics::gauge!("hookline_fanout_paused")),
         drain: Duration::from_secs(10),
         stall: None,
     };

@@ -24,7 +24,7 @@ use rdkafka::consumer::{CommitMode, Consumer, StreamConsumer};
 use rdkafka::error::KafkaError;
 use rdkafka::message::BorrowedMessage;
 use rdkafka::types::RDKafkaErrorCode;
-use rdkafka::{Message, TopicPartitionList};
+use rdkafka::Message;
 use tokio::sync::{mpsc, watch, Notify};
 use tokio_util::sync::CancellationToken;
 
@@ -45,7 +45,7 @@ pub struct Settings {
     /// pauses partitions itself (through [`Control::consumer`]).
     pub max_in_flight: Option<usize>,
     /// `hookline_*_paused`, set to 1 while the budget keeps the partitions paused.
-    pub paused_gauge: Option<&'static str>,
+    pub paused_gauge: Option<metrics::Gauge>,
     /// How long the shutdown drain waits for work in flight; what does not finish stays uncommitted.
     pub drain: Duration,
     /// Test only (off when `None`): while it reads `true` the loop stops polling altogether, as a loop stuck in a
@@ -333,7 +333,7 @@ impl Worker {
                 biased;
                 _ = shutdown.cancelled() => break,
                 Some(ev) = self.rebalances.recv() => {
-                    apply(ev, handler, &ctl, &mut assigned, paused, self.settings.paused_gauge);
+                    apply(ev, handler, &ctl, &mut assigned, paused, self.settings.paused_gauge.as_ref());
                 }
                 Some((t, p)) = self.moved.recv() => {
                     self.store(t, p);
@@ -344,8 +344,11 @@ impl Worker {
                 }
                 _ = async { budget.expect("guarded").at_most(budget.expect("guarded").resume_level()).await }, if paused => {
                     paused = false;
-                    set_paused(&self.consumer, false, name, self.settings.paused_gauge);
+                    set_paused(&self.consumer, false, name, self.settings.paused_gauge.as_ref());
                 }
+                // Before the poll, as the loops had it: a backlog of records must not hold back due timers or the
+                // mail being sent (each of these is done in a moment, then the poll comes).
+                w = handler.wake() => handler.woken(w, &ctl),
                 received = polled(&live, self.consumer.recv()) => {
                     let m = match received {
                         Ok(m) => m,
@@ -354,7 +357,7 @@ impl Worker {
                             let lost: Vec<(String, i32)> = assigned.iter().cloned().collect();
                             self.consumer.context().release_lost(&lost);
                             while let Ok(ev) = self.rebalances.try_recv() {
-                                apply(ev, handler, &ctl, &mut assigned, paused, self.settings.paused_gauge);
+                                apply(ev, handler, &ctl, &mut assigned, paused, self.settings.paused_gauge.as_ref());
                             }
                             suspect_until = None;
                             live.set_suspect(false);
@@ -368,7 +371,7 @@ impl Worker {
                     // An assignment is reported during the poll that returns its first records: apply it first, so
                     // the handler finds the partition's ownership in place.
                     while let Ok(ev) = self.rebalances.try_recv() {
-                        apply(ev, handler, &ctl, &mut assigned, paused, self.settings.paused_gauge);
+                        apply(ev, handler, &ctl, &mut assigned, paused, self.settings.paused_gauge.as_ref());
                     }
                     let Some(topic) = self.shared.topics.iter().position(|t| **t == *m.topic()) else { continue };
                     let (p, o) = (m.partition(), m.offset());
@@ -379,11 +382,10 @@ impl Worker {
                     if let Some(b) = budget {
                         if !paused && b.is_spent() {
                             paused = true;
-                            set_paused(&self.consumer, true, name, self.settings.paused_gauge);
+                            set_paused(&self.consumer, true, name, self.settings.paused_gauge.as_ref());
                         }
                     }
                 }
-                w = handler.wake() => handler.woken(w, &ctl),
                 _ = async { tokio::time::sleep_until(suspect_until.expect("guarded")).await }, if suspect_until.is_some() => {
                     // No word of being dropped: still a member (librdkafka checks the interval once a second).
                     tracing::info!(consumer = name, "still a member of the group after the silence; resuming");
@@ -446,7 +448,7 @@ fn apply<H: Handler>(
     ctl: &Control<'_>,
     assigned: &mut BTreeSet<(String, i32)>,
     paused: bool,
-    gauge: Option<&'static str>,
+    gauge: Option<&metrics::Gauge>,
 ) {
     match &ev {
         RebalanceEvent::Assigned(parts) => {
@@ -468,21 +470,13 @@ fn apply<H: Handler>(
 }
 
 /// Pauses or resumes fetching from every assigned partition; the consumer is polled all the same.
-fn set_paused(consumer: &StreamConsumer<RebalanceContext>, pause: bool, name: &'static str, gauge: Option<&'static str>) {
+fn set_paused(consumer: &StreamConsumer<RebalanceContext>, pause: bool, name: &'static str, gauge: Option<&metrics::Gauge>) {
     if let Err(e) = crate::budget::set_paused(consumer, pause) {
         tracing::warn!(consumer = name, error = %e, pause, "pausing or resuming the partitions failed");
     }
     if let Some(g) = gauge {
-        metrics::gauge!(g).set(if pause { 1.0 } else { 0.0 });
+        g.set(if pause { 1.0 } else { 0.0 });
     }
-}
-
-/// Pauses or resumes one partition (handlers with pauses of their own).
-pub fn pause_partition(consumer: &StreamConsumer<RebalanceContext>, topic: &str, partition: i32, pause: bool) -> bool {
-    let mut tpl = TopicPartitionList::new();
-    tpl.add_partition(topic, partition);
-    let r = if pause { consumer.pause(&tpl) } else { consumer.resume(&tpl) };
-    r.is_ok()
 }
 
 #[cfg(test)]
