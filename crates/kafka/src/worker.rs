@@ -342,7 +342,7 @@ impl Worker {
                         self.store(t, p);
                     }
                 }
-                _ = async { budget.expect("guarded").at_most(budget.expect("guarded").resume_level()).await }, if paused => {
+                _ = freed(budget, |b| b.resume_level()), if paused => {
                     paused = false;
                     set_paused(&self.consumer, false, name, self.settings.paused_gauge.as_ref());
                 }
@@ -386,7 +386,7 @@ impl Worker {
                         }
                     }
                 }
-                _ = async { tokio::time::sleep_until(suspect_until.expect("guarded")).await }, if suspect_until.is_some() => {
+                _ = sleep_until(suspect_until), if suspect_until.is_some() => {
                     // No word of being dropped: still a member (librdkafka checks the interval once a second).
                     tracing::info!(consumer = name, "still a member of the group after the silence; resuming");
                     suspect_until = None;
@@ -416,7 +416,7 @@ impl Worker {
                     break;
                 }
                 Some((t, p)) = self.moved.recv() => self.store(t, p),
-                _ = async { budget.expect("guarded").at_most(0).await }, if budget.is_some() => {}
+                _ = freed(budget.as_ref(), |_| 0), if budget.is_some() => {}
             }
         }
         while let Ok((t, p)) = self.moved.try_recv() {
@@ -433,6 +433,21 @@ impl Worker {
         if let Some(w) = self.shared.marks.committable(t, partition) {
             store(&self.consumer, t, partition, w);
         }
+    }
+}
+
+/// Until at most `level(budget)` units are in use; never without a budget.
+async fn freed(budget: Option<&Arc<Budget>>, level: impl Fn(&Budget) -> usize) {
+    match budget {
+        Some(b) => b.at_most(level(b)).await,
+        None => std::future::pending().await,
+    }
+}
+
+async fn sleep_until(at: Option<tokio::time::Instant>) {
+    match at {
+        Some(at) => tokio::time::sleep_until(at).await,
+        None => std::future::pending().await,
     }
 }
 

@@ -348,16 +348,14 @@ impl Handler for Mails {
     }
 
     /// The mail being sent, the next one taken from the queue when none is.
-    fn wake(&mut self) -> impl Future<Output = ()> + Send + '_ {
-        async move {
-            if self.job.is_none() {
-                let Some((item, done)) = self.queue.pop_front() else { return std::future::pending().await };
-                let notifier = self.notifier.clone();
-                self.job = Some(Job { done, send: Box::pin(async move { notifier.send_until_done(item).await }) });
-            }
-            if let Some(job) = &mut self.job {
-                job.send.as_mut().await;
-            }
+    async fn wake(&mut self) {
+        if self.job.is_none() {
+            let Some((item, done)) = self.queue.pop_front() else { return std::future::pending().await };
+            let notifier = self.notifier.clone();
+            self.job = Some(Job { done, send: Box::pin(async move { notifier.send_until_done(item).await }) });
+        }
+        if let Some(job) = &mut self.job {
+            job.send.as_mut().await;
         }
     }
 
