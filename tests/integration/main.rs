@@ -17,6 +17,7 @@ mod hardening;
 mod kafka_tls;
 mod tansu;
 mod rebalance;
+mod zombie;
 mod tenants;
 mod credentials;
 mod event_types;

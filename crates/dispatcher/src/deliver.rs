@@ -8,6 +8,7 @@ use bytes::Bytes;
 use hookline_core::vocabulary::DeadLetterReason;
 use hookline_core::health::{self, HealthEvent, Transition};
 use futures::future::BoxFuture;
+use futures::FutureExt as _;
 use hookline_core::breaker::{Admission, BreakerChange};
 use hookline_core::model::{
     AttemptRecord, DeliveryTask, EndpointCondition, EndpointState, Event, OpsEvent, RetryEnvelope, TaskOrigin,
@@ -28,6 +29,27 @@ use crate::{now_ms, Ctx};
 /// The delivery was not finished because the process is shutting down: its offset must not be committed.
 #[derive(Debug)]
 pub struct Aborted;
+
+/// The zombie fence (see `hookline_kafka::worker`): the consume loop has been silent for nearly
+/// `kafka.max_poll_interval_ms`, so the group may be about to drop this member and give the partition to another.
+/// Nothing is sent until the loop polls again; if the partition goes meanwhile the task is left uncommitted, and
+/// its next owner sends it. Called only when `ctx.liveness.is_live()` is false (the hot path is one atomic load).
+pub(crate) async fn fence(ctx: &Ctx, partition: i32) -> Result<(), Aborted> {
+    metrics::counter!("hookline_dispatcher_fenced_total").increment(1);
+    tracing::warn!(partition, silent_ms = ctx.liveness.silent_for().as_millis() as u64, "the consume loop is silent near max.poll.interval.ms; no send starts until it polls again");
+    // The ownership it started under: another one (revoked, maybe assigned again) is not this task's.
+    let epoch = ctx.states.epoch(partition);
+    loop {
+        let owned = ctx.states.ready(partition).now_or_never() != Some(false);
+        if !owned || (epoch != 0 && ctx.states.epoch(partition) != epoch) || ctx.shutdown.is_cancelled() {
+            return Err(Aborted);
+        }
+        if ctx.liveness.is_live() {
+            return Ok(());
+        }
+        ctx.liveness.changed().await;
+    }
+}
 
 /// Runs inside the subscription's lane (see `lanes.rs`), so it is the only place that waits for an endpoint.
 pub async fn deliver(ctx: Arc<Ctx>, task: DeliveryTask, partition: i32) -> Result<(), Aborted> {
@@ -385,6 +407,10 @@ async fn attempt(ctx: &Ctx, mut task: DeliveryTask, entry: &SubscriptionEntry, p
         let span = ctx.tracer.attempt(&task, task.prior_attempts + attempt_no, try_no);
         // Boxed, like every step after it: the future of a delivery is as large as its largest step, and it lives
         // as long as the delivery waits for the endpoint.
+        // Also a try that waited (its turn, a backoff) while the consume loop went silent.
+        if !ctx.liveness.is_live() {
+            Box::pin(fence(ctx, partition)).await?;
+        }
         let result = Box::pin(send_once(ctx, &task, entry, policy, attempt_no, body, started, span.as_ref())).await;
         tracing::debug!(delivery = %task.delivery_id, outcome = %result.outcome, reason = %result.reason, "try finished");
         if let Some(rule) = &policy.concurrency {

@@ -22,13 +22,12 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use hookline_core::model::DeliveryTask;
-use hookline_kafka::budget::Budget;
-use hookline_kafka::client::{group_consumer_config, producer};
+use hookline_kafka::client::producer;
 use hookline_kafka::produce;
-use hookline_kafka::rebalance::{RebalanceContext, RebalanceEvent, RevokeDrain};
+use hookline_kafka::rebalance::RebalanceEvent;
 use hookline_kafka::state::{EndpointStates, SecretMode, StateTables, SubscriptionTable, FENCE_KEY};
 use hookline_kafka::table::{TableError, TableHandle};
-use hookline_kafka::watermark::{store, SharedWatermarks};
+use hookline_kafka::worker::{self, Control, Done, Handler, Liveness, Revoke, Worker};
 use hookline_kafka::Topics;
 use hookline_service::{health, telemetry, Config, Readiness};
 use bytes::Bytes;
@@ -36,10 +35,10 @@ use futures::future::BoxFuture;
 use futures::FutureExt as _;
 use hookline_core::vocabulary::DeadLetterReason;
 use prost::Message as _;
-use rdkafka::consumer::{CommitMode, Consumer, StreamConsumer};
 use rdkafka::error::KafkaError;
 use hookline_kafka::client::Producer as KafkaProducer;
 use rdkafka::producer::{DeliveryFuture, FutureRecord, Producer};
+use rdkafka::message::BorrowedMessage;
 use rdkafka::Message;
 use tokio::sync::mpsc;
 use tokio_util::sync::CancellationToken;
@@ -78,6 +77,9 @@ pub struct Options {
     /// Receives a copy of each rebalance (the partitions assigned or revoked, a delta) once the dispatcher applied
     /// it: tests of who owns what.
     pub rebalances: Option<mpsc::UnboundedSender<RebalanceEvent>>,
+    /// Test only, off by default: while it reads `true`, the consume loop stops polling (a stuck loop or a frozen
+    /// process), so that tests can watch a member overstay `kafka.max_poll_interval_ms`.
+    pub stall_polling: Option<tokio::sync::watch::Receiver<bool>>,
 }
 
 pub(crate) struct Ctx {
@@ -100,6 +102,8 @@ pub(crate) struct Ctx {
     pub tracer: hookline_service::traces::Tracer,
     /// How dead letters are written (`dlq.format`, within the record size).
     pub dlq: hookline_kafka::dead_letters::DeadLetterWriter,
+    /// When the consume loop last polled: no send starts once it has been silent near `max.poll.interval.ms`.
+    pub liveness: Arc<Liveness>,
 }
 
 impl Ctx {
@@ -231,16 +235,13 @@ pub async fn run(config: Config, shutdown: CancellationToken, options: Options) 
         shutdown: shutdown.clone(),
         tracer: hookline_service::traces::Tracer::new(&config.telemetry, "dispatcher"),
         dlq: hookline_kafka::dead_letters::DeadLetterWriter::new(config.dlq.format, &config.kafka),
+        liveness: Liveness::new(Duration::from_millis(kafka.max_poll_interval_ms)),
     });
 
     tokio::spawn(ctx.stalls.clone().detect_freezes(reader_stop.clone()));
     tokio::spawn(forget::forget_deleted_every(ctx.clone(), forget::SWEEP_EVERY, reader_stop.clone()));
     let deliveries = topics.deliveries();
-    let marks = Arc::new(SharedWatermarks::default());
-    let drain = Duration::from_millis(config.dispatcher.drain_timeout_ms);
-    let revoke_drain = RevokeDrain {
-        marks: marks.clone(),
-        topic: deliveries.to_owned(),
+    let revoke = Revoke {
         limit: Duration::from_millis(config.dispatcher.revoke_drain_ms),
         release: Box::new({
             let ctx = ctx.clone();
@@ -251,161 +252,28 @@ pub async fn run(config: Config, shutdown: CancellationToken, options: Options) 
         }),
         shutdown: shutdown.clone(),
     };
-    let (context, mut rebalances) = RebalanceContext::with_revoke_drain("dispatcher", revoke_drain);
-    let consumer: StreamConsumer<RebalanceContext> =
-        group_consumer_config(kafka, &config.dispatcher.group_id, &instance)?.create_with_context(context)?;
-    consumer.subscribe(&[deliveries])?;
-
-    let max_in_flight = config.dispatcher.max_in_flight;
-    let max_queued = config.dispatcher.max_queued_per_subscription;
-    // Saturated, the dispatcher pauses its partitions and keeps polling (see `Budget`).
-    let in_flight = Budget::new(max_in_flight);
-    let mut paused = false;
-    let (tx, mut done_rx) = mpsc::unbounded_channel::<i32>();
-    let done_tx = Done { marks: marks.clone(), topic: deliveries.into(), tx };
-    let source: Arc<str> = deliveries.into();
-
-    loop {
-        tokio::select! {
-            biased;
-            _ = shutdown.cancelled() => break,
-            Some(ev) = rebalances.recv() => {
-                let assigned = matches!(ev, RebalanceEvent::Assigned(_));
-                on_rebalance(ev, &ctx, &states_reader, deliveries, &readiness, &options.rebalances);
-                // Newly assigned partitions start unpaused.
-                if paused && assigned {
-                    set_paused(&consumer, true);
-                }
-            }
-            Some(p) = done_rx.recv() => {
-                if let Some(w) = marks.committable(deliveries, p) {
-                    store(&consumer, deliveries, p, w);
-                }
-            }
-            _ = in_flight.at_most(in_flight.resume_level()), if paused => {
-                paused = false;
-                set_paused(&consumer, false);
-            }
-            received = consumer.recv() => {
-                let m = match received {
-                    Ok(m) => m,
-                    Err(e) => {
-                        tracing::warn!(error = %e, "consumer error");
-                        continue;
-                    }
-                };
-                // A record fetched before a pause took effect is still taken: skipping it would lose it.
-                let permit = in_flight.take(1);
-                if !paused && in_flight.is_spent() {
-                    paused = true;
-                    set_paused(&consumer, true);
-                }
-                // An assignment is reported during the poll that returns its first records: apply it first, so
-                // every task finds its partition's ownership in place.
-                while let Ok(ev) = rebalances.try_recv() {
-                    let assigned = matches!(ev, RebalanceEvent::Assigned(_));
-                    on_rebalance(ev, &ctx, &states_reader, deliveries, &readiness, &options.rebalances);
-                    if paused && assigned {
-                        set_paused(&consumer, true);
-                    }
-                }
-                let (p, o) = (m.partition(), m.offset());
-                marks.start(deliveries, p, o);
-                metrics::gauge!("hookline_dispatcher_in_flight").set(in_flight.in_use() as f64);
-                // Kept (one copy; the task's byte fields are slices of it) for the dead letter of a panic.
-                let raw = Bytes::copy_from_slice(m.payload().unwrap_or_default());
-                let task = match m.payload().map(|_| DeliveryTask::decode(raw.clone())) {
-                    Some(Ok(t)) => t,
-                    other => {
-                        let detail = match other { Some(Err(e)) => e.to_string(), _ => "empty record".into() };
-                        let ctx = ctx.clone();
-                        let done = done_tx.clone();
-                        let topic = deliveries.to_owned();
-                        tokio::spawn(async move {
-                            let dl = hookline_core::model::DeadLetter {
-                                reason: DeadLetterReason::InvalidTask.as_str().into(), detail, raw, source_topic: topic,
-                                source_partition: p, source_offset: o, at_ms: now_ms(), ..Default::default()
-                            };
-                            if ctx.produce_dead_letter("", &dl).await.is_ok() {
-                                metrics::counter!("hookline_dead_lettered_total", "reason" => DeadLetterReason::InvalidTask.as_str()).increment(1);
-                                let _ = done.send((p, o));
-                            }
-                            drop(permit);
-                        });
-                        continue;
-                    }
-                };
-                let lane = task.subscription_id.clone();
-                let done = done_tx.clone();
-                let source = source.clone();
-                // A deep lane that cannot drain within seconds (its endpoint hangs or is far too slow) would
-                // otherwise use up `max_in_flight` and stall every other subscription: park the task on the ladder,
-                // and with it what the lane queued beyond its depth before it was known to be stuck.
-                // Not while the broker or this process stalls (or just after): then every lane looks stuck.
-                let stuck = ctx.lanes.stuck_for(&lane, max_queued, STUCK_AFTER).filter(|_| !ctx.stalls.within(STUCK_AFTER));
-                if let Some(drain) = stuck {
-                    for job in ctx.lanes.shed(&lane, max_queued) {
-                        tokio::spawn(job(Run::Shed(drain)));
-                    }
-                    let ctx = ctx.clone();
-                    tokio::spawn(async move {
-                        let work = deliver::spill(ctx.clone(), task, drain);
-                        if guarded(&ctx, work, &raw, &source, p, o).await.is_ok() {
-                            let _ = done.send((p, o));
-                        }
-                        drop(permit);
-                    });
-                    continue;
-                }
-                let job_ctx = ctx.clone();
-                // Built when the lane runs it: a queued job holds the task, not a delivery's whole future.
-                ctx.lanes.submit(&lane, Box::new(move |run| {
-                    Box::pin(async move {
-                        let work = async {
-                            match run {
-                                Run::Now => deliver::deliver(job_ctx.clone(), task, p).await,
-                                Run::Shed(drain) => deliver::spill(job_ctx.clone(), task, drain).await,
-                            }
-                        };
-                        if guarded(&job_ctx, work, &raw, &source, p, o).await.is_ok() {
-                            let _ = done.send((p, o));
-                        }
-                        drop(permit);
-                    })
-                }));
-            }
-        }
-    }
-
-    // Drain: let in-flight deliveries finish (their records are produced), storing offsets as they complete.
-    readiness.set(false);
-    let all = in_flight.at_most(0);
-    tokio::pin!(all);
-    let deadline = tokio::time::sleep(drain);
-    tokio::pin!(deadline);
-    loop {
-        tokio::select! {
-            _ = &mut all => break,
-            _ = &mut deadline => {
-                tracing::warn!(in_flight = marks.total_in_flight(), "drain deadline passed; unfinished deliveries stay uncommitted");
-                break;
-            }
-            Some(p) = done_rx.recv() => {
-                if let Some(w) = marks.committable(deliveries, p) {
-                    store(&consumer, deliveries, p, w);
-                }
-            }
-        }
-    }
-    while let Ok(p) = done_rx.try_recv() {
-        if let Some(w) = marks.committable(deliveries, p) {
-            store(&consumer, deliveries, p, w);
-        }
-    }
-    if let Err(e) = consumer.commit_consumer_state(CommitMode::Sync) {
-        tracing::debug!(error = %e, "final commit");
-    }
-    hookline_kafka::client::close_consumer(consumer, hookline_kafka::client::LEAVE_GROUP_WITHIN, "dispatcher").await;
+    let settings = worker::Settings {
+        name: "dispatcher",
+        group_id: config.dispatcher.group_id.clone(),
+        client_id: instance.clone(),
+        topics: vec![deliveries.to_owned()],
+        // Saturated, the dispatcher pauses its partitions and keeps polling (see `Budget`).
+        max_in_flight: Some(config.dispatcher.max_in_flight),
+        paused_gauge: Some(metrics::gauge!("hookline_dispatcher_paused")),
+        drain: Duration::from_millis(config.dispatcher.drain_timeout_ms),
+        stall: options.stall_polling.clone(),
+    };
+    let worker = Worker::subscribe(kafka, settings, ctx.liveness.clone(), Some(revoke))?;
+    let mut handler = Dispatch {
+        ctx: ctx.clone(),
+        reader: states_reader,
+        readiness: readiness.clone(),
+        observer: options.rebalances.clone(),
+        source: deliveries.into(),
+        max_queued: config.dispatcher.max_queued_per_subscription,
+    };
+    // At shutdown in-flight deliveries get `dispatcher.drain_timeout_ms` to finish (their records are produced).
+    worker.run(&mut handler, &shutdown).await;
     let _ = ctx.producer.flush(Duration::from_secs(10));
     reader_stop.cancel();
     ctx.tracer.flush().await;
@@ -413,12 +281,88 @@ pub async fn run(config: Config, shutdown: CancellationToken, options: Options) 
     Ok(())
 }
 
-/// Pauses or resumes fetching from every assigned partition; the consumer is polled all the same.
-fn set_paused(consumer: &StreamConsumer<RebalanceContext>, pause: bool) {
-    if let Err(e) = hookline_kafka::budget::set_paused(consumer, pause) {
-        tracing::warn!(error = %e, pause, "pausing or resuming the partitions failed");
+/// The dispatcher's handling of `deliveries` records (see `hookline_kafka::worker`).
+struct Dispatch {
+    ctx: Arc<Ctx>,
+    reader: TableHandle,
+    readiness: Readiness,
+    observer: Option<mpsc::UnboundedSender<RebalanceEvent>>,
+    source: Arc<str>,
+    max_queued: usize,
+}
+
+impl Handler for Dispatch {
+    type Wake = ();
+
+    fn stopping(&mut self) {
+        self.readiness.set(false);
     }
-    metrics::gauge!("hookline_dispatcher_paused").set(if pause { 1.0 } else { 0.0 });
+
+    fn rebalance(&mut self, ev: RebalanceEvent, _: &Control<'_>) {
+        on_rebalance(ev, &self.ctx, &self.reader, &self.source, &self.readiness, &self.observer);
+    }
+
+    fn record(&mut self, m: &BorrowedMessage<'_>, done: Done, ctl: &Control<'_>) {
+        let ctx = &self.ctx;
+        let (p, o) = (done.partition(), done.offset());
+        metrics::gauge!("hookline_dispatcher_in_flight").set(ctl.in_flight() as f64);
+        // Kept (one copy; the task's byte fields are slices of it) for the dead letter of a panic.
+        let raw = Bytes::copy_from_slice(m.payload().unwrap_or_default());
+        let task = match m.payload().map(|_| DeliveryTask::decode(raw.clone())) {
+            Some(Ok(t)) => t,
+            other => {
+                let detail = match other { Some(Err(e)) => e.to_string(), _ => "empty record".into() };
+                let ctx = ctx.clone();
+                let topic = self.source.to_string();
+                tokio::spawn(async move {
+                    let dl = hookline_core::model::DeadLetter {
+                        reason: DeadLetterReason::InvalidTask.as_str().into(), detail, raw, source_topic: topic,
+                        source_partition: p, source_offset: o, at_ms: now_ms(), ..Default::default()
+                    };
+                    if ctx.produce_dead_letter("", &dl).await.is_ok() {
+                        metrics::counter!("hookline_dead_lettered_total", "reason" => DeadLetterReason::InvalidTask.as_str()).increment(1);
+                        done.complete();
+                    }
+                });
+                return;
+            }
+        };
+        let lane = task.subscription_id.clone();
+        let source = self.source.clone();
+        // A deep lane that cannot drain within seconds (its endpoint hangs or is far too slow) would
+        // otherwise use up `max_in_flight` and stall every other subscription: park the task on the ladder,
+        // and with it what the lane queued beyond its depth before it was known to be stuck.
+        // Not while the broker or this process stalls (or just after): then every lane looks stuck.
+        let stuck = ctx.lanes.stuck_for(&lane, self.max_queued, STUCK_AFTER).filter(|_| !ctx.stalls.within(STUCK_AFTER));
+        if let Some(drain) = stuck {
+            for job in ctx.lanes.shed(&lane, self.max_queued) {
+                tokio::spawn(job(Run::Shed(drain)));
+            }
+            let ctx = ctx.clone();
+            tokio::spawn(async move {
+                let work = deliver::spill(ctx.clone(), task, drain);
+                if guarded(&ctx, work, &raw, &source, p, o).await.is_ok() {
+                    done.complete();
+                }
+            });
+            return;
+        }
+        let job_ctx = ctx.clone();
+        // Built when the lane runs it: a queued job holds the task, not a delivery's whole future.
+        ctx.lanes.submit(&lane, Box::new(move |run| {
+            Box::pin(async move {
+                let work = async {
+                    match run {
+                        Run::Now => deliver::deliver(job_ctx.clone(), task, p).await,
+                        Run::Shed(drain) => deliver::spill(job_ctx.clone(), task, drain).await,
+                    }
+                };
+                if guarded(&job_ctx, work, &raw, &source, p, o).await.is_ok() {
+                    done.complete();
+                }
+            })
+        }));
+    }
 }
 
 /// Runs one delivery's work. A panic in it (a bug) dead-letters the task with the panic's message: left
@@ -431,6 +375,9 @@ async fn guarded(
     partition: i32,
     offset: i64,
 ) -> Result<(), Aborted> {
+    if !ctx.liveness.is_live() {
+        Box::pin(deliver::fence(ctx, partition)).await?;
+    }
     let panic = match AssertUnwindSafe(work).catch_unwind().await {
         Ok(result) => return result,
         Err(panic) => panic,
@@ -462,24 +409,6 @@ async fn guarded(
     ctx.produce_dead_letter(&task.subscription_id, &dl).await?;
     metrics::counter!("hookline_dead_lettered_total", "reason" => reason.as_str()).increment(1);
     Ok(())
-}
-
-/// Completes a record where its outcome became durable (so a revoke drain waiting in the rebalance callback sees
-/// it at once), then has the main loop store the partition's watermark.
-#[derive(Clone)]
-struct Done {
-    marks: Arc<SharedWatermarks>,
-    topic: Arc<str>,
-    tx: mpsc::UnboundedSender<i32>,
-}
-
-impl Done {
-    fn send(&self, (partition, offset): (i32, i64)) -> Result<(), mpsc::error::SendError<i32>> {
-        if self.marks.complete(&self.topic, partition, offset).is_some() {
-            return self.tx.send(partition);
-        }
-        Ok(())
-    }
 }
 
 /// Applies one rebalance. Rebalancing is incremental (cooperative-sticky): an assignment names only the partitions

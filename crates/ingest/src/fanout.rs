@@ -7,20 +7,16 @@ use std::time::Duration;
 use futures::future::join_all;
 use hookline_core::payload_filter::{Data, EventFields};
 use hookline_core::model::{delivery_id, DeadLetter, DeliveryTask, Event, TaskOrigin};
-use hookline_kafka::budget::Budget;
-use hookline_kafka::client::group_consumer_config;
-use hookline_kafka::rebalance::{RebalanceContext, RebalanceEvent};
+use hookline_kafka::rebalance::RebalanceEvent;
 use hookline_kafka::state::SubscriptionTable;
-use hookline_kafka::watermark::{store, Watermarks};
+use hookline_kafka::worker::{self, Control, Done, Handler, Liveness, Worker};
 use hookline_kafka::Topics;
 use prost::Message as _;
-use rdkafka::consumer::{CommitMode, Consumer, StreamConsumer};
 use rdkafka::error::KafkaError;
 use hookline_kafka::client::Producer as FutureProducer;
-use rdkafka::message::OwnedHeaders;
+use rdkafka::message::{BorrowedMessage, OwnedHeaders};
 use rdkafka::producer::FutureRecord;
 use rdkafka::Message;
-use tokio::sync::mpsc;
 use tokio_util::sync::CancellationToken;
 
 use crate::decode;
@@ -43,123 +39,89 @@ pub struct Fanout {
 }
 
 pub async fn run(f: Arc<Fanout>, config: &hookline_service::Config, client_id: &str) -> Result<(), KafkaError> {
-    let (context, mut rebalances) = RebalanceContext::new("ingest");
-    let consumer: StreamConsumer<RebalanceContext> =
-        group_consumer_config(&config.kafka, &config.ingest.group_id, client_id)?.create_with_context(context)?;
-    let events = f.topics.events();
-    consumer.subscribe(&[events])?;
-    // Spent, the fan-out pauses its partitions and keeps polling (see `Budget`).
-    let in_flight = Budget::new(MAX_TASKS_IN_FLIGHT);
-    let mut paused = false;
-    let (done_tx, mut done_rx) = mpsc::unbounded_channel::<(i32, i64)>();
-    let mut marks = Watermarks::new();
-    let store = |consumer: &StreamConsumer<RebalanceContext>, p: i32, w: i64| store(consumer, events, p, w);
-    loop {
-        tokio::select! {
-            biased;
-            _ = f.shutdown.cancelled() => break,
-            Some(ev) = rebalances.recv() => {
-                if paused && matches!(ev, RebalanceEvent::Assigned(_)) {
-                    // Newly assigned partitions start unpaused.
-                    set_paused(&consumer, true);
-                }
-                match ev {
-                    RebalanceEvent::Revoked(parts) => for (t, p) in parts { marks.forget(&t, p); },
-                    RebalanceEvent::Assigned(_) if !f.readiness.is_ready() => {
-                        f.readiness.set(true);
-                        tracing::info!("ingest ready");
-                    }
-                    RebalanceEvent::Assigned(_) => {}
-                }
-            }
-            Some((p, o)) = done_rx.recv() => {
-                if let Some(w) = marks.complete(events, p, o) { store(&consumer, p, w); }
-            }
-            _ = in_flight.at_most(in_flight.resume_level()), if paused => {
-                paused = false;
-                set_paused(&consumer, false);
-            }
-            received = consumer.recv() => {
-                let m = match received {
-                    Ok(m) => m,
-                    Err(e) => { tracing::warn!(error = %e, "events consumer error"); continue; }
-                };
-                let (p, o) = (m.partition(), m.offset());
-                marks.start(events, p, o);
-                metrics::counter!("hookline_events_consumed_total").increment(1);
-                let accepted_at = m.timestamp().to_millis().unwrap_or_else(crate::now_ms);
-                let mut span = None;
-                let work = match decode::decode(m.payload().unwrap_or_default(), f.max_event_bytes, false) {
-                    Ok(mut ev) => {
-                        if ev.accepted_at_ms == 0 { ev.accepted_at_ms = accepted_at; }
-                        // Headers are looked at only when tracing is on.
-                        let (tp, ts) = if f.tracer.is_on() { trace_headers(&m) } else { (None, None) };
-                        span = f.tracer.fanout(&mut ev, tp, ts);
-                        let work = fan_out(&f, ev);
-                        if let Some(s) = &mut span { s.set_i64("hookline.deliveries", work.len() as i64); }
-                        work
-                    }
-                    Err(invalid) => {
-                        metrics::counter!("hookline_events_invalid_total", "reason" => invalid.reason).increment(1);
-                        tracing::debug!(partition = p, offset = o, %invalid, "invalid event dead-lettered");
-                        // The raw record is kept whole when it fits the event limit (it always fits a Kafka record
-                        // then); an oversize one keeps its first bytes, and the source offset points at all of it.
-                        let payload = m.payload().unwrap_or_default();
-                        let keep = payload.len().min(f.max_event_bytes);
-                        let mut detail = invalid.detail;
-                        if keep < payload.len() {
-                            detail.push_str(&format!("; raw truncated to its first {keep} of {} bytes", payload.len()));
-                        }
-                        let dl = DeadLetter {
-                            reason: invalid.reason.into(), detail, raw: payload[..keep].to_vec().into(),
-                            source_topic: events.to_owned(), source_partition: p, source_offset: o, at_ms: crate::now_ms(), ..Default::default()
-                        };
-                        if f.tracer.is_on() {
-                            let (tp, ts) = trace_headers(&m);
-                            f.tracer.dead_letter_of_record(&dl, tp, ts);
-                        }
-                        let (value, headers) = f.dlq.record(&dl);
-                        vec![enqueue_with_headers(&f.producer, f.topics.dlq(), String::new(), value, Some(headers))]
-                    }
-                };
-                // Taken whatever is left (the event is in hand); the partitions pause once the budget is spent.
-                let permit = in_flight.take(work.len());
-                if !paused && in_flight.is_spent() {
-                    paused = true;
-                    set_paused(&consumer, true);
-                }
-                let done = done_tx.clone();
-                let shutdown = f.shutdown.clone();
-                let producer = f.producer.clone();
-                tokio::spawn(async move {
-                    if complete(work, &producer, &shutdown).await {
-                        let _ = done.send((p, o));
-                    }
-                    // The fan-out span ends once every task is acknowledged.
-                    if let Some(s) = span { s.end(); }
-                    drop(permit);
-                });
-            }
-        }
-    }
-    // Drain what is in flight, then commit.
-    let _ = tokio::time::timeout(Duration::from_secs(10), in_flight.at_most(0)).await;
-    while let Ok((p, o)) = done_rx.try_recv() {
-        if let Some(w) = marks.complete(events, p, o) {
-            store(&consumer, p, w);
-        }
-    }
-    let _ = consumer.commit_consumer_state(CommitMode::Sync);
-    hookline_kafka::client::close_consumer(consumer, hookline_kafka::client::LEAVE_GROUP_WITHIN, "ingest").await;
+    let settings = worker::Settings {
+        name: "ingest",
+        group_id: config.ingest.group_id.clone(),
+        client_id: client_id.to_owned(),
+        topics: vec![f.topics.events().to_owned()],
+        // Spent, the fan-out pauses its partitions and keeps polling (see `Budget`).
+        max_in_flight: Some(MAX_TASKS_IN_FLIGHT),
+        paused_gauge: Some(metrics::gauge!("hookline_fanout_paused")),
+        drain: Duration::from_secs(10),
+        stall: None,
+    };
+    let liveness = Liveness::new(Duration::from_millis(config.kafka.max_poll_interval_ms));
+    let worker = Worker::subscribe(&config.kafka, settings, liveness, None)?;
+    let shutdown = f.shutdown.clone();
+    worker.run(&mut FanoutHandler(f), &shutdown).await;
     Ok(())
 }
 
-/// Pauses or resumes fetching from every assigned partition; the consumer is polled all the same.
-fn set_paused(consumer: &StreamConsumer<RebalanceContext>, pause: bool) {
-    if let Err(e) = hookline_kafka::budget::set_paused(consumer, pause) {
-        tracing::warn!(error = %e, pause, "pausing or resuming the events partitions failed");
+struct FanoutHandler(Arc<Fanout>);
+
+impl Handler for FanoutHandler {
+    type Wake = ();
+
+    fn rebalance(&mut self, ev: RebalanceEvent, _: &Control<'_>) {
+        let f = &self.0;
+        if matches!(ev, RebalanceEvent::Assigned(_)) && !f.readiness.is_ready() {
+            f.readiness.set(true);
+            tracing::info!("ingest ready");
+        }
     }
-    metrics::gauge!("hookline_fanout_paused").set(if pause { 1.0 } else { 0.0 });
+
+    fn record(&mut self, m: &BorrowedMessage<'_>, mut done: Done, _: &Control<'_>) {
+        let f = &self.0;
+        let events = f.topics.events();
+        let (p, o) = (done.partition(), done.offset());
+        metrics::counter!("hookline_events_consumed_total").increment(1);
+        let accepted_at = m.timestamp().to_millis().unwrap_or_else(crate::now_ms);
+        let mut span = None;
+        let work = match decode::decode(m.payload().unwrap_or_default(), f.max_event_bytes, false) {
+            Ok(mut ev) => {
+                if ev.accepted_at_ms == 0 { ev.accepted_at_ms = accepted_at; }
+                // Headers are looked at only when tracing is on.
+                let (tp, ts) = if f.tracer.is_on() { trace_headers(m) } else { (None, None) };
+                span = f.tracer.fanout(&mut ev, tp, ts);
+                let work = fan_out(f, ev);
+                if let Some(s) = &mut span { s.set_i64("hookline.deliveries", work.len() as i64); }
+                work
+            }
+            Err(invalid) => {
+                metrics::counter!("hookline_events_invalid_total", "reason" => invalid.reason).increment(1);
+                tracing::debug!(partition = p, offset = o, %invalid, "invalid event dead-lettered");
+                // The raw record is kept whole when it fits the event limit (it always fits a Kafka record
+                // then); an oversize one keeps its first bytes, and the source offset points at all of it.
+                let payload = m.payload().unwrap_or_default();
+                let keep = payload.len().min(f.max_event_bytes);
+                let mut detail = invalid.detail;
+                if keep < payload.len() {
+                    detail.push_str(&format!("; raw truncated to its first {keep} of {} bytes", payload.len()));
+                }
+                let dl = DeadLetter {
+                    reason: invalid.reason.into(), detail, raw: payload[..keep].to_vec().into(),
+                    source_topic: events.to_owned(), source_partition: p, source_offset: o, at_ms: crate::now_ms(), ..Default::default()
+                };
+                if f.tracer.is_on() {
+                    let (tp, ts) = trace_headers(m);
+                    f.tracer.dead_letter_of_record(&dl, tp, ts);
+                }
+                let (value, headers) = f.dlq.record(&dl);
+                vec![enqueue_with_headers(&f.producer, f.topics.dlq(), String::new(), value, Some(headers))]
+            }
+        };
+        // Weighs its tasks whatever is left (the event is in hand); the partitions pause once the budget is spent.
+        done.add_units(work.len().saturating_sub(1));
+        let shutdown = f.shutdown.clone();
+        let producer = f.producer.clone();
+        tokio::spawn(async move {
+            if complete(work, &producer, &shutdown).await {
+                done.complete();
+            }
+            // The fan-out span ends once every task is acknowledged.
+            if let Some(s) = span { s.end(); }
+        });
+    }
 }
 
 /// The W3C trace context record headers, when present.

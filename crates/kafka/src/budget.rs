@@ -79,6 +79,14 @@ impl Budget {
     }
 }
 
+impl Charge {
+    /// Takes `units` more for the same work (known only once the record is read, e.g. its fan-out).
+    pub fn add(&mut self, units: usize) {
+        self.budget.used.fetch_add(units, Ordering::AcqRel);
+        self.units = self.units.saturating_add(units);
+    }
+}
+
 impl Drop for Charge {
     fn drop(&mut self) {
         self.budget.used.fetch_sub(self.units, Ordering::AcqRel);

@@ -16,6 +16,7 @@ pub mod subscription_index;
 pub mod table;
 pub mod topics;
 pub mod watermark;
+pub mod worker;
 
 pub use settings::KafkaSettings;
 pub use topics::{Tier, Topics, TIERS};

@@ -63,7 +63,10 @@ impl RebalanceContext {
         // The callback runs inside the consumer's poll, on a runtime worker: waiting there must hand the worker's
         // other tasks (the deliveries being waited for) to another thread. A current-thread runtime cannot, so it
         // commits what is already done.
-        let limit = if d.shutdown.is_cancelled() { Duration::ZERO } else { d.limit };
+        // Lost (this member was dropped from the group, e.g. past `max.poll.interval.ms`): the partitions already
+        // belong to another member, so there is nothing to wait for and a commit would fail.
+        let lost = consumer.assignment_lost();
+        let limit = if d.shutdown.is_cancelled() || lost { Duration::ZERO } else { d.limit };
         let started = std::time::Instant::now();
         let offsets = match tokio::runtime::Handle::try_current().map(|h| h.runtime_flavor()) {
             Ok(tokio::runtime::RuntimeFlavor::MultiThread) if !limit.is_zero() => {
@@ -79,13 +82,31 @@ impl RebalanceContext {
         for (p, w) in &offsets {
             let _ = commit.add_partition_offset(&d.topic, *p, Offset::Offset(*w));
         }
-        let result = if commit.count() > 0 { consumer.commit(&commit, CommitMode::Sync) } else { Ok(()) };
+        let result = if commit.count() > 0 && !lost { consumer.commit(&commit, CommitMode::Sync) } else { Ok(()) };
         metrics::histogram!("hookline_revoke_drain_ms").record(started.elapsed().as_millis() as f64);
         match result {
             Ok(()) => tracing::info!(consumer = self.name, partitions = parts.len(), waited_ms = started.elapsed().as_millis() as u64, "revoked partitions drained and committed"),
             // A member that was already expelled (frozen past its session) cannot commit: the next owner redoes it.
             Err(e) => tracing::warn!(consumer = self.name, error = %e, "commit on revoke failed; the next owner redoes uncommitted work"),
         }
+    }
+}
+
+impl RebalanceContext {
+    /// The member was dropped from its group (`max.poll.interval.ms` exceeded): every partition it had is lost.
+    /// Releases them at once (no drain: they are another member's now, and nothing more may start here) and
+    /// reports them revoked, before librdkafka's own revocation of them, which may come a poll later.
+    pub fn release_lost(&self, parts: &[(String, i32)]) {
+        if let Some(d) = &self.drain {
+            for (t, p) in parts {
+                if *t == d.topic {
+                    (d.release)(*p);
+                    d.marks.forget(t, *p);
+                }
+            }
+        }
+        tracing::warn!(consumer = self.name, partitions = parts.len(), "partitions lost (dropped from the group); released");
+        let _ = self.events.send(RebalanceEvent::Revoked(parts.to_vec()));
     }
 }
 

@@ -7,21 +7,21 @@
 
 pub mod smtp;
 
-use std::collections::{HashSet, VecDeque};
+use std::collections::VecDeque;
 use std::future::Future;
 use std::pin::Pin;
+use std::sync::Arc;
 use std::time::Duration;
 
 use hookline_core::model::OpsEvent;
-use hookline_kafka::client::group_consumer_config;
-use hookline_kafka::rebalance::{RebalanceContext, RebalanceEvent};
-use hookline_kafka::watermark::{store, Watermarks};
+use hookline_kafka::rebalance::RebalanceEvent;
+use hookline_kafka::worker::{self, Control, Done, Handler, Liveness, Worker};
 use hookline_kafka::Topics;
 use hookline_service::config::NotifySettings;
 use prost::Message as _;
-use rdkafka::consumer::{CommitMode, Consumer, StreamConsumer};
 use rdkafka::error::KafkaError;
-use rdkafka::{Message, TopicPartitionList};
+use rdkafka::message::BorrowedMessage;
+use rdkafka::Message;
 use tokio_util::sync::CancellationToken;
 
 use lettre::message::header::{ContentType, HeaderName, HeaderValue, MIME_VERSION_1_0};
@@ -30,7 +30,8 @@ use lettre::{Address, Message as Email};
 
 use crate::smtp::{Credentials, SmtpError, SmtpSettings};
 
-/// Mails waiting for their turn; past this the partition a new one came from is paused (polling continues).
+/// Mails waiting for their turn; past this the loop pauses its partitions (polling continues) until a quarter
+/// of them is sent.
 const MAX_QUEUED: usize = 1_000;
 /// Sends of one message the relay refused permanently before it is given up (logged at error, counted failed).
 pub const MAX_REJECTIONS: u32 = 5;
@@ -266,7 +267,11 @@ struct Item {
     mail: Mail,
 }
 
-type Job<'a> = (i32, i64, Pin<Box<dyn Future<Output = ()> + Send + 'a>>);
+/// The mail being sent and its record.
+struct Job {
+    done: Done,
+    send: Pin<Box<dyn Future<Output = ()> + Send>>,
+}
 
 /// Consumes `ops` until `shutdown` and e-mails owners. Returns at once when `notify.smtp_addr` is unset.
 pub async fn run(config: &hookline_service::Config, shutdown: CancellationToken) -> Result<(), NotifyError> {
@@ -275,106 +280,104 @@ pub async fn run(config: &hookline_service::Config, shutdown: CancellationToken)
     let topics = Topics::new(config.kafka.topic_prefix.clone());
     let topic = topics.ops();
     let group = format!("{}-notify", config.ingest.group_id);
-    let (context, mut rebalances) = RebalanceContext::new("ingest-notify");
-    let consumer: StreamConsumer<RebalanceContext> =
-        group_consumer_config(&config.kafka, &group, "hookline-ingest-notify")?.create_with_context(context)?;
-    consumer.subscribe(&[topic])?;
-    tracing::info!(%topic, %group, relay = %notifier.smtp.addr(), tls = ?notifier.smtp.tls, "owner e-mail notifications on");
-
-    let mut marks = Watermarks::new();
-    let mut queue: VecDeque<Item> = VecDeque::new();
-    let mut job: Option<Job<'_>> = None;
-    let mut paused: HashSet<i32> = HashSet::new();
-    let pause = |p: i32, on: bool| {
-        let mut tpl = TopicPartitionList::new();
-        tpl.add_partition(topic, p);
-        let r = if on { consumer.pause(&tpl) } else { consumer.resume(&tpl) };
-        if let Err(e) = r {
-            tracing::debug!(partition = p, error = %e, "notify: pause/resume failed (partition revoked?)");
-        }
+    let grace = SHUTDOWN_GRACE.min(notifier.smtp.timeout);
+    let settings = worker::Settings {
+        name: "ingest-notify",
+        group_id: group.clone(),
+        client_id: "hookline-ingest-notify".into(),
+        topics: vec![topic.to_owned()],
+        // Past this many mails waiting, the partitions pause (polling goes on).
+        max_in_flight: Some(MAX_QUEUED),
+        paused_gauge: None,
+        // The mail being sent gets `grace` (see `stopping`); this only bounds the wait for it.
+        drain: grace + Duration::from_secs(1),
+        stall: None,
     };
-    loop {
-        if job.is_none() {
-            if let Some(item) = queue.pop_front() {
-                let (p, o) = (item.partition, item.offset);
-                job = Some((p, o, Box::pin(notifier.send_until_done(item))));
-            }
-        }
-        if queue.len() < MAX_QUEUED / 2 {
-            for p in paused.drain() {
-                pause(p, false);
-            }
-        }
-        tokio::select! {
-            biased;
-            _ = shutdown.cancelled() => break,
-            Some(ev) = rebalances.recv() => {
-                if let RebalanceEvent::Revoked(parts) = ev {
-                    for (t, p) in parts {
-                        // The next owner reads these again from the last commit.
-                        marks.forget(&t, p);
-                        queue.retain(|i| i.partition != p);
-                        paused.remove(&p);
-                        if job.as_ref().is_some_and(|j| j.0 == p) {
-                            job = None;
-                        }
-                    }
-                }
-            }
-            () = async { job.as_mut().expect("guarded by the branch condition").2.as_mut().await }, if job.is_some() => {
-                let (p, o, _) = job.take().expect("a job just finished");
-                if let Some(w) = marks.complete(topic, p, o) {
-                    store(&consumer, topic, p, w);
-                }
-            }
-            received = consumer.recv() => {
-                let m = match received {
-                    Ok(m) => m,
-                    Err(e) => { tracing::warn!(error = %e, "ops consumer error"); continue; }
-                };
-                let (p, o) = (m.partition(), m.offset());
-                marks.start(topic, p, o);
-                let composed = OpsEvent::decode(m.payload().unwrap_or_default())
-                    .map_err(|e| Skip::Undecodable(e.to_string()))
-                    .and_then(|ev| notifier.compose(&ev, hookline_service::now_ms()).map(|mail| (ev, mail)));
-                match composed {
-                    Ok((ev, mail)) => {
-                        queue.push_back(Item { partition: p, offset: o, subscription_id: ev.subscription_id, kind: ev.kind, mail });
-                        if queue.len() >= MAX_QUEUED && paused.insert(p) {
-                            pause(p, true);
-                        }
-                    }
-                    Err(skip) => {
-                        metrics::counter!("hookline_notifications_total", "result" => "skipped").increment(1);
-                        let key = m.key().map(String::from_utf8_lossy).unwrap_or_default();
-                        match skip {
-                            Skip::NotNotifiable(_) => tracing::debug!(subscription = %key, partition = p, offset = o, %skip, "ops record: no e-mail"),
-                            Skip::NoOwnerEmail => tracing::info!(subscription = %key, partition = p, offset = o, %skip, "ops record: no e-mail"),
-                            _ => tracing::warn!(subscription = %key, partition = p, offset = o, %skip, "ops record: no e-mail"),
-                        }
-                        if let Some(w) = marks.complete(topic, p, o) {
-                            store(&consumer, topic, p, w);
-                        }
-                    }
-                }
-            }
-        }
-    }
-    // A mail being sent may finish (it may have been accepted already, with QUIT pending); one still failing is
-    // left, like the queue, uncommitted: the next start sends them.
-    if let Some((p, o, fut)) = job.take() {
-        if tokio::time::timeout(SHUTDOWN_GRACE.min(notifier.smtp.timeout), fut).await.is_ok() {
-            if let Some(w) = marks.complete(topic, p, o) {
-                store(&consumer, topic, p, w);
-            }
-        }
-    }
-    if let Err(e) = consumer.commit_consumer_state(CommitMode::Sync) {
-        tracing::debug!(error = %e, "notify: final commit (nothing stored?)");
-    }
-    hookline_kafka::client::close_consumer(consumer, hookline_kafka::client::LEAVE_GROUP_WITHIN, "notify").await;
+    let liveness = Liveness::new(Duration::from_millis(config.kafka.max_poll_interval_ms));
+    let worker = Worker::subscribe(&config.kafka, settings, liveness, None)?;
+    tracing::info!(%topic, %group, relay = %notifier.smtp.addr(), tls = ?notifier.smtp.tls, "owner e-mail notifications on");
+    let mut handler = Mails { notifier: Arc::new(notifier), queue: VecDeque::new(), job: None, grace };
+    worker.run(&mut handler, &shutdown).await;
     tracing::info!("owner e-mail notifications stopped");
     Ok(())
+}
+
+/// The notifier's handling of `ops` records: one mail at a time, in order.
+struct Mails {
+    notifier: Arc<Notifier>,
+    queue: VecDeque<(Item, Done)>,
+    job: Option<Job>,
+    grace: Duration,
+}
+
+impl Handler for Mails {
+    type Wake = ();
+
+    fn rebalance(&mut self, ev: RebalanceEvent, _: &Control<'_>) {
+        if let RebalanceEvent::Revoked(parts) = ev {
+            for (_, p) in parts {
+                // The next owner reads these again from the last commit.
+                self.queue.retain(|(i, _)| i.partition != p);
+                if self.job.as_ref().is_some_and(|j| j.done.partition() == p) {
+                    self.job = None;
+                }
+            }
+        }
+    }
+
+    fn record(&mut self, m: &BorrowedMessage<'_>, done: Done, _: &Control<'_>) {
+        let (p, o) = (done.partition(), done.offset());
+        let composed = OpsEvent::decode(m.payload().unwrap_or_default())
+            .map_err(|e| Skip::Undecodable(e.to_string()))
+            .and_then(|ev| self.notifier.compose(&ev, hookline_service::now_ms()).map(|mail| (ev, mail)));
+        match composed {
+            Ok((ev, mail)) => {
+                self.queue.push_back((Item { partition: p, offset: o, subscription_id: ev.subscription_id, kind: ev.kind, mail }, done));
+            }
+            Err(skip) => {
+                metrics::counter!("hookline_notifications_total", "result" => "skipped").increment(1);
+                let key = m.key().map(String::from_utf8_lossy).unwrap_or_default();
+                match skip {
+                    Skip::NotNotifiable(_) => tracing::debug!(subscription = %key, partition = p, offset = o, %skip, "ops record: no e-mail"),
+                    Skip::NoOwnerEmail => tracing::info!(subscription = %key, partition = p, offset = o, %skip, "ops record: no e-mail"),
+                    _ => tracing::warn!(subscription = %key, partition = p, offset = o, %skip, "ops record: no e-mail"),
+                }
+                done.complete();
+            }
+        }
+    }
+
+    /// The mail being sent, the next one taken from the queue when none is.
+    async fn wake(&mut self) {
+        if self.job.is_none() {
+            let Some((item, done)) = self.queue.pop_front() else { return std::future::pending().await };
+            let notifier = self.notifier.clone();
+            self.job = Some(Job { done, send: Box::pin(async move { notifier.send_until_done(item).await }) });
+        }
+        if let Some(job) = &mut self.job {
+            job.send.as_mut().await;
+        }
+    }
+
+    fn woken(&mut self, _: (), _: &Control<'_>) {
+        if let Some(job) = self.job.take() {
+            job.done.complete();
+        }
+    }
+
+    /// A mail being sent may finish (it may have been accepted already, with QUIT pending); one still failing is
+    /// left, like the queue, uncommitted: the next start sends them.
+    fn stopping(&mut self) {
+        self.queue.clear();
+        if let Some(Job { done, send }) = self.job.take() {
+            let grace = self.grace;
+            tokio::spawn(async move {
+                if tokio::time::timeout(grace, send).await.is_ok() {
+                    done.complete();
+                }
+            });
+        }
+    }
 }
 
 /// A value for one line: every control character (CR and LF included) becomes a space, so a value from a user

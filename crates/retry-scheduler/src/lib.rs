@@ -14,20 +14,23 @@ use std::time::Duration;
 
 use hookline_core::model::{DeliveryTask, RetryEnvelope, TaskOrigin};
 use hookline_core::subscription::activity;
-use hookline_kafka::client::{group_consumer_config, producer};
-use hookline_kafka::rebalance::{RebalanceContext, RebalanceEvent};
+use hookline_kafka::client::producer;
+use hookline_kafka::rebalance::RebalanceEvent;
 use hookline_kafka::state::{EndpointStates, StateTables, SubscriptionTable};
 use hookline_kafka::table::TableError;
-use hookline_kafka::watermark::{store, Watermarks};
+use hookline_kafka::worker::{self, Control, Done, Handler, Liveness, Worker};
 use hookline_kafka::{Topics, TIERS};
 use hookline_service::traces::Tracer;
 use hookline_service::{health, telemetry, Config, Readiness};
 use prost::Message as _;
-use rdkafka::consumer::{CommitMode, Consumer, StreamConsumer};
+use rdkafka::consumer::Consumer;
 use rdkafka::error::KafkaError;
 use hookline_kafka::client::Producer as FutureProducer;
 use rdkafka::producer::Producer;
+use rdkafka::message::BorrowedMessage;
 use rdkafka::{Message, TopicPartitionList};
+use futures::future::BoxFuture;
+use futures::stream::{FuturesUnordered, StreamExt as _};
 use tokio::sync::mpsc;
 use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
@@ -103,7 +106,7 @@ pub async fn run(config: Config, shutdown: CancellationToken, options: Options) 
         let (subs, states) = (subs.clone(), states.clone());
         Arc::new(move |id: &str| may_release(&subs, &states, id))
     };
-    let mut parking = parking::Parking::start(
+    let parking = parking::Parking::start(
         &config.kafka,
         &topics,
         &instance,
@@ -119,14 +122,25 @@ pub async fn run(config: Config, shutdown: CancellationToken, options: Options) 
         _ = shutdown.cancelled() => { reader_stop.cancel(); return Ok(()) }
     }
 
-    let (context, mut rebalances) = RebalanceContext::new("retry-scheduler");
-    let consumer: StreamConsumer<RebalanceContext> =
-        group_consumer_config(&config.kafka, &config.retry_scheduler.group_id, &instance)?.create_with_context(context)?;
-    let mut inputs: Vec<&str> = TIERS.iter().map(|t| topics.retry(t)).collect();
-    inputs.push(topics.held());
-    consumer.subscribe(&inputs)?;
+    let mut inputs: Vec<String> = TIERS.iter().map(|t| topics.retry(t).to_owned()).collect();
+    inputs.push(topics.held().to_owned());
+    let settings = worker::Settings {
+        name: "retry-scheduler",
+        group_id: config.retry_scheduler.group_id.clone(),
+        client_id: instance.clone(),
+        topics: inputs,
+        // Tier records pause their own partitions (see `Scheduler::hold`); a `held` partition pauses while its
+        // parked positions are read.
+        max_in_flight: None,
+        paused_gauge: None,
+        // Held records stay uncommitted; only finished forwards are stored. Give those a moment to land.
+        drain: Duration::from_millis(config.retry_scheduler.drain_timeout_ms),
+        stall: None,
+    };
+    let liveness = Liveness::new(Duration::from_millis(config.kafka.max_poll_interval_ms));
+    let worker = Worker::subscribe(&config.kafka, settings, liveness, None)?;
 
-    let mut sched = Scheduler {
+    let sched = Scheduler {
         topics: topics.clone(),
         producer,
         subs,
@@ -140,15 +154,127 @@ pub async fn run(config: Config, shutdown: CancellationToken, options: Options) 
         tracer,
         dlq: hookline_kafka::dead_letters::DeadLetterWriter::new(config.dlq.format, &config.kafka),
     };
+    // Forwards complete by (topic, partition, offset), which is how the scheduler keys what it holds.
     let (done_tx, mut done_rx) = mpsc::unbounded_channel::<(String, i32, i64)>();
-    let mut marks = Watermarks::new();
-    let held_topic = topics.held();
+    let completer = worker.completer();
+    tokio::spawn(async move {
+        while let Some(at) = done_rx.recv().await {
+            let _ = completer.send(at);
+        }
+    });
     // Parked subscriptions are re-checked on this beat: resuming one starts the release of its deliveries within it.
     let mut held_check = tokio::time::interval(Duration::from_millis(500));
     held_check.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    let mut handler = Retries {
+        held_topic: topics.held().to_owned(),
+        sched,
+        done_tx,
+        held_check,
+        readiness,
+        parking,
+        syncs: FuturesUnordered::new(),
+        waiting_for_positions: HashMap::new(),
+    };
+    worker.run(&mut handler, &shutdown).await;
+    let _ = handler.sched.producer.flush(Duration::from_secs(10));
+    reader_stop.cancel();
+    handler.sched.tracer.flush().await;
+    tracing::info!("retry-scheduler stopped");
+    Ok(())
+}
 
-    loop {
-        let next_timer = sched.timers.peek().map(|Reverse((at, ..))| *at);
+/// The retry-scheduler's consume loop (see `hookline_kafka::worker`) around its [`Scheduler`].
+struct Retries {
+    sched: Scheduler,
+    done_tx: mpsc::UnboundedSender<(String, i32, i64)>,
+    held_topic: String,
+    held_check: tokio::time::Interval,
+    readiness: Readiness,
+    parking: parking::Parking,
+    /// Reads of newly assigned `held` partitions' parked positions, awaited beside the poll.
+    syncs: FuturesUnordered<BoxFuture<'static, parking::Synced>>,
+    /// Records of `held` partitions whose positions are still being read (the partition is paused meanwhile, so
+    /// this holds at most what was already fetched), in order.
+    waiting_for_positions: HashMap<i32, Vec<(DeliveryTask, (String, i32, i64))>>,
+}
+
+/// What woke the loop besides a record.
+enum Wake {
+    /// The earliest tier record is due.
+    Timer,
+    /// Time to re-check the parked subscriptions.
+    HeldCheck,
+    /// A release of parked deliveries ended or checkpointed.
+    Release(parking::ReleaseEvent),
+    /// A `held` partition's parked positions were read.
+    Synced(parking::Synced),
+}
+
+impl Handler for Retries {
+    type Wake = Wake;
+
+    fn rebalance(&mut self, ev: RebalanceEvent, ctl: &Control<'_>) {
+        match ev {
+            RebalanceEvent::Revoked(parts) => {
+                for (t, p) in parts {
+                    self.sched.forget(&t, p);
+                    if t == self.held_topic {
+                        self.parking.revoked(p);
+                        // Left uncommitted: the partition's next owner reads them again.
+                        self.waiting_for_positions.remove(&p);
+                    }
+                }
+            }
+            RebalanceEvent::Assigned(parts) => {
+                // A held partition's records wait until its parked positions are read (the loop keeps polling).
+                for (_, p) in parts.iter().filter(|(t, _)| *t == self.held_topic) {
+                    if let Some(read) = self.parking.assigned(*p) {
+                        set_partition_paused(ctl, &self.held_topic, *p, true);
+                        self.syncs.push(read);
+                    }
+                }
+                if !self.readiness.is_ready() {
+                    self.readiness.set(true);
+                    tracing::info!("retry-scheduler ready");
+                }
+            }
+        }
+    }
+
+    fn record(&mut self, m: &BorrowedMessage<'_>, _: Done, ctl: &Control<'_>) {
+        let (sched, done_tx, consumer) = (&mut self.sched, &self.done_tx, ctl.consumer());
+        let (t, p, o) = (m.topic().to_owned(), m.partition(), m.offset());
+        let payload = m.payload().unwrap_or_default();
+        let key = (t.clone(), p, o);
+        if t == self.held_topic {
+            match DeliveryTask::decode(payload) {
+                // Parked by subscription (the record key); a record keyed otherwise goes back to the
+                // dispatcher, which holds it again under its subscription's key.
+                Ok(task) if m.key() != Some(task.subscription_id.as_bytes()) => sched.release_held(task, key, done_tx),
+                Ok(task) => self.on_held(task, key, p, ctl),
+                Err(e) => sched.dead_letter(payload, &e.to_string(), key, done_tx),
+            }
+            return;
+        } else {
+            match RetryEnvelope::decode(payload) {
+                Ok(env) if env.task.is_some() => {
+                    let at = release_at_ms(&env);
+                    if at <= now_ms() {
+                        sched.release_tier(consumer, env, key, done_tx, now_ms());
+                    } else {
+                        sched.timers.push(Reverse((at, t, p, o)));
+                        sched.hold(consumer, key, Waiting::Tier(env));
+                    }
+                }
+                Ok(_) => sched.dead_letter(payload, "retry envelope without a task", key, done_tx),
+                Err(e) => sched.dead_letter(payload, &e.to_string(), key, done_tx),
+            }
+        }
+        metrics::gauge!("hookline_retry_held").set(sched.waiting.len() as f64);
+    }
+
+    fn wake(&mut self) -> impl std::future::Future<Output = Wake> + Send + '_ {
+        let next_timer = self.sched.timers.peek().map(|Reverse((at, ..))| *at);
         let sleep_until = next_timer.map_or_else(
             || Instant::now() + Duration::from_secs(3600),
             |at| {
@@ -157,115 +283,99 @@ pub async fn run(config: Config, shutdown: CancellationToken, options: Options) 
                 Instant::now() + left.min(Duration::from_secs(3600))
             },
         );
-        tokio::select! {
-            biased;
-            _ = shutdown.cancelled() => break,
-            Some(ev) = rebalances.recv() => {
-                match ev {
-                    RebalanceEvent::Revoked(parts) => for (t, p) in parts {
-                        marks.forget(&t, p);
-                        sched.forget(&t, p);
-                        if t == held_topic {
-                            parking.revoked(p);
-                        }
-                    },
-                    RebalanceEvent::Assigned(parts) => {
-                        for (_, p) in parts.iter().filter(|(t, _)| *t == held_topic) {
-                            // Stopping: the loop ends at the next turn.
-                            let _ = parking.assigned(*p).await;
-                        }
-                        if !readiness.is_ready() {
-                            readiness.set(true);
-                            tracing::info!("retry-scheduler ready");
-                        }
-                    }
-                }
+        let held_check = &mut self.held_check;
+        let parking = &mut self.parking;
+        let reading = !self.syncs.is_empty();
+        let syncs = &mut self.syncs;
+        async move {
+            tokio::select! {
+                biased;
+                Some(read) = syncs.next(), if reading => Wake::Synced(read),
+                Some(ev) = parking.next_event() => Wake::Release(ev),
+                _ = tokio::time::sleep_until(sleep_until), if next_timer.is_some() => Wake::Timer,
+                _ = held_check.tick() => Wake::HeldCheck,
             }
-            Some((t, p, o)) = done_rx.recv() => {
-                if let Some(w) = marks.complete(&t, p, o) {
-                    store(&consumer, &t, p, w);
-                }
-            }
-            _ = tokio::time::sleep_until(sleep_until), if next_timer.is_some() => {
+        }
+    }
+
+    fn woken(&mut self, wake: Wake, ctl: &Control<'_>) {
+        let (sched, done_tx, consumer) = (&mut self.sched, &self.done_tx, ctl.consumer());
+        match wake {
+            Wake::Timer => {
                 let now = now_ms();
                 while let Some(Reverse((at, ..))) = sched.timers.peek() {
                     if *at > now { break; }
                     let Reverse((_, t, p, o)) = sched.timers.pop().expect("peeked");
                     if let Some(Waiting::Tier(env)) = sched.waiting.remove(&(t.clone(), p, o)) {
-                        sched.release_tier(&consumer, env, (t, p, o), &done_tx, now);
+                        sched.release_tier(consumer, env, (t, p, o), done_tx, now);
                     }
                 }
             }
-            Some(ev) = parking.next_event() => parking.handle(ev),
-            _ = held_check.tick() => parking.tick(),
-            received = consumer.recv() => {
-                let m = match received {
-                    Ok(m) => m,
-                    Err(e) => { tracing::warn!(error = %e, "retry consumer error"); continue; }
-                };
-                let (t, p, o) = (m.topic().to_owned(), m.partition(), m.offset());
-                marks.start(&t, p, o);
-                let payload = m.payload().unwrap_or_default();
-                let key = (t.clone(), p, o);
-                if t == held_topic {
-                    match DeliveryTask::decode(payload) {
-                        // Parked by subscription (the record key); a record keyed otherwise goes back to the
-                        // dispatcher, which holds it again under its subscription's key.
-                        Ok(task) if m.key() != Some(task.subscription_id.as_bytes()) => sched.release_held(task, key, &done_tx),
-                        Ok(task) => {
-                            let releasable = sched.may_release_held(&task);
-                            match parking.on_held(p, o, &task.subscription_id, releasable).await {
-                                parking::Held::Release => sched.release_held(task, key, &done_tx),
-                                parking::Held::Parked => { let _ = done_tx.send(key); }
-                                parking::Held::ParkedOnceWritten(acked) => {
-                                    let done = done_tx.clone();
-                                    tokio::spawn(async move { if acked.await.is_ok() { let _ = done.send(key); } });
-                                }
-                                // Stopping: left uncommitted for the next owner.
-                                parking::Held::Abandoned => {}
-                            }
-                        }
-                        Err(e) => sched.dead_letter(payload, &e.to_string(), key, &done_tx),
+            Wake::HeldCheck => self.parking.tick(),
+            Wake::Release(ev) => self.parking.handle(ev),
+            Wake::Synced(read) => {
+                let partition = read.partition();
+                if self.parking.synced(read) {
+                    // The records that came meanwhile, in order, then the rest of the partition.
+                    for (task, key) in self.waiting_for_positions.remove(&partition).unwrap_or_default() {
+                        self.on_held(task, key, partition, ctl);
                     }
-                } else {
-                    match RetryEnvelope::decode(payload) {
-                        Ok(env) if env.task.is_some() => {
-                            let at = release_at_ms(&env);
-                            if at <= now_ms() {
-                                sched.release_tier(&consumer, env, key, &done_tx, now_ms());
-                            } else {
-                                sched.timers.push(Reverse((at, t, p, o)));
-                                sched.hold(&consumer, key, Waiting::Tier(env));
-                            }
-                        }
-                        Ok(_) => sched.dead_letter(payload, "retry envelope without a task", key, &done_tx),
-                        Err(e) => sched.dead_letter(payload, &e.to_string(), key, &done_tx),
-                    }
+                    set_partition_paused(ctl, &self.held_topic, partition, false);
                 }
-                metrics::gauge!("hookline_retry_held").set(sched.waiting.len() as f64);
             }
         }
     }
 
-    // Held records stay uncommitted; only finished forwards are stored. Give those a moment to land.
-    readiness.set(false);
-    let deadline = tokio::time::sleep(Duration::from_millis(config.retry_scheduler.drain_timeout_ms));
-    tokio::pin!(deadline);
-    while marks.total_in_flight() > sched.waiting.len() {
-        tokio::select! {
-            _ = &mut deadline => break,
-            Some((t, p, o)) = done_rx.recv() => {
-                if let Some(w) = marks.complete(&t, p, o) { store(&consumer, &t, p, w); }
+    fn stopping(&mut self) {
+        self.readiness.set(false);
+    }
+
+    /// Tier records waiting for their time, and held records waiting for their partition's positions, stay
+    /// uncommitted: the drain waits only for forwards.
+    fn parked(&self) -> usize {
+        self.sched.waiting.len() + self.waiting_for_positions.values().map(Vec::len).sum::<usize>()
+    }
+}
+
+impl Retries {
+    /// A held delivery keyed by its subscription: released, parked behind its subscription's position, or kept
+    /// until its partition's positions are read.
+    fn on_held(&mut self, task: DeliveryTask, key: (String, i32, i64), partition: i32, ctl: &Control<'_>) {
+        let releasable = self.sched.may_release_held(&task);
+        match self.parking.on_held(partition, key.2, &task.subscription_id, releasable) {
+            parking::Held::Release => self.sched.release_held(task, key, &self.done_tx),
+            parking::Held::Parked => {
+                let _ = self.done_tx.send(key);
+            }
+            parking::Held::ParkedOnceWritten(acked) => {
+                let done = self.done_tx.clone();
+                tokio::spawn(async move {
+                    if acked.await.is_ok() {
+                        let _ = done.send(key);
+                    }
+                });
+            }
+            // Revoked since it was fetched: left uncommitted for the next owner.
+            parking::Held::Abandoned => {}
+            parking::Held::Wait => {
+                self.waiting_for_positions.entry(partition).or_default().push((task, key));
+                if let Some(read) = self.parking.sync(partition) {
+                    set_partition_paused(ctl, &self.held_topic, partition, true);
+                    self.syncs.push(read);
+                }
             }
         }
     }
-    let _ = consumer.commit_consumer_state(CommitMode::Sync);
-    hookline_kafka::client::close_consumer(consumer, hookline_kafka::client::LEAVE_GROUP_WITHIN, "retry-scheduler").await;
-    let _ = sched.producer.flush(Duration::from_secs(10));
-    reader_stop.cancel();
-    sched.tracer.flush().await;
-    tracing::info!("retry-scheduler stopped");
-    Ok(())
+}
+
+/// Pauses or resumes fetching one partition (the consumer is polled all the same).
+fn set_partition_paused(ctl: &Control<'_>, topic: &str, partition: i32, pause: bool) {
+    let mut tpl = TopicPartitionList::new();
+    tpl.add_partition(topic, partition);
+    let r = if pause { ctl.consumer().pause(&tpl) } else { ctl.consumer().resume(&tpl) };
+    if let Err(e) = r {
+        tracing::warn!(topic, partition, pause, error = %e, "pausing or resuming a partition failed");
+    }
 }
 
 /// Whether a subscription's held deliveries may go to `deliveries`: it is active again, or deleted (the dispatcher

@@ -31,6 +31,7 @@ use hookline_service::traces::Tracer;
 use prost::Message as _;
 use rdkafka::producer::FutureRecord;
 use rdkafka::Message as _;
+use futures::future::BoxFuture;
 use tokio::sync::{mpsc, oneshot, Semaphore};
 use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
@@ -57,9 +58,46 @@ pub enum Held {
     /// The subscription's first parked record: done once its position is acknowledged (`Ok`); an error means the
     /// partition was revoked or the process is stopping, and the record stays uncommitted.
     ParkedOnceWritten(oneshot::Receiver<()>),
-    /// Stopping before the partition's positions were read, or the partition was revoked: leave the record
-    /// uncommitted.
+    /// The partition was revoked: leave the record uncommitted.
     Abandoned,
+    /// The partition's positions are still being read: keep the record (and its partition paused) and offer it
+    /// again once [`Parking::synced`] says so.
+    Wait,
+}
+
+/// The positions of one `held` partition were read to the end (or shutdown came first).
+pub struct Synced {
+    partition: i32,
+    generation: u64,
+    /// The `held` partition's end offset when the read began.
+    result: Result<i64, ShutDown>,
+}
+
+impl Synced {
+    pub fn partition(&self) -> i32 {
+        self.partition
+    }
+}
+
+/// Reads the `parked` partition to its end and returns the `held` partition's end offset from before.
+async fn read_to_end(reader: &TableHandle, held: &str, partition: i32, shutdown: &CancellationToken) -> Result<i64, ShutDown> {
+    let (end, held_end) = loop {
+        let r = async { Ok::<_, TableError>((reader.end_offset(partition).await?, reader.end_offset_of(held, partition).await?)) }.await;
+        match r {
+            Ok(ends) => break ends,
+            Err(e) => {
+                tracing::warn!(partition, error = %e, "reading parked positions; retrying");
+                tokio::select! {
+                    _ = tokio::time::sleep(Duration::from_secs(1)) => {}
+                    _ = shutdown.cancelled() => return Err(ShutDown),
+                }
+            }
+        }
+    };
+    tokio::select! {
+        _ = reader.wait_for(partition, end) => Ok(held_end),
+        _ = shutdown.cancelled() => Err(ShutDown),
+    }
 }
 
 /// A release that finished, stopped or failed (see [`Parking::next_event`] and [`Parking::handle`]).
@@ -131,6 +169,8 @@ pub struct Parking {
     parts: HashMap<i32, Part>,
     /// Revoked and not assigned again since.
     revoked: HashSet<i32>,
+    /// Partitions whose positions are being read, by the read's generation (a stale read is ignored).
+    syncing: HashMap<i32, u64>,
     events_tx: mpsc::UnboundedSender<ReleaseEvent>,
     events_rx: mpsc::UnboundedReceiver<ReleaseEvent>,
     slots: Arc<Semaphore>,
@@ -189,6 +229,7 @@ impl Parking {
             reader,
             parts: HashMap::new(),
             revoked: HashSet::new(),
+            syncing: HashMap::new(),
             events_tx,
             events_rx,
             slots: Arc::new(Semaphore::new(MAX_RELEASES)),
@@ -206,34 +247,38 @@ impl Parking {
         self.parts.values().map(|p| p.marks.len()).sum()
     }
 
-    /// A `held` partition was assigned: read its positions to the end (also done by the first record of it).
-    pub async fn assigned(&mut self, partition: i32) -> Result<(), ShutDown> {
+    /// A `held` partition was assigned: its positions are read to the end by the returned future (the consume loop
+    /// awaits it beside its poll and hands the result to [`Parking::synced`]); until then its records are
+    /// [`Held::Wait`]. `None`: already read, or being read.
+    pub fn assigned(&mut self, partition: i32) -> Option<BoxFuture<'static, Synced>> {
         self.revoked.remove(&partition);
-        self.sync(partition).await
+        self.sync(partition)
     }
 
-    async fn sync(&mut self, partition: i32) -> Result<(), ShutDown> {
-        if self.parts.contains_key(&partition) {
-            return Ok(());
+    /// Starts reading a partition's positions unless they are read or being read.
+    pub fn sync(&mut self, partition: i32) -> Option<BoxFuture<'static, Synced>> {
+        if self.parts.contains_key(&partition) || self.syncing.contains_key(&partition) {
+            return None;
         }
-        let held = self.topics.held().to_owned();
-        let (end, held_end) = loop {
-            let r = async { Ok::<_, TableError>((self.reader.end_offset(partition).await?, self.reader.end_offset_of(&held, partition).await?)) }.await;
-            match r {
-                Ok(ends) => break ends,
-                Err(e) => {
-                    tracing::warn!(partition, error = %e, "reading parked positions; retrying");
-                    tokio::select! {
-                        _ = tokio::time::sleep(Duration::from_secs(1)) => {}
-                        _ = self.shutdown.cancelled() => return Err(ShutDown),
-                    }
-                }
-            }
-        };
-        tokio::select! {
-            _ = self.reader.wait_for(partition, end) => {}
-            _ = self.shutdown.cancelled() => return Err(ShutDown),
+        self.next_id = self.next_id.wrapping_add(1);
+        let generation = self.next_id;
+        self.syncing.insert(partition, generation);
+        let (reader, held, shutdown) = (self.reader.clone(), self.topics.held().to_owned(), self.shutdown.clone());
+        Some(Box::pin(async move {
+            let result = read_to_end(&reader, &held, partition, &shutdown).await;
+            Synced { partition, generation, result }
+        }))
+    }
+
+    /// The positions of a partition were read (see [`Parking::assigned`]): whether its records may now be offered
+    /// (again) to [`Parking::on_held`]. False for a read of an earlier assignment or one cut short by shutdown.
+    pub fn synced(&mut self, s: Synced) -> bool {
+        let partition = s.partition;
+        if self.syncing.get(&partition) != Some(&s.generation) {
+            return false;
         }
+        self.syncing.remove(&partition);
+        let Ok(held_end) = s.result else { return false };
         let marks: HashMap<String, Mark> = self
             .table
             .lock()
@@ -251,7 +296,7 @@ impl Parking {
         tracing::debug!(partition, parked = marks.len(), "parked positions read");
         // Everything below the partition's end now was handled by an earlier owner or will be read by this one.
         self.parts.insert(partition, Part { next: held_end, marks, cancel, writes });
-        Ok(())
+        true
     }
 
     /// A `held` partition was revoked: its releases stop, its positions are the next owner's.
@@ -259,17 +304,18 @@ impl Parking {
         if let Some(part) = self.parts.remove(&partition) {
             part.cancel.cancel();
         }
+        self.syncing.remove(&partition);
         self.revoked.insert(partition);
     }
 
     /// What to do with the record at `offset` of `held` partition `partition`, a task of subscription `sub`
     /// (its record key) that [`Releasable`] says may or may not go out now.
-    pub async fn on_held(&mut self, partition: i32, offset: i64, sub: &str, releasable: bool) -> Held {
+    pub fn on_held(&mut self, partition: i32, offset: i64, sub: &str, releasable: bool) -> Held {
         // A record of a partition revoked since it was fetched is its next owner's.
-        if self.revoked.contains(&partition) || (!self.parts.contains_key(&partition) && self.sync(partition).await.is_err()) {
+        if self.revoked.contains(&partition) {
             return Held::Abandoned;
         }
-        let part = self.parts.get_mut(&partition).expect("assigned above");
+        let Some(part) = self.parts.get_mut(&partition) else { return Held::Wait };
         part.next = part.next.max(offset.saturating_add(1));
         enum Step {
             Release,
@@ -647,6 +693,13 @@ mod tests {
         }
     }
 
+    /// Assigns partition 0 and waits until its positions are read, as the consume loop does.
+    async fn ready(p: &mut Parking) {
+        if let Some(read) = p.assigned(0) {
+            assert!(p.synced(read.await), "the positions are read");
+        }
+    }
+
     async fn acked(h: Held) {
         match h {
             Held::ParkedOnceWritten(rx) => rx.await.expect("the position is acknowledged"),
@@ -676,19 +729,21 @@ mod tests {
         let f = Fixture::new();
         let at = f.held(&["a", "a", "b", "a", "c", "a"]).await;
         let mut p = f.parking().await;
+        assert!(matches!(p.on_held(0, at[0], "a", false), Held::Wait), "before its positions are read, a record waits");
+        ready(&mut p).await;
         f.activate("b");
         // The first parked record of a subscription waits for its position; the later ones are done at once.
-        acked(p.on_held(0, at[0], "a", false).await).await;
-        assert!(is(&p.on_held(0, at[1], "a", false).await, "parked"));
-        assert!(is(&p.on_held(0, at[2], "b", true).await, "release"), "an active subscription's goes out at once");
-        assert!(is(&p.on_held(0, at[3], "a", false).await, "parked"));
-        acked(p.on_held(0, at[4], "c", false).await).await;
-        assert!(is(&p.on_held(0, at[5], "a", false).await, "parked"));
+        acked(p.on_held(0, at[0], "a", false)).await;
+        assert!(is(&p.on_held(0, at[1], "a", false), "parked"));
+        assert!(is(&p.on_held(0, at[2], "b", true), "release"), "an active subscription's goes out at once");
+        assert!(is(&p.on_held(0, at[3], "a", false), "parked"));
+        acked(p.on_held(0, at[4], "c", false)).await;
+        assert!(is(&p.on_held(0, at[5], "a", false), "parked"));
         assert_eq!(p.parked_subscriptions(), 2, "one position per subscription, whatever it holds");
 
         // A new owner of the partition (a restart): the positions were durable, the records were never kept.
         let mut q = f.parking().await;
-        q.assigned(0).await.unwrap();
+        ready(&mut q).await;
         assert_eq!(q.parked_subscriptions(), 2);
         p.tick();
         assert_eq!(p.parked_subscriptions(), 2, "nothing resumed, nothing released");
@@ -699,7 +754,7 @@ mod tests {
         // A record of A read while its release runs (beyond what it reads) is parked behind it; the position
         // taken over from the former owner is written again first.
         let later = f.held(&["a"]).await[0];
-        acked(q.on_held(0, later, "a", true).await).await;
+        acked(q.on_held(0, later, "a", true)).await;
         assert_eq!(finish(&mut q).await, "done");
         assert_eq!(q.parked_subscriptions(), 2, "A's position moved to the later record; C's stays");
         assert_eq!(f.delivered().await, ["a-0", "a-1", "a-3", "a-5"], "A's parked records, in order, nothing of B or C");
@@ -710,12 +765,12 @@ mod tests {
 
         // Another restart: only C's position is left on the topic.
         let mut r = f.parking().await;
-        r.assigned(0).await.unwrap();
+        ready(&mut r).await;
         assert_eq!(r.parked_subscriptions(), 1);
         // Revoked: a record of the partition fetched before is left to its next owner, and nothing is known here.
         r.revoked(0);
         let stale = f.held(&["c"]).await[0];
-        assert!(matches!(r.on_held(0, stale, "c", false).await, Held::Abandoned));
+        assert!(matches!(r.on_held(0, stale, "c", false), Held::Abandoned));
         assert_eq!(r.parked_subscriptions(), 0);
         f.stop.cancel();
     }
@@ -725,11 +780,12 @@ mod tests {
         let f = Fixture::new();
         let at = f.held(&["a", "a", "a", "a"]).await;
         let mut p = f.parking().await;
-        acked(p.on_held(0, at[2], "a", false).await).await;
+        ready(&mut p).await;
+        acked(p.on_held(0, at[2], "a", false)).await;
         // Read again after a restart from an earlier commit: the position goes down to it, durably.
-        acked(p.on_held(0, at[0], "a", false).await).await;
-        assert!(is(&p.on_held(0, at[1], "a", false).await, "parked"));
-        assert!(is(&p.on_held(0, at[3], "a", false).await, "parked"));
+        acked(p.on_held(0, at[0], "a", false)).await;
+        assert!(is(&p.on_held(0, at[1], "a", false), "parked"));
+        assert!(is(&p.on_held(0, at[3], "a", false), "parked"));
         drop(p);
 
         // Resumed, then paused again after two records went out: the release stops and the position moves there.
@@ -737,7 +793,7 @@ mod tests {
         let c = calls.clone();
         let releasable: Releasable = Arc::new(move |_: &str| c.fetch_add(1, std::sync::atomic::Ordering::SeqCst) < 3);
         let mut q = f.parking_with(releasable).await;
-        q.assigned(0).await.unwrap();
+        ready(&mut q).await;
         q.tick();
         assert_eq!(finish(&mut q).await, "stopped");
         assert_eq!(f.delivered().await, ["a-0", "a-1"]);
@@ -745,7 +801,7 @@ mod tests {
         drop(q);
 
         let mut r = f.parking().await;
-        r.assigned(0).await.unwrap();
+        ready(&mut r).await;
         f.activate("a");
         r.tick();
         assert_eq!(finish(&mut r).await, "done");
