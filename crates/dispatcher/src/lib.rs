@@ -135,25 +135,9 @@ impl Ctx {
     pub fn produce_to_partition<'a>(&'a self, topic: &'a str, partition: i32, key: &'a str, payload: Option<&'a [u8]>) -> BoxFuture<'a, Result<(), Aborted>> {
         Box::pin(async move {
             let _write = self.stalls.write();
-            loop {
-                let mut record: FutureRecord<'_, str, [u8]> = FutureRecord::to(topic).partition(partition).key(key);
-                if let Some(p) = payload {
-                    record = record.payload(p);
-                }
-                match self.producer.send(record, Duration::from_secs(10)).await {
-                    Ok(_) => {
-                        self.stalls.acked();
-                        return Ok(());
-                    }
-                    Err((e, _)) => {
-                        tracing::warn!(error = %e, topic, "produce failed; retrying");
-                        tokio::select! {
-                            _ = tokio::time::sleep(Duration::from_secs(1)) => {}
-                            _ = self.shutdown.cancelled() => return Err(Aborted),
-                        }
-                    }
-                }
-            }
+            produce::send_to_partition_until_acked(&self.producer, topic, partition, key, payload, &self.shutdown).await.map_err(|_| Aborted)?;
+            self.stalls.acked();
+            Ok(())
         })
     }
 

@@ -70,8 +70,45 @@ pub async fn send_until_acked(
     headers: Option<&OwnedHeaders>,
     shutdown: &tokio_util::sync::CancellationToken,
 ) -> Result<(i32, i64), ShutDown> {
+    until_acked(shutdown, || send_with_headers(producer, topic, key, payload, headers.cloned())).await
+}
+
+/// Writes `key` (or with `None`, its tombstone) on an explicit partition until acknowledged, like
+/// [`send_until_acked`]: for the compacted tables a partition's owner keeps on the co-partitioned topic.
+pub async fn send_to_partition_until_acked(
+    producer: &Producer,
+    topic: &str,
+    partition: i32,
+    key: &str,
+    payload: Option<&[u8]>,
+    shutdown: &tokio_util::sync::CancellationToken,
+) -> Result<(i32, i64), ShutDown> {
+    until_acked(shutdown, || async move {
+        let mut record: FutureRecord<'_, str, [u8]> = FutureRecord::to(topic).partition(partition).key(key);
+        if let Some(p) = payload {
+            record = record.payload(p);
+        }
+        match producer.send(record, QUEUE_TIMEOUT).await {
+            Ok(delivery) => Ok((delivery.partition, delivery.offset)),
+            Err((source, _)) => {
+                metrics::counter!("hookline_kafka_produce_errors_total", "topic" => topic_kind(topic)).increment(1);
+                Err(ProduceError { topic: topic.to_owned(), source })
+            }
+        }
+    })
+    .await
+}
+
+/// The one retry loop: tries `send` every [`RETRY_EVERY`] until it is acknowledged or `shutdown`.
+async fn until_acked<F, Fut>(shutdown: &tokio_util::sync::CancellationToken, mut send: F) -> Result<(i32, i64), ShutDown>
+where
+    F: FnMut() -> Fut,
+    Fut: std::future::Future<Output = Result<(i32, i64), ProduceError>>,
+{
     loop {
-        match send_with_headers(producer, topic, key, payload, headers.cloned()).await {
+        // A send under way is not cut short by shutdown: the record is in librdkafka's queue either way, and a
+        // drain waits for what it finishes.
+        match send().await {
             Ok(at) => return Ok(at),
             Err(e) => {
                 tracing::warn!(error = %e, "produce failed; retrying until acknowledged");

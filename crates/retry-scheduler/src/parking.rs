@@ -29,7 +29,6 @@ use hookline_kafka::{KafkaSettings, Topics};
 use hookline_service::now_ms;
 use hookline_service::traces::Tracer;
 use prost::Message as _;
-use rdkafka::producer::FutureRecord;
 use rdkafka::Message as _;
 use futures::future::BoxFuture;
 use tokio::sync::{mpsc, oneshot, Semaphore};
@@ -487,26 +486,10 @@ async fn write_positions(producer: Producer, topic: String, partition: i32, mut 
             w = rx.recv() => match w { Some(w) => w, None => return },
         };
         let value = w.position.as_ref().map(prost::Message::encode_to_vec);
-        loop {
-            let mut record: FutureRecord<'_, str, [u8]> = FutureRecord::to(&topic).partition(partition).key(w.sub.as_str());
-            if let Some(v) = &value {
-                record = record.payload(v.as_slice());
-            }
-            let sent = tokio::select! {
-                _ = cancel.cancelled() => return,
-                r = producer.send(record, Duration::from_secs(10)) => r,
-            };
-            match sent {
-                Ok(_) => break,
-                Err((e, _)) => {
-                    metrics::counter!("hookline_kafka_produce_errors_total", "topic" => "parked").increment(1);
-                    tracing::warn!(subscription = %w.sub, partition, error = %e, "writing a parked position failed; retrying until acknowledged");
-                    tokio::select! {
-                        _ = cancel.cancelled() => return,
-                        _ = tokio::time::sleep(hookline_kafka::produce::RETRY_EVERY) => {}
-                    }
-                }
-            }
+        let written =
+            hookline_kafka::produce::send_to_partition_until_acked(&producer, &topic, partition, &w.sub, value.as_deref(), &cancel).await;
+        if written.is_err() {
+            return;
         }
         if let Some(tx) = w.acked {
             let _ = tx.send(());
@@ -617,6 +600,7 @@ impl ReleaseJob {
 
 #[cfg(test)]
 mod tests {
+    use rdkafka::producer::FutureRecord;
     use hookline_kafka::mock::DevBroker;
 
     use super::*;
