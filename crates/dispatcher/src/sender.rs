@@ -53,7 +53,10 @@ pub struct Sender {
 }
 
 impl Sender {
+    /// `resolver` is put behind the DNS cache that `settings` describes (`egress.dns_cache_ttl_s`); the guard
+    /// judges its answers on every attempt and every connect all the same.
     pub fn new(settings: EgressSettings, resolver: Arc<dyn Resolve>) -> Self {
+        let resolver = crate::connector::dns::cached(resolver, &settings);
         Self { settings, resolver, routes: Mutex::new(HashMap::new()) }
     }
 
