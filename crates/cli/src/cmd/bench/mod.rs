@@ -17,6 +17,7 @@ mod memory;
 mod receiver;
 mod retry_precision;
 mod scale;
+mod split;
 mod policies;
 mod stats;
 mod steady;
