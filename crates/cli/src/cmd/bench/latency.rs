@@ -24,7 +24,7 @@ pub async fn run(args: &BenchArgs) -> anyhow::Result<(Map<String, Value>, bool)>
     cluster.subscribe_all(bodies).await?;
     let publisher = Publisher::new(cluster.producer(cluster.config.kafka.linger_ms)?, cluster.topics().events().to_owned());
     cluster.warm_up(&publisher, &recv, subs).await?;
-    let probe = super::split::Probe::start(&cluster, "l").await?;
+    let probe = if args.no_split { None } else { Some(super::split::Probe::start(&cluster, "l").await?) };
     // Let the warm-up traffic settle (and the probe take its assignment) before measuring.
     tokio::time::sleep(Duration::from_secs(1)).await;
     recv.state.take_arrivals();
@@ -75,7 +75,10 @@ pub async fn run(args: &BenchArgs) -> anyhow::Result<(Map<String, Value>, bool)>
     let lat = sorted(lat);
     let (p50, p99, max) = (pct(&lat, 50.0), pct(&lat, 99.0), lat.last().copied().unwrap_or(f64::NAN));
     let cpu = cpu_per_1k(&cpu_before, &cpu_after, delivered as f64, PROCS);
-    let split = probe.report("l", &published_unix_us, &arrivals).await;
+    let split = match probe {
+        Some(p) => p.report("l", &published_unix_us, &arrivals).await,
+        None => Map::new(),
+    };
     let cluster = Arc::try_unwrap(cluster).map_err(|_| anyhow::anyhow!("cluster still shared"))?;
     cluster.stop().await;
     drop(recv);
@@ -111,7 +114,9 @@ pub async fn run(args: &BenchArgs) -> anyhow::Result<(Map<String, Value>, bool)>
         row(label, value, "", None)
     })
     .collect();
-    out.insert("split".into(), Value::Object(split));
+    if !args.no_split {
+        out.insert("split".into(), Value::Object(split));
+    }
     let met = p50 <= 5.0 && p99 <= 25.0 && lost == 0;
     print_table(
         "latency (publish → receiver)",
@@ -123,10 +128,10 @@ pub async fn run(args: &BenchArgs) -> anyhow::Result<(Map<String, Value>, bool)>
             row("p99_ms", format!("{p99:.2}"), "≤ 25", Some(p99 <= 25.0)),
             row("p99.9_ms", format!("{:.2}", pct(&lat, 99.9)), "", None),
             row("max_ms", format!("{max:.2}"), "", None),
-            row("split (ms), p50 / p99 / mean:", "", "", None),
+            row("split (ms), p50 / p99 / mean:", if args.no_split { "left out" } else { "" }, "", None),
         ]
         .into_iter()
-        .chain(split_rows)
+        .chain(split_rows.into_iter().filter(|_| !args.no_split))
         .collect::<Vec<_>>(),
     );
     Ok((out, met))

@@ -100,6 +100,9 @@ pub struct BenchArgs {
     /// throughput: the dispatcher's `egress.dns_cache_ttl_s` (0 resolves on every attempt; default: the config's).
     #[arg(long, value_parser = clap::value_parser!(u64).range(0..=86_400))]
     dns_cache_ttl_s: Option<u64>,
+    /// latency: leave out the split (its three probe consumers fetch from the same broker, which loads it).
+    #[arg(long)]
+    no_split: bool,
     /// throughput: seconds the raw HTTP baseline runs.
     #[arg(long, default_value_t = 10, value_parser = clap::value_parser!(u64).range(1..=3600))]
     raw_s: u64,
