@@ -45,6 +45,13 @@ enum Kind {
     Attempts,
 }
 
+/// What one record tells about its event.
+enum Update {
+    Event { ts_us: i64, now: i64 },
+    Task { ts_us: i64, now: i64 },
+    Started(i64),
+}
+
 pub struct Probe {
     seen: Arc<Mutex<HashMap<String, Seen>>>,
     stop: CancellationToken,
@@ -85,27 +92,31 @@ impl Probe {
                     let now = unix_us();
                     let ts_us = rdkafka::Message::timestamp(&m).to_millis().unwrap_or(0).saturating_mul(1000);
                     let payload = rdkafka::Message::payload(&m).unwrap_or_default();
-                    let (id, apply): (String, Box<dyn FnOnce(&mut Seen)>) = match kind {
+                    let (id, update) = match kind {
                         Kind::Events => {
                             let id = String::from_utf8_lossy(rdkafka::Message::key(&m).unwrap_or_default()).into_owned();
-                            (id, Box::new(move |s: &mut Seen| (s.event_ts_us, s.event_seen_us) = (ts_us, now)))
+                            (id, Update::Event { ts_us, now })
                         }
                         Kind::Deliveries => {
                             let Ok(task) = DeliveryTask::decode(payload) else { continue };
-                            let id = task.event.map(|e| e.id).unwrap_or_default();
-                            (id, Box::new(move |s: &mut Seen| (s.task_ts_us, s.task_seen_us) = (ts_us, now)))
+                            (task.event.map(|e| e.id).unwrap_or_default(), Update::Task { ts_us, now })
                         }
                         Kind::Attempts => {
                             let Ok(rec) = AttemptRecord::decode(payload) else { continue };
                             if rec.attempt != 1 || rec.r#try != 1 || rec.started_at_ms <= 0 {
                                 continue;
                             }
-                            let started = rec.started_at_ms.saturating_mul(1000);
-                            (rec.event_id, Box::new(move |s: &mut Seen| s.started_us = started))
+                            (rec.event_id, Update::Started(rec.started_at_ms.saturating_mul(1000)))
                         }
                     };
                     if id.starts_with(prefix) {
-                        apply(seen.lock().expect("probe lock").entry(id).or_default());
+                        let mut seen = seen.lock().expect("probe lock");
+                        let s = seen.entry(id).or_default();
+                        match update {
+                            Update::Event { ts_us, now } => (s.event_ts_us, s.event_seen_us) = (ts_us, now),
+                            Update::Task { ts_us, now } => (s.task_ts_us, s.task_seen_us) = (ts_us, now),
+                            Update::Started(us) => s.started_us = us,
+                        }
                     }
                 }
             });
@@ -135,18 +146,18 @@ impl Probe {
         for a in arrivals {
             let Some(i) = a.id.strip_prefix(prefix).and_then(|s| s.parse::<usize>().ok()) else { continue };
             let (Some(s), Some(&published)) = (seen.get(&a.id).filter(|s| complete(s)), published_unix_us.get(i)) else { continue };
-            let events_broker = s.event_seen_us - s.event_ts_us;
-            let to_fanout = s.task_ts_us - published;
-            let deliveries_broker = s.task_seen_us - s.task_ts_us;
-            let to_try = s.started_us - s.task_ts_us;
-            let to_arrival = a.unix_us - s.started_us;
+            let events_broker = s.event_seen_us.saturating_sub(s.event_ts_us);
+            let to_fanout = s.task_ts_us.saturating_sub(published);
+            let deliveries_broker = s.task_seen_us.saturating_sub(s.task_ts_us);
+            let to_try = s.started_us.saturating_sub(s.task_ts_us);
+            let to_arrival = a.unix_us.saturating_sub(s.started_us);
             for (v, x) in hops.iter_mut().zip([
                 events_broker,
                 to_fanout,
-                to_fanout - events_broker,
+                to_fanout.saturating_sub(events_broker),
                 deliveries_broker,
                 to_try,
-                to_try - deliveries_broker,
+                to_try.saturating_sub(deliveries_broker),
                 to_arrival,
             ]) {
                 v.push(ms(x));
