@@ -13,7 +13,7 @@
 use std::collections::HashMap;
 use std::io;
 use std::pin::Pin;
-use std::sync::Mutex;
+use std::sync::{Arc, Mutex, Weak};
 use std::task::{Context, Poll};
 use std::time::Duration;
 
@@ -75,17 +75,49 @@ pub enum SendError {
 
 pub struct Pool {
     connector: HttpsConnector<GuardedConnector>,
-    idle: Mutex<Idles>,
+    idle: Arc<Mutex<Idles>>,
 }
 
 struct Idles {
     by_key: HashMap<Key, Vec<Idle>>,
-    last_sweep: Instant,
+    timeout: Duration,
+}
+
+impl Idles {
+    /// Drops (so closes) every idle connection that is closed or past the idle timeout.
+    fn sweep(&mut self, now: Instant) {
+        let timeout = self.timeout;
+        self.by_key.retain(|_, conns| {
+            conns.retain(|c| usable(c, now, timeout));
+            !conns.is_empty()
+        });
+    }
+}
+
+/// Closes expired idle connections every idle timeout, also when no request comes (a burst to many hosts then
+/// silence must not keep their connections open); ends with its pool.
+async fn reap(idle: Weak<Mutex<Idles>>, every: Duration) {
+    let mut tick = tokio::time::interval_at(Instant::now() + every, every);
+    tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    loop {
+        tick.tick().await;
+        let Some(idle) = idle.upgrade() else { return };
+        idle.lock().expect("pool lock").sweep(Instant::now());
+    }
 }
 
 impl Pool {
     pub fn new(connector: HttpsConnector<GuardedConnector>) -> Self {
-        Self { connector, idle: Mutex::new(Idles { by_key: HashMap::new(), last_sweep: Instant::now() }) }
+        Self::with_idle_timeout(connector, IDLE_TIMEOUT)
+    }
+
+    pub fn with_idle_timeout(connector: HttpsConnector<GuardedConnector>, timeout: Duration) -> Self {
+        let idle = Arc::new(Mutex::new(Idles { by_key: HashMap::new(), timeout }));
+        // Routes are made by sends, on the runtime; outside one (a unit test's plain constructor) nothing is idle yet.
+        if let Ok(rt) = tokio::runtime::Handle::try_current() {
+            rt.spawn(reap(Arc::downgrade(&idle), timeout));
+        }
+        Self { connector, idle }
     }
 
     /// Sends `req` (an absolute URI; its target is sent in origin form with a `Host` header) on an idle
@@ -123,15 +155,9 @@ impl Pool {
         }
         let now = Instant::now();
         let mut idle = self.idle.lock().expect("pool lock");
-        if now.duration_since(idle.last_sweep) >= IDLE_TIMEOUT {
-            idle.last_sweep = now;
-            idle.by_key.retain(|_, conns| {
-                conns.retain(|c| usable(c, now));
-                !conns.is_empty()
-            });
-        }
+        let timeout = idle.timeout;
         let conns = idle.by_key.entry(lease.key).or_default();
-        conns.retain(|c| usable(c, now));
+        conns.retain(|c| usable(c, now, timeout));
         if conns.len() < MAX_IDLE_PER_HOST {
             conns.push(Idle { tx: lease.tx, since: now });
         }
@@ -143,10 +169,11 @@ impl Pool {
             let candidate = {
                 let mut idle = self.idle.lock().expect("pool lock");
                 let now = Instant::now();
+                let timeout = idle.timeout;
                 let conns = idle.by_key.get_mut(key)?;
                 let found = loop {
                     match conns.pop() {
-                        Some(c) if usable(&c, now) => break Some(c.tx),
+                        Some(c) if usable(&c, now, timeout) => break Some(c.tx),
                         Some(_) => continue,
                         None => break None,
                     }
@@ -181,8 +208,8 @@ impl Pool {
     }
 }
 
-fn usable(c: &Idle, now: Instant) -> bool {
-    !c.tx.is_closed() && now.duration_since(c.since) < IDLE_TIMEOUT
+fn usable(c: &Idle, now: Instant, timeout: Duration) -> bool {
+    !c.tx.is_closed() && now.duration_since(c.since) < timeout
 }
 
 /// The pool key and the origin-form target (`/path?query`) of an absolute URI.
@@ -271,5 +298,49 @@ mod tests {
     fn a_plain_stream_is_small() {
         let (plain, maybe_tls) = (std::mem::size_of::<Stream>(), std::mem::size_of::<MaybeHttpsStream<TokioIo<TcpStream>>>());
         assert!(plain <= 48 && maybe_tls > 256, "plain {plain} bytes, with room for TLS {maybe_tls}");
+    }
+
+    /// An idle connection is closed once it is past the idle timeout, even if no request comes to sweep it.
+    #[tokio::test]
+    async fn idle_connections_are_closed_after_the_timeout_without_traffic() {
+        use std::sync::atomic::{AtomicUsize, Ordering};
+        use tokio::io::{AsyncReadExt, AsyncWriteExt};
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let addr = listener.local_addr().unwrap();
+        let closed = Arc::new(AtomicUsize::new(0));
+        let c = closed.clone();
+        tokio::spawn(async move {
+            while let Ok((mut sock, _)) = listener.accept().await {
+                let c = c.clone();
+                tokio::spawn(async move {
+                    let mut buf = [0u8; 4096];
+                    // The test sends one bodiless request: answer it, then wait for the client to close.
+                    let _ = sock.read(&mut buf).await;
+                    let _ = sock.write_all(b"HTTP/1.1 200 OK\r\ncontent-length: 0\r\n\r\n").await;
+                    while let Ok(n) = sock.read(&mut buf).await {
+                        if n == 0 {
+                            break;
+                        }
+                    }
+                    c.fetch_add(1, Ordering::SeqCst);
+                });
+            }
+        });
+        let settings = hookline_core::egress::EgressSettings { allow_ranges: vec!["127.0.0.1/32".into()], allow_http: true, ..Default::default() };
+        let guard = Arc::new(hookline_core::egress::EgressGuard::new(&settings, &Default::default()).unwrap());
+        let connector = GuardedConnector::new(guard, Arc::new(crate::connector::SystemResolver));
+        let pool = Pool::with_idle_timeout(crate::connector::https_connector(connector), Duration::from_millis(200));
+        let mut req = Request::new(Full::new(Bytes::new()));
+        *req.uri_mut() = format!("http://{addr}/").parse().unwrap();
+        let (resp, lease) = pool.send(req).await.unwrap();
+        assert_eq!(resp.status(), 200);
+        pool.put_back(lease);
+        assert_eq!(pool.idle.lock().unwrap().by_key.values().map(Vec::len).sum::<usize>(), 1, "kept");
+        let deadline = std::time::Instant::now() + Duration::from_secs(10);
+        while closed.load(Ordering::SeqCst) == 0 && std::time::Instant::now() < deadline {
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+        assert_eq!(closed.load(Ordering::SeqCst), 1, "the receiver saw the idle connection closed");
+        assert!(pool.idle.lock().unwrap().by_key.is_empty());
     }
 }
