@@ -6,9 +6,12 @@
 //! slip a private address in. [`precheck`] runs the same judgement before every attempt, because a pooled
 //! connection skips the connector.
 //!
-//! Redirects and proxies: hyper-util's legacy client never follows redirects (a 3xx is just a response) and
-//! never reads `HTTP_PROXY`/`HTTPS_PROXY`/`NO_PROXY`; this connector opens a direct TCP connection and nothing
-//! else. Both are pinned by tests in `tests/egress_connector.rs`.
+//! Redirects and proxies: neither the sender's pool (`sender/pool.rs`, hyper's `client::conn`) nor hyper-util's
+//! legacy client (the tests') follows redirects (a 3xx is just a response) or reads
+//! `HTTP_PROXY`/`HTTPS_PROXY`/`NO_PROXY`; this connector opens a direct TCP connection and nothing else. Both are
+//! pinned by tests in `tests/egress_connector.rs`.
+
+pub mod dns;
 
 use std::future::Future;
 use std::io;
@@ -30,6 +33,14 @@ pub trait Resolve: Send + Sync + 'static {
     /// The addresses `host` resolves to. `port` is passed for resolvers that want it (SRV-less system
     /// resolution ignores it).
     fn resolve(&self, host: &str, port: u16) -> BoxFuture<'static, io::Result<Vec<IpAddr>>>;
+
+    /// [`Resolve::resolve`], with how long the answer may be kept when the resolver knows it (DNS answers carry
+    /// a TTL; `getaddrinfo` reports none, hence `None` by default). The cache ([`dns`]) keeps an answer for at
+    /// most this long.
+    fn resolve_with_ttl(&self, host: &str, port: u16) -> BoxFuture<'static, io::Result<(Vec<IpAddr>, Option<Duration>)>> {
+        let answer = self.resolve(host, port);
+        Box::pin(async move { answer.await.map(|addrs| (addrs, None)) })
+    }
 }
 
 /// The operating system's resolver (`getaddrinfo` through tokio), addresses deduplicated in its order.

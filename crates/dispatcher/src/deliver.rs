@@ -714,7 +714,9 @@ mod tests {
         let sender = crate::sender::Sender::new(Default::default(), Arc::new(crate::connector::SystemResolver));
         let policy = hookline_core::policy::builtin("standard").unwrap();
         let send = sender.send_owned("k", &policy, "http://127.0.0.1:1/", Default::default(), &[], Bytes::new());
-        assert!(std::mem::size_of_val(&send) <= 2_000, "send: {} bytes", std::mem::size_of_val(&send));
+        // The request's own future (the pool's checkout and `send_request`, ~1 KB) is inlined in the send step: the
+        // legacy client boxed it separately at 2.6 KB.
+        assert!(std::mem::size_of_val(&send) <= 2_200, "send: {} bytes", std::mem::size_of_val(&send));
     }
 
     #[test]

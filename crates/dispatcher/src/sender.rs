@@ -1,6 +1,8 @@
 //! One HTTP try: egress check, connect (through the guarded connector), POST, read at most the response cap,
 //! all under the policy's single deadline. Never follows redirects, never uses a proxy.
 
+mod pool;
+
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
@@ -11,12 +13,8 @@ use hookline_core::model::Header;
 use hookline_core::policy::Policy;
 use hookline_core::Outcome;
 use http_body_util::{BodyExt, Full};
-use hyper_util::client::legacy::Client;
-use hyper_util::rt::TokioExecutor;
 
 use crate::connector::{self, GuardedConnector, PrecheckError, Resolve};
-
-type HttpClient = Client<hyper_rustls::HttpsConnector<GuardedConnector>, Full<Bytes>>;
 
 /// What one try produced, for the engine and the attempt log.
 #[derive(Debug, Clone)]
@@ -42,7 +40,7 @@ pub const RESPONSE_HEADER_BYTES_MAX: usize = 4096;
 
 struct Route {
     guard: Arc<EgressGuard>,
-    client: HttpClient,
+    pool: pool::Pool,
 }
 
 pub struct Sender {
@@ -53,7 +51,10 @@ pub struct Sender {
 }
 
 impl Sender {
+    /// `resolver` is put behind the DNS cache that `settings` describes (`egress.dns_cache_ttl_s`); the guard
+    /// judges its answers on every attempt and every connect all the same.
     pub fn new(settings: EgressSettings, resolver: Arc<dyn Resolve>) -> Self {
+        let resolver = crate::connector::dns::cached(resolver, &settings);
         Self { settings, resolver, routes: Mutex::new(HashMap::new()) }
     }
 
@@ -73,11 +74,7 @@ impl Sender {
         }
         let guard = Arc::new(EgressGuard::new(&self.settings, &policy.egress).map_err(|e| e.to_string())?);
         let connector = GuardedConnector::new(guard.clone(), self.resolver.clone());
-        let client = Client::builder(TokioExecutor::new())
-            .pool_idle_timeout(Duration::from_secs(30))
-            .pool_max_idle_per_host(64)
-            .build(connector::https_connector(connector));
-        let route = Arc::new(Route { guard, client });
+        let route = Arc::new(Route { guard, pool: pool::Pool::new(connector::https_connector(connector)) });
         routes.insert(egress_key.to_owned(), route.clone());
         Ok(route)
     }
@@ -217,7 +214,7 @@ impl Sender {
             *req.method_mut() = http::Method::POST;
             *req.uri_mut() = uri;
             *req.headers_mut() = headers;
-            let resp = match route.client.request(req).await {
+            let (resp, lease) = match route.pool.send(req).await {
                 Ok(r) => r,
                 Err(e) => {
                     let (o, r, x) = classify_error(&e);
@@ -231,7 +228,10 @@ impl Sender {
                 .and_then(|v| v.to_str().ok())
                 .map(str::to_owned);
             let response_headers = if record { kept_response_headers(resp.headers()) } else { Vec::new() };
-            let excerpt = read_capped(resp.into_body(), policy.attempt.response_cap_bytes).await;
+            let (excerpt, ended) = read_capped(resp.into_body(), policy.attempt.response_cap_bytes).await;
+            if ended {
+                route.pool.put_back(lease);
+            }
             (Outcome::Http { status, retry_after }, format!("HTTP {status}"), excerpt, response_headers)
         };
         match tokio::time::timeout(timeout, exchange).await {
@@ -281,27 +281,39 @@ fn kept_response_headers(headers: &http::HeaderMap) -> Vec<Header> {
     out
 }
 
-/// Reads the body up to `cap` bytes and returns the start of it; the rest is not read (the connection is then
-/// dropped rather than reused).
-async fn read_capped(mut body: hyper::body::Incoming, cap: u64) -> String {
+/// Reads the body up to `cap` bytes and returns the start of it, and whether the body was read to its end; the
+/// rest is not read (the connection is then dropped rather than reused).
+async fn read_capped(mut body: hyper::body::Incoming, cap: u64) -> (String, bool) {
     let mut excerpt = Vec::new();
     let mut read: u64 = 0;
-    while read < cap {
+    let mut ended = false;
+    loop {
+        if hyper::body::Body::is_end_stream(&body) {
+            ended = true;
+            break;
+        }
+        if read >= cap {
+            break;
+        }
         match body.frame().await {
             Some(Ok(frame)) => {
                 if let Some(data) = frame.data_ref() {
-                    read += data.len() as u64;
+                    read = read.saturating_add(data.len() as u64);
                     if excerpt.len() < EXCERPT_BYTES {
                         let take = (EXCERPT_BYTES - excerpt.len()).min(data.len());
                         excerpt.extend_from_slice(&data[..take]);
                     }
                 }
             }
+            None => {
+                ended = true;
+                break;
+            }
             // A broken body after the status arrived does not change the outcome: the status decides.
-            Some(Err(_)) | None => break,
+            Some(Err(_)) => break,
         }
     }
-    String::from_utf8_lossy(&excerpt).into_owned()
+    (String::from_utf8_lossy(&excerpt).into_owned(), ended)
 }
 
 /// The rustls error inside `e`, looking through `io::Error` wrappers (hyper-rustls nests them, and
@@ -316,7 +328,7 @@ fn find_rustls<'a>(e: &'a (dyn std::error::Error + 'static)) -> Option<&'a rustl
     }
 }
 
-fn classify_error(err: &hyper_util::client::legacy::Error) -> (Outcome, String, String) {
+fn classify_error(err: &pool::SendError) -> (Outcome, String, String) {
     if let Some(r) = connector::refusal_in(err) {
         return (r.outcome(), format!("egress refused: {}", r.reason), String::new());
     }
@@ -376,5 +388,107 @@ mod tests {
             [("content-type", &b"application/json"[..]), ("webhook-id", b"evt_1"), ("webhook-signature", b"<redacted>"), ("x-partner", b"acme")]
         );
         assert!(r.response_headers.is_empty());
+    }
+
+    use std::sync::atomic::{AtomicUsize, Ordering};
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+
+    /// A loopback receiver answering `200 ok` to every request; with `close_each`, it closes the connection after
+    /// each answer without saying so (as a receiver's idle timeout does), else it keeps connections alive.
+    async fn receiver(close_each: bool) -> (std::net::SocketAddr, Arc<AtomicUsize>, Arc<AtomicUsize>) {
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let addr = listener.local_addr().unwrap();
+        let (conns, requests) = (Arc::new(AtomicUsize::new(0)), Arc::new(AtomicUsize::new(0)));
+        let (c, r) = (conns.clone(), requests.clone());
+        tokio::spawn(async move {
+            while let Ok((mut sock, _)) = listener.accept().await {
+                c.fetch_add(1, Ordering::SeqCst);
+                let r = r.clone();
+                tokio::spawn(async move {
+                    let mut buf = Vec::new();
+                    let mut chunk = [0u8; 4096];
+                    loop {
+                        // One request: its head, then `content-length` bytes of body.
+                        let head_end = loop {
+                            if let Some(i) = buf.windows(4).position(|w| w == b"\r\n\r\n") {
+                                break i + 4;
+                            }
+                            match sock.read(&mut chunk).await {
+                                Ok(0) | Err(_) => return,
+                                Ok(n) => buf.extend_from_slice(&chunk[..n]),
+                            }
+                        };
+                        let head = String::from_utf8_lossy(&buf[..head_end]).to_ascii_lowercase();
+                        let len: usize = head
+                            .lines()
+                            .find_map(|l| l.strip_prefix("content-length:").map(|v| v.trim().parse().unwrap_or(0)))
+                            .unwrap_or(0);
+                        while buf.len() < head_end + len {
+                            match sock.read(&mut chunk).await {
+                                Ok(0) | Err(_) => return,
+                                Ok(n) => buf.extend_from_slice(&chunk[..n]),
+                            }
+                        }
+                        buf.drain(..head_end + len);
+                        r.fetch_add(1, Ordering::SeqCst);
+                        if sock.write_all(b"HTTP/1.1 200 OK\r\ncontent-length: 2\r\n\r\nok").await.is_err() {
+                            return;
+                        }
+                        if close_each {
+                            let _ = sock.shutdown().await;
+                            return;
+                        }
+                    }
+                });
+            }
+        });
+        (addr, conns, requests)
+    }
+
+    fn loopback_sender() -> Sender {
+        let settings = EgressSettings { allow_ranges: vec!["127.0.0.1/32".into()], allow_http: true, ..Default::default() };
+        Sender::new(settings, Arc::new(crate::connector::SystemResolver))
+    }
+
+    async fn post(sender: &Sender, url: &str) -> TryResult {
+        let policy = hookline_core::policy::builtin("standard").unwrap();
+        sender.send("k", &policy, url, &Default::default(), Bytes::from_static(b"{\"a\":1}")).await
+    }
+
+    /// Sequential tries reuse one kept-alive connection; concurrent ones open their own, and those are kept too.
+    #[tokio::test]
+    async fn connections_are_kept_alive_and_reused() {
+        let (addr, conns, requests) = receiver(false).await;
+        let sender = loopback_sender();
+        let url = format!("http://{addr}/hook");
+        for _ in 0..5 {
+            let r = post(&sender, &url).await;
+            assert_eq!(r.outcome, Outcome::Http { status: 200, retry_after: None }, "{}", r.reason);
+            assert_eq!(r.response_excerpt, "ok");
+        }
+        assert_eq!(conns.load(Ordering::SeqCst), 1, "one connection for five sequential tries");
+        let tries = futures::future::join_all((0..3).map(|_| post(&sender, &url))).await;
+        assert!(tries.iter().all(|r| r.outcome == Outcome::Http { status: 200, retry_after: None }));
+        assert_eq!(conns.load(Ordering::SeqCst), 3, "three at once: the idle one and two new ones");
+        for _ in 0..3 {
+            post(&sender, &url).await;
+        }
+        assert_eq!(conns.load(Ordering::SeqCst), 3, "the three are kept");
+        assert_eq!(requests.load(Ordering::SeqCst), 11);
+    }
+
+    /// A receiver that closes each connection after answering: the next try finds the kept connection closed and
+    /// opens a new one, and no try fails for it.
+    #[tokio::test]
+    async fn a_connection_closed_by_the_receiver_while_idle_is_not_a_failure() {
+        let (addr, conns, requests) = receiver(true).await;
+        let sender = loopback_sender();
+        let url = format!("http://{addr}/hook");
+        for i in 0..5 {
+            let r = post(&sender, &url).await;
+            assert_eq!(r.outcome, Outcome::Http { status: 200, retry_after: None }, "try {i}: {}", r.reason);
+        }
+        assert_eq!(requests.load(Ordering::SeqCst), 5, "each request sent once");
+        assert_eq!(conns.load(Ordering::SeqCst), 5);
     }
 }

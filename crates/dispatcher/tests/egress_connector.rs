@@ -397,3 +397,47 @@ async fn hostile_table_is_refused_by_a_dispatch_attempt() {
     assert!(through_connector >= 50, "only {through_connector} rows reached the connector");
     assert!(dns.asked().is_empty(), "hostile rows are refused before any DNS lookup: {:?}", dns.asked());
 }
+
+/// The dispatcher's `Sender` keeps a name's addresses (`egress.dns_cache_ttl_s`), and the guard judges the kept
+/// addresses on every attempt exactly as fresh ones: one route's rules allowing an address say nothing for another
+/// route's, and a name cached as private stays refused without asking DNS again.
+#[tokio::test]
+async fn cached_addresses_are_judged_on_every_attempt() {
+    let rx = Receiver::start(loopback(1), OK).await.unwrap();
+    let settings = EgressSettings { allow_ranges: vec!["127.0.0.1/32".into()], allow_http: true, ..Default::default() };
+    assert!(settings.dns_cache_ttl_s > 0, "the cache is on by default");
+    let dns = Scripted::new(&[&["127.0.0.1"], &["127.0.0.2"]]);
+    let sender = hookline_dispatcher::sender::Sender::new(settings, dns.clone());
+    let open = hookline_core::policy::builtin("standard").expect("the standard profile");
+    let mut closed = open.clone();
+    closed.egress.deny_ranges = vec!["127.0.0.1/32".into()];
+    let headers = hookline_core::request::AttemptHeaders::default();
+    let url = format!("http://cached.test:{}/hook", rx.addr.port());
+
+    let first = sender.send("open", &open, &url, &headers, Bytes::from_static(b"{}")).await;
+    assert_eq!(first.outcome, Outcome::Http { status: 200, retry_after: None }, "{}", first.reason);
+    // The route that denies the address gets the cached answer, and refuses it.
+    for _ in 0..3 {
+        let r = sender.send("closed", &closed, &url, &headers, Bytes::from_static(b"{}")).await;
+        assert_eq!(r.outcome, Outcome::EgressRefused, "{}", r.reason);
+        assert!(r.reason.contains("127.0.0.1"), "{}", r.reason);
+    }
+    // The name would now resolve elsewhere (127.0.0.2, private), but the kept answer is still the public one.
+    let again = sender.send("open", &open, &url, &headers, Bytes::from_static(b"{}")).await;
+    assert_eq!(again.outcome, Outcome::Http { status: 200, retry_after: None }, "{}", again.reason);
+    assert_eq!(dns.asked(), ["cached.test"], "one lookup served the precheck and connect of every attempt");
+
+    // A name whose kept answer is private is refused on every attempt, never connected to.
+    let dns = Scripted::new(&[&["127.0.0.2"], &["127.0.0.1"]]);
+    let settings = EgressSettings { allow_ranges: vec!["127.0.0.1/32".into()], allow_http: true, ..Default::default() };
+    let sender = hookline_dispatcher::sender::Sender::new(settings, dns.clone());
+    let url = format!("http://private.test:{}/hook", rx.addr.port());
+    for _ in 0..3 {
+        let r = sender.send("open", &open, &url, &headers, Bytes::from_static(b"{}")).await;
+        assert_eq!(r.outcome, Outcome::EgressRefused, "{}", r.reason);
+        assert!(r.reason.contains("127.0.0.2 is loopback"), "{}", r.reason);
+    }
+    assert_eq!(dns.asked(), ["private.test"]);
+    settle().await;
+    assert_eq!(rx.connections(), 2, "only the two allowed attempts connected");
+}

@@ -22,7 +22,7 @@ pub use ranges::{embedded, Cidr, CidrError, Embedded, NonPublic, METADATA};
 pub use target::{Target, TargetHost};
 
 /// The `[egress]` table of the config file: what the operator adds to the policies' rules.
-#[derive(Deserialize, Serialize, Clone, Debug, Default, PartialEq, Eq)]
+#[derive(Deserialize, Serialize, Clone, Debug, PartialEq, Eq)]
 #[serde(deny_unknown_fields)]
 pub struct EgressSettings {
     /// CIDR ranges reachable although non-public (tests, dev, on-premise targets). Off by default, logged
@@ -41,6 +41,52 @@ pub struct EgressSettings {
     /// Host names refused before resolution: `internal.example.com`, or `*.example.com` for every subdomain.
     #[serde(default)]
     pub blocked_hostnames: Vec<String>,
+    /// How long the dispatcher keeps a host name's addresses, at most (an answer that carries a shorter TTL is kept
+    /// for that); `0` resolves on every attempt. The guard judges cached addresses on every connect as fresh ones.
+    #[serde(default = "default_dns_cache_ttl_s")]
+    pub dns_cache_ttl_s: u64,
+    /// How long a failed lookup is remembered, so an endpoint whose name does not resolve is not asked about on
+    /// every attempt; `0` never remembers a failure.
+    #[serde(default = "default_dns_negative_ttl_s")]
+    pub dns_negative_ttl_s: u64,
+    /// Most host names the cache holds; beyond it the entry closest to expiring is dropped.
+    #[serde(default = "default_dns_cache_max_entries")]
+    pub dns_cache_max_entries: usize,
+}
+
+/// Short enough that an endpoint moved by DNS is followed within half a minute without its TTL, which the
+/// system resolver does not report.
+pub const DEFAULT_DNS_CACHE_TTL_S: u64 = 30;
+pub const DEFAULT_DNS_NEGATIVE_TTL_S: u64 = 5;
+pub const DEFAULT_DNS_CACHE_MAX_ENTRIES: usize = 10_000;
+/// Upper bounds of the DNS keys: a day, an hour, a million names.
+const MAX_DNS_CACHE_TTL_S: u64 = 86_400;
+const MAX_DNS_NEGATIVE_TTL_S: u64 = 3_600;
+const MAX_DNS_CACHE_MAX_ENTRIES: usize = 1_000_000;
+
+fn default_dns_cache_ttl_s() -> u64 {
+    DEFAULT_DNS_CACHE_TTL_S
+}
+fn default_dns_negative_ttl_s() -> u64 {
+    DEFAULT_DNS_NEGATIVE_TTL_S
+}
+fn default_dns_cache_max_entries() -> usize {
+    DEFAULT_DNS_CACHE_MAX_ENTRIES
+}
+
+impl Default for EgressSettings {
+    fn default() -> Self {
+        Self {
+            allow_ranges: Vec::new(),
+            allow_http: false,
+            allowed_ports: None,
+            deny_ranges: Vec::new(),
+            blocked_hostnames: Vec::new(),
+            dns_cache_ttl_s: DEFAULT_DNS_CACHE_TTL_S,
+            dns_negative_ttl_s: DEFAULT_DNS_NEGATIVE_TTL_S,
+            dns_cache_max_entries: DEFAULT_DNS_CACHE_MAX_ENTRIES,
+        }
+    }
 }
 
 /// A bad value in the `[egress]` config table or in a policy's `egress` rules, naming the key.
@@ -58,6 +104,19 @@ impl EgressSettings {
         parse_ranges(&self.allow_ranges, "egress.allow_ranges")?;
         parse_ranges(&self.deny_ranges, "egress.deny_ranges")?;
         parse_hostnames(&self.blocked_hostnames, "egress.blocked_hostnames")?;
+        let bad = |key: &str, message: String| Err(EgressConfigError { key: key.into(), message });
+        if self.dns_cache_ttl_s > MAX_DNS_CACHE_TTL_S {
+            return bad("egress.dns_cache_ttl_s", format!("{} is more than a day ({MAX_DNS_CACHE_TTL_S} s)", self.dns_cache_ttl_s));
+        }
+        if self.dns_negative_ttl_s > MAX_DNS_NEGATIVE_TTL_S {
+            return bad("egress.dns_negative_ttl_s", format!("{} is more than an hour ({MAX_DNS_NEGATIVE_TTL_S} s)", self.dns_negative_ttl_s));
+        }
+        if self.dns_cache_max_entries == 0 || self.dns_cache_max_entries > MAX_DNS_CACHE_MAX_ENTRIES {
+            return bad(
+                "egress.dns_cache_max_entries",
+                format!("must be between 1 and {MAX_DNS_CACHE_MAX_ENTRIES} (set egress.dns_cache_ttl_s = 0 to turn the cache off)"),
+            );
+        }
         if let Some(ports) = &self.allowed_ports {
             if ports.is_empty() {
                 return Err(EgressConfigError {

@@ -277,6 +277,13 @@ fn settings_validation_names_the_key() {
     assert!(e.starts_with("egress.allowed_ports[1]: "), "{e}");
     let e = bad(EgressSettings { allowed_ports: Some(vec![]), ..Default::default() });
     assert!(e.starts_with("egress.allowed_ports: "), "{e}");
+    let e = bad(EgressSettings { dns_cache_ttl_s: 86_401, ..Default::default() });
+    assert!(e.starts_with("egress.dns_cache_ttl_s: 86401 is more than a day"), "{e}");
+    let e = bad(EgressSettings { dns_negative_ttl_s: 3_601, ..Default::default() });
+    assert!(e.starts_with("egress.dns_negative_ttl_s: "), "{e}");
+    let e = bad(EgressSettings { dns_cache_max_entries: 0, ..Default::default() });
+    assert!(e.starts_with("egress.dns_cache_max_entries: must be between 1 and"), "{e}");
+    EgressSettings { dns_cache_ttl_s: 0, dns_negative_ttl_s: 0, ..Default::default() }.validate().unwrap();
     EgressSettings::default().validate().unwrap();
     let e = EgressGuard::new(
         &EgressSettings::default(),
@@ -293,10 +300,12 @@ fn settings_parse_from_toml() {
         allow_ranges = ["127.0.0.0/8"]
         allow_http = true
         allowed_ports = [443]
+        dns_cache_ttl_s = 0
         "#,
     )
     .unwrap();
     assert_eq!(s.allow_ranges, ["127.0.0.0/8"]);
+    assert_eq!((s.dns_cache_ttl_s, s.dns_negative_ttl_s, s.dns_cache_max_entries), (0, 5, 10_000));
     assert!(s.allow_http);
     assert!(s.deny_ranges.is_empty());
     assert!(toml::from_str::<EgressSettings>("allow_rangez = []").is_err());

@@ -72,6 +72,24 @@ pub fn serve(role: &str, config_toml: &str) -> anyhow::Result<ExitCode> {
     Ok(ExitCode::SUCCESS)
 }
 
+/// The host name `--named-host` gives the receiver: this machine's own name (`/proc/sys/kernel/hostname`), when
+/// the system resolver maps it to loopback only (as `/etc/hosts` usually does), so that the API's check and the
+/// dispatcher resolve a real name through `getaddrinfo` like any endpoint's. `localhost` cannot stand in: the
+/// egress guard refuses that name itself.
+pub async fn named_host() -> anyhow::Result<String> {
+    let name = std::fs::read_to_string("/proc/sys/kernel/hostname").context("--named-host: reading this machine's host name")?;
+    let name = name.trim().to_owned();
+    let addrs: Vec<std::net::IpAddr> = tokio::net::lookup_host((name.as_str(), 0))
+        .await
+        .with_context(|| format!("--named-host: this machine's name {name:?} does not resolve"))?
+        .map(|a| a.ip())
+        .collect();
+    if addrs.is_empty() || !addrs.iter().all(|ip| ip.is_loopback() && ip.is_ipv4()) {
+        anyhow::bail!("--named-host needs this machine's name {name:?} to resolve to 127.0.0.0/8 only (it resolves to {addrs:?})");
+    }
+    Ok(name)
+}
+
 fn wait_stdin_eof() {
     let mut buf = [0u8; 64];
     let mut stdin = std::io::stdin();

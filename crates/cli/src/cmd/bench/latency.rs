@@ -24,7 +24,8 @@ pub async fn run(args: &BenchArgs) -> anyhow::Result<(Map<String, Value>, bool)>
     cluster.subscribe_all(bodies).await?;
     let publisher = Publisher::new(cluster.producer(cluster.config.kafka.linger_ms)?, cluster.topics().events().to_owned());
     cluster.warm_up(&publisher, &recv, subs).await?;
-    // Let the warm-up traffic settle before measuring.
+    let probe = if args.no_split { None } else { Some(super::split::Probe::start(&cluster, "l").await?) };
+    // Let the warm-up traffic settle (and the probe take its assignment) before measuring.
     tokio::time::sleep(Duration::from_secs(1)).await;
     recv.state.take_arrivals();
     recv.state.record_ok.store(true, Ordering::Relaxed);
@@ -33,6 +34,7 @@ pub async fn run(args: &BenchArgs) -> anyhow::Result<(Map<String, Value>, bool)>
     let total = rate * args.duration_s;
     eprintln!("  {subs} subscriptions (standard profile); {rate} events/s for {} s = {total} events", args.duration_s);
     let mut published_at: Vec<u64> = Vec::with_capacity(total as usize);
+    let mut published_unix_us: Vec<i64> = Vec::with_capacity(total as usize);
     let mut progress = Progress::new();
     let cpu_before = cluster.cpu();
     let start = Instant::now();
@@ -45,6 +47,7 @@ pub async fn run(args: &BenchArgs) -> anyhow::Result<(Map<String, Value>, bool)>
             let id = format!("l{sent}");
             let body = event_json(&id, &format!("lat.{}", sent % subs as u64), sent);
             published_at.push(recv.state.mono_us());
+            published_unix_us.push(super::split::now_unix_us());
             publisher.send(&id, &body);
             sent += 1;
         }
@@ -72,6 +75,10 @@ pub async fn run(args: &BenchArgs) -> anyhow::Result<(Map<String, Value>, bool)>
     let lat = sorted(lat);
     let (p50, p99, max) = (pct(&lat, 50.0), pct(&lat, 99.0), lat.last().copied().unwrap_or(f64::NAN));
     let cpu = cpu_per_1k(&cpu_before, &cpu_after, delivered as f64, PROCS);
+    let split = match probe {
+        Some(p) => p.report("l", &published_unix_us, &arrivals).await,
+        None => Map::new(),
+    };
     let cluster = Arc::try_unwrap(cluster).map_err(|_| anyhow::anyhow!("cluster still shared"))?;
     cluster.stop().await;
     drop(recv);
@@ -87,6 +94,29 @@ pub async fn run(args: &BenchArgs) -> anyhow::Result<(Map<String, Value>, bool)>
     out.insert("p999_ms".into(), json!(round(pct(&lat, 99.9), 2)));
     out.insert("max_ms".into(), json!(round(max, 2)));
     out.insert("cpu_s_per_1k_deliveries".into(), cpu);
+    let f = |k: &str, q: &str| split.get(k).and_then(|v| v.get(q)).and_then(Value::as_f64).unwrap_or(f64::NAN);
+    let split_rows: Vec<_> = [
+        ("  events: broker wait", "events_broker_ms"),
+        ("  publish → fan-out produce", "publish_to_fanout_produce_ms"),
+        ("  ingest: hookline (est.)", "ingest_hookline_ms"),
+        ("  deliveries: broker wait", "deliveries_broker_ms"),
+        ("  fan-out produce → try", "fanout_produce_to_try_ms"),
+        ("  dispatcher: hookline (est.)", "dispatcher_hookline_ms"),
+        ("  try → receiver", "try_to_arrival_ms"),
+    ]
+    .into_iter()
+    .map(|(label, k)| {
+        let value = if k.ends_with("hookline_ms") {
+            format!("mean {:.1}", f(k, "mean"))
+        } else {
+            format!("{:.1} / {:.1} / {:.1}", f(k, "p50"), f(k, "p99"), f(k, "mean"))
+        };
+        row(label, value, "", None)
+    })
+    .collect();
+    if !args.no_split {
+        out.insert("split".into(), Value::Object(split));
+    }
     let met = p50 <= 5.0 && p99 <= 25.0 && lost == 0;
     print_table(
         "latency (publish → receiver)",
@@ -98,7 +128,11 @@ pub async fn run(args: &BenchArgs) -> anyhow::Result<(Map<String, Value>, bool)>
             row("p99_ms", format!("{p99:.2}"), "≤ 25", Some(p99 <= 25.0)),
             row("p99.9_ms", format!("{:.2}", pct(&lat, 99.9)), "", None),
             row("max_ms", format!("{max:.2}"), "", None),
-        ],
+            row("split (ms), p50 / p99 / mean:", if args.no_split { "left out" } else { "" }, "", None),
+        ]
+        .into_iter()
+        .chain(split_rows.into_iter().filter(|_| !args.no_split))
+        .collect::<Vec<_>>(),
     );
     Ok((out, met))
 }

@@ -17,6 +17,7 @@ mod memory;
 mod receiver;
 mod retry_precision;
 mod scale;
+mod split;
 mod policies;
 mod stats;
 mod steady;
@@ -92,6 +93,16 @@ pub struct BenchArgs {
     /// baseline uses the same number.
     #[arg(long, default_value_t = 64, value_parser = clap::builder::RangedU64ValueParser::<usize>::new().range(1..=10_000))]
     concurrency: usize,
+    /// throughput: the receiver's URLs name this machine's host name (which must resolve to loopback) instead of
+    /// the IP literal 127.0.0.1, so the dispatcher resolves it (DNS cache, then the system resolver).
+    #[arg(long)]
+    named_host: bool,
+    /// throughput: the dispatcher's `egress.dns_cache_ttl_s` (0 resolves on every attempt; default: the config's).
+    #[arg(long, value_parser = clap::value_parser!(u64).range(0..=86_400))]
+    dns_cache_ttl_s: Option<u64>,
+    /// latency: leave out the split (its three probe consumers fetch from the same broker, which loads it).
+    #[arg(long)]
+    no_split: bool,
     /// throughput: seconds the raw HTTP baseline runs.
     #[arg(long, default_value_t = 10, value_parser = clap::value_parser!(u64).range(1..=3600))]
     raw_s: u64,

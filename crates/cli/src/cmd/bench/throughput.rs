@@ -133,14 +133,18 @@ pub async fn run(args: &BenchArgs) -> anyhow::Result<(Map<String, Value>, bool)>
         Cluster::start(args, |c| {
             c.dispatcher.per_subscription_concurrency = per_sub;
             c.dispatcher.max_queued_per_subscription = c.dispatcher.max_queued_per_subscription.max(per_sub);
+            if let Some(ttl) = args.dns_cache_ttl_s {
+                c.egress.dns_cache_ttl_s = ttl;
+            }
         })
         .await?,
     );
+    let dns_cache_ttl_s = cluster.config.egress.dns_cache_ttl_s;
     let recv = Receiver::start(Instant::now())?;
+    let host = if args.named_host { super::cluster::named_host().await? } else { "127.0.0.1".to_owned() };
+    let url = |k: usize| recv.url(&format!("ok/{k}")).replacen("127.0.0.1", &host, 1);
     let bodies = (0..subs)
-        .map(|k| {
-            json!({"url": recv.url(&format!("ok/{k}")), "event_types": [format!("tp.{}", k / fanout), "bench.warm"], "policy": "standard"})
-        })
+        .map(|k| json!({"url": url(k), "event_types": [format!("tp.{}", k / fanout), "bench.warm"], "policy": "standard"}))
         .collect();
     cluster.subscribe_all(bodies).await?;
     let publisher = Publisher::new(cluster.producer(5)?, cluster.topics().events().to_owned());
@@ -181,12 +185,17 @@ pub async fn run(args: &BenchArgs) -> anyhow::Result<(Map<String, Value>, bool)>
     out.insert("cpu_s_per_1k_deliveries".into(), cpu.clone());
     out.insert("raw_cpu_s_per_1k_requests".into(), raw.cpu.clone());
     out.insert("publish_failures".into(), json!(publish_failures));
+    out.insert("named_host".into(), json!(args.named_host));
+    out.insert("receiver_host".into(), json!(host));
+    out.insert("dns_cache_ttl_s".into(), json!(dns_cache_ttl_s));
     let met = ratio >= 0.5 && f.complete;
     let c = |k: &str| cpu.get(k).and_then(Value::as_f64).unwrap_or(f64::NAN);
     print_table(
         "throughput",
         &[
             row("events published", f.events, "", None),
+            row("receiver host", &host, "", None),
+            row("dispatcher egress.dns_cache_ttl_s", dns_cache_ttl_s, "", None),
             row("deliveries", f.deliveries, "", Some(f.complete)),
             row("deliveries_per_s", format!("{deliveries_per_s:.0}"), "", None),
             row("raw_http_per_s", format!("{:.0}", raw.per_s), "", None),
