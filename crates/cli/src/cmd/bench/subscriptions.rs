@@ -128,7 +128,7 @@ async fn load(
 }
 
 /// Publishes sentinel events until every sentinel of `stage` received one: ingest and the dispatcher then hold
-/// every record written before them. `before` = warm paths reached before this stage.
+/// every record written before them. `expected` counts the sentinels of this stage and of every earlier one.
 async fn wait_sentinels(publisher: &Publisher, recv: &Receiver, stage: u32, expected: usize, limit: Duration) -> anyhow::Result<f64> {
     let t = Instant::now();
     let mut n = 0u64;
