@@ -166,6 +166,7 @@ async fn wait_rss_settled(p: &super::cluster::Proc, quiet: Duration, limit: Dura
 
 /// One round: `count` events, each for one random subscription of `0..n`, published at once; ingest's CPU seconds
 /// (whole process, librdkafka threads, the others) from the first publish until the receiver has them all.
+#[allow(clippy::too_many_arguments)]
 async fn round_cpu(
     cluster: &Cluster,
     publisher: &Publisher,
