@@ -39,7 +39,7 @@ pub async fn forget_deleted_every(ctx: Arc<Ctx>, every: Duration, stop: Cancella
             _ = stop.cancelled() => return,
         }
         let all = ctx.subs.all();
-        let live_keys: HashSet<&str> = all.iter().map(|e| e.egress_key.as_str()).collect();
+        let live_keys: HashSet<&str> = all.iter().map(|e| &*e.egress_key).collect();
         let forgotten = sweep(&ctx, |id| ctx.subs.get(id).is_some(), &live_keys);
         if forgotten != Forgotten::default() {
             tracing::debug!(endpoints = forgotten.endpoints, routes = forgotten.routes, "forgot deleted subscriptions");

@@ -2,7 +2,7 @@
 //! state (written by the dispatcher that owns the subscription's partition).
 
 use std::collections::{BTreeMap, BTreeSet, HashMap};
-use std::sync::{Arc, Mutex, RwLock};
+use std::sync::{Arc, LazyLock, Mutex, RwLock};
 
 use hookline_core::model::{EndpointState, Subscription};
 use hookline_core::payload_filter::Filter as PayloadFilter;
@@ -108,36 +108,44 @@ pub struct SubscriptionEntry {
     pub sub: Subscription,
     /// The parsed policy, or why it could not be used (deliveries then dead-letter with `invalid_policy`).
     pub policy: Result<Arc<Policy>, String>,
-    /// Identifies the policy's egress rules, so HTTP clients can be shared between subscriptions with equal rules.
-    pub egress_key: String,
+    /// Identifies the policy's egress rules, so HTTP clients can be shared between subscriptions with equal rules
+    /// (one copy shared by them all, as the policy is).
+    pub egress_key: Arc<str>,
     /// The subscription's custom headers, checked and converted once here; every attempt appends them.
-    pub headers: Vec<(http::HeaderName, http::HeaderValue)>,
+    pub headers: Box<[(http::HeaderName, http::HeaderValue)]>,
     /// The same headers as each attempt record keeps them (secret values redacted), made once here: an attempt
     /// clones shared buffers instead of judging and copying every value again.
-    pub logged_headers: Vec<hookline_core::model::Header>,
+    pub logged_headers: Box<[hookline_core::model::Header]>,
     /// The payload filter: `Ok(None)` = none; `Err` = a stored filter that does not parse, which matches nothing
-    /// (the API refuses such a filter on save, so only a record written by other means can hold one).
-    pub filter: Result<Option<PayloadFilter>, String>,
+    /// (the API refuses such a filter on save, so only a record written by other means can hold one). Boxed: most
+    /// subscriptions have none, and every entry would carry the filter's size.
+    pub filter: Result<Option<Box<PayloadFilter>>, String>,
     /// The per-endpoint rate limit in force (the subscription's fields over its policy's defaults).
     pub rate_limit: Option<hookline_core::rate_limit::RateLimit>,
 }
 
 impl SubscriptionEntry {
-    pub fn new(sub: Subscription) -> Self {
-        let policy = policy::resolve(&sub.policy, &sub.policy_toml).map(Arc::new).map_err(|e| e.to_string());
+    pub fn new(mut sub: Subscription) -> Self {
+        // Held for as long as the subscription exists, in every process: no spare capacity (decoding grows the
+        // lists as it goes, a list of 3 types has room for 4).
+        sub.event_types.shrink_to_fit();
+        sub.secrets.shrink_to_fit();
+        sub.metadata.shrink_to_fit();
+        sub.headers.shrink_to_fit();
+        let policy = shared_policy(&sub.policy, &sub.policy_toml);
         let egress_key = match &policy {
-            Ok(p) => format!("{:?}", p.egress),
-            Err(_) => String::new(),
+            Ok(p) => shared_egress_key(format!("{:?}", p.egress)),
+            Err(_) => Arc::from(""),
         };
         let headers = match &policy {
-            Ok(p) if !sub.headers.is_empty() => prepared_headers(&sub, p),
-            _ => Vec::new(),
+            Ok(p) if !sub.headers.is_empty() => prepared_headers(&sub, p).into_boxed_slice(),
+            _ => Box::default(),
         };
         let logged_headers = headers.iter().map(|(n, v)| logged_header(n.as_str(), v.as_bytes())).collect();
         let filter = if sub.filter_json.is_empty() {
             Ok(None)
         } else {
-            PayloadFilter::parse_str(&sub.filter_json).map(Some).map_err(|e| {
+            PayloadFilter::parse_str(&sub.filter_json).map(|f| Some(Box::new(f))).map_err(|e| {
                 tracing::warn!(subscription = %sub.id, error = %e, "stored payload filter does not parse; it matches nothing");
                 e.to_string()
             })
@@ -172,6 +180,68 @@ impl SubscriptionEntry {
     }
 }
 
+/// Values that subscriptions with equal ones share (an inline policy by its text, an egress key by itself), kept
+/// while some subscription holds them: whenever the map has doubled since the last prune, the values nobody else
+/// holds are dropped, so it stays within about twice what live subscriptions use.
+struct Shared<V: ?Sized> {
+    map: HashMap<Arc<str>, Arc<V>>,
+    prune_at: usize,
+}
+
+impl<V: ?Sized> Default for Shared<V> {
+    fn default() -> Self {
+        Self { map: HashMap::new(), prune_at: 64 }
+    }
+}
+
+impl<V: ?Sized> Shared<V> {
+    fn get(&self, key: &str) -> Option<Arc<V>> {
+        self.map.get(key).cloned()
+    }
+
+    /// The value kept for `key`: the one already there, else `value`.
+    fn insert(&mut self, key: &str, value: Arc<V>) -> Arc<V> {
+        if let Some(v) = self.map.get(key) {
+            return v.clone();
+        }
+        if self.map.len() >= self.prune_at {
+            self.map.retain(|_, v| Arc::strong_count(v) > 1);
+            self.prune_at = self.map.len().saturating_mul(2).max(64);
+        }
+        self.map.insert(Arc::from(key), value.clone());
+        value
+    }
+}
+
+static INLINE_POLICIES: LazyLock<Mutex<Shared<Policy>>> = LazyLock::new(Default::default);
+static EGRESS_KEYS: LazyLock<Mutex<Shared<str>>> = LazyLock::new(Default::default);
+
+/// The subscription's parsed policy, shared: a built-in profile's one copy per process, an inline document's one
+/// copy per distinct text (subscriptions made from one template hold one). A document that does not parse is not
+/// kept; its error is the entry's.
+fn shared_policy(name: &str, inline_toml: &str) -> Result<Arc<Policy>, String> {
+    if inline_toml.trim().is_empty() {
+        return policy::resolve_shared(name, inline_toml).map_err(|e| e.to_string());
+    }
+    if let Some(p) = INLINE_POLICIES.lock().expect("shared policies lock").get(inline_toml) {
+        return Ok(p);
+    }
+    // Parsed outside the lock; a concurrent parse of the same text keeps whichever was inserted first.
+    let parsed = policy::resolve_shared(name, inline_toml).map_err(|e| e.to_string())?;
+    Ok(INLINE_POLICIES.lock().expect("shared policies lock").insert(inline_toml, parsed))
+}
+
+fn shared_egress_key(key: String) -> Arc<str> {
+    let mut keys = EGRESS_KEYS.lock().expect("shared egress keys lock");
+    match keys.get(&key) {
+        Some(k) => k,
+        None => {
+            let k: Arc<str> = Arc::from(key.as_str());
+            keys.insert(&key, k)
+        }
+    }
+}
+
 /// A header as attempt records keep it: a secret's value replaced by [`hookline_core::request::REDACTED`].
 pub fn logged_header(name: &str, value: &[u8]) -> hookline_core::model::Header {
     let value = if hookline_core::request::is_secret_header(name) {
@@ -203,7 +273,8 @@ pub struct SubscriptionTable {
 
 #[derive(Default)]
 struct Inner {
-    by_id: HashMap<String, Arc<SubscriptionEntry>>,
+    /// Keyed by the same allocation of the id as `ids` and `by_tenant` hold.
+    by_id: HashMap<Arc<str>, Arc<SubscriptionEntry>>,
     index: SubscriptionIndex,
     /// Listing order: by id, and by (tenant, id) for one tenant's page, so a page is a range walk.
     ids: BTreeSet<Arc<str>>,
@@ -219,11 +290,20 @@ impl Inner {
         self.by_tenant.remove(&(Arc::from(old.sub.tenant.as_str()), Arc::from(old.sub.id.as_str())));
     }
 
-    fn list(&mut self, entry: &Arc<SubscriptionEntry>) {
+    fn list(&mut self, id: Arc<str>, entry: &Arc<SubscriptionEntry>) {
         self.index.insert(entry);
-        let id: Arc<str> = Arc::from(entry.sub.id.as_str());
+        let tenant = self.tenant_name(&entry.sub.tenant);
         self.ids.insert(id.clone());
-        self.by_tenant.insert((Arc::from(entry.sub.tenant.as_str()), id));
+        self.by_tenant.insert((tenant, id));
+    }
+
+    /// The tenant's name as the listing already holds it (one allocation per tenant, not per subscription).
+    fn tenant_name(&self, tenant: &str) -> Arc<str> {
+        let probe: (Arc<str>, Arc<str>) = (Arc::from(tenant), Arc::from(""));
+        match self.by_tenant.range(&probe..).next() {
+            Some((t, _)) if **t == *tenant => t.clone(),
+            _ => probe.0,
+        }
     }
 }
 
@@ -256,7 +336,7 @@ impl SubscriptionTable {
         match decoded {
             None => {
                 inner.secret_failures.remove(&id);
-                if let Some(old) = inner.by_id.remove(&id) {
+                if let Some(old) = inner.by_id.remove(id.as_str()) {
                     inner.unlist(&old);
                 }
             }
@@ -271,10 +351,12 @@ impl SubscriptionTable {
                     }
                 }
                 let entry = Arc::new(SubscriptionEntry::new(sub));
-                if let Some(old) = inner.by_id.insert(id, entry.clone()) {
+                if let Some(old) = inner.by_id.remove(id.as_str()) {
                     inner.unlist(&old);
                 }
-                inner.list(&entry);
+                let key: Arc<str> = Arc::from(id.as_str());
+                inner.by_id.insert(key.clone(), entry.clone());
+                inner.list(key, &entry);
             }
             Some(Err(e)) => tracing::warn!(subscription = %id, error = %e, "undecodable subscription record ignored"),
         }

@@ -12,10 +12,19 @@ use hookline_core::filter::{self, Key};
 use crate::state::SubscriptionEntry;
 
 /// One bucket: the subscriptions of one key, in a plain list, as a lookup walks it without chasing a map's slots
-/// (which costs a cache miss each on a large table). Past [`INDEXED`] entries a map of positions keeps removal
-/// O(1), so a change to one of many `*` subscriptions of a tenant does not scan them all.
+/// (which costs a cache miss each on a large table). Most keys have one subscription (a type only it names), so
+/// that one is held inline: a bucket is two words, the list and its map are allocated only for a second one. Past
+/// [`INDEXED`] entries a map of positions keeps removal O(1), so a change to one of many `*` subscriptions of a
+/// tenant does not scan them all.
 #[derive(Default)]
-struct Bucket {
+enum Bucket {
+    #[default]
+    Empty,
+    One(Arc<SubscriptionEntry>),
+    Many(Box<Many>),
+}
+
+struct Many {
     items: Vec<Arc<SubscriptionEntry>>,
     positions: Option<HashMap<Arc<str>, usize>>,
 }
@@ -23,46 +32,82 @@ struct Bucket {
 /// Entries from which a bucket keeps a map of positions.
 const INDEXED: usize = 16;
 
-impl Bucket {
-    fn is_empty(&self) -> bool {
-        self.items.is_empty()
-    }
-
+impl Many {
     fn position(&self, id: &str) -> Option<usize> {
         match &self.positions {
             Some(p) => p.get(id).copied(),
             None => self.items.iter().position(|e| e.sub.id == id),
         }
     }
+}
+
+impl Bucket {
+    fn is_empty(&self) -> bool {
+        matches!(self, Bucket::Empty)
+    }
+
+    fn items(&self) -> &[Arc<SubscriptionEntry>] {
+        match self {
+            Bucket::Empty => &[],
+            Bucket::One(e) => std::slice::from_ref(e),
+            Bucket::Many(m) => &m.items,
+        }
+    }
 
     fn insert(&mut self, id: &Arc<str>, entry: &Arc<SubscriptionEntry>) {
-        // A subscription listing the same pattern twice is in the bucket once.
-        if let Some(i) = self.position(id) {
-            self.items[i] = entry.clone();
-            return;
-        }
-        self.items.push(entry.clone());
-        let last = self.items.len() - 1;
-        match &mut self.positions {
-            Some(p) => {
-                p.insert(id.clone(), last);
+        match self {
+            Bucket::Empty => *self = Bucket::One(entry.clone()),
+            // A subscription listing the same pattern twice is in the bucket once.
+            Bucket::One(e) if *e.sub.id == **id => *e = entry.clone(),
+            Bucket::One(e) => {
+                let first = e.clone();
+                *self = Bucket::Many(Box::new(Many { items: vec![first, entry.clone()], positions: None }));
             }
-            None if self.items.len() > INDEXED => {
-                let p = self.items.iter().enumerate().map(|(i, e)| (Arc::from(e.sub.id.as_str()), i)).collect();
-                self.positions = Some(p);
+            Bucket::Many(m) => {
+                if let Some(i) = m.position(id) {
+                    m.items[i] = entry.clone();
+                    return;
+                }
+                m.items.push(entry.clone());
+                let last = m.items.len() - 1;
+                match &mut m.positions {
+                    Some(p) => {
+                        p.insert(id.clone(), last);
+                    }
+                    None if m.items.len() > INDEXED => {
+                        let p = m.items.iter().enumerate().map(|(i, e)| (Arc::from(e.sub.id.as_str()), i)).collect();
+                        m.positions = Some(p);
+                    }
+                    None => {}
+                }
             }
-            None => {}
         }
     }
 
     fn remove(&mut self, id: &str) {
-        let Some(i) = self.position(id) else { return };
-        self.items.swap_remove(i);
-        if let Some(p) = &mut self.positions {
-            p.remove(id);
-            if let Some(moved) = self.items.get(i) {
-                if let Some(slot) = p.get_mut(moved.sub.id.as_str()) {
-                    *slot = i;
+        match self {
+            Bucket::Empty => {}
+            Bucket::One(e) => {
+                if e.sub.id == id {
+                    *self = Bucket::Empty;
+                }
+            }
+            Bucket::Many(m) => {
+                let Some(i) = m.position(id) else { return };
+                m.items.swap_remove(i);
+                if let Some(p) = &mut m.positions {
+                    p.remove(id);
+                    if let Some(moved) = m.items.get(i) {
+                        if let Some(slot) = p.get_mut(moved.sub.id.as_str()) {
+                            *slot = i;
+                        }
+                    }
+                }
+                // Back to one held inline (and none): the list and its map are freed.
+                match m.items.len() {
+                    0 => *self = Bucket::Empty,
+                    1 => *self = Bucket::One(m.items[0].clone()),
+                    _ => {}
                 }
             }
         }
@@ -137,7 +182,7 @@ impl SubscriptionIndex {
         let mut sources = 0usize;
         for b in buckets.filter(|b| !b.is_empty()) {
             sources = sources.saturating_add(1);
-            out.extend(b.items.iter().cloned());
+            out.extend(b.items().iter().cloned());
         }
         out.sort_unstable_by(|a, b| a.sub.id.cmp(&b.sub.id));
         // A subscription with several patterns that match sits in several buckets.

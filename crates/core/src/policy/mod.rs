@@ -125,6 +125,24 @@ pub fn resolve(name: &str, inline_toml: &str) -> Result<Policy, PolicyError> {
     builtin(name).ok_or_else(|| PolicyError::UnknownProfile { name: name.to_owned() })
 }
 
+/// A built-in profile, parsed once per process and shared: every subscription on it holds this one copy.
+pub fn builtin_shared(name: &str) -> Option<std::sync::Arc<Policy>> {
+    static SHARED: OnceLock<Vec<(&'static str, std::sync::Arc<Policy>)>> = OnceLock::new();
+    let shared = SHARED
+        .get_or_init(|| BUILTIN_SOURCES.iter().filter_map(|(n, _)| builtin(n).map(|p| (*n, std::sync::Arc::new(p)))).collect());
+    shared.iter().find(|(n, _)| *n == name).map(|(_, p)| p.clone())
+}
+
+/// [`resolve`], with a built-in profile shared ([`builtin_shared`]); an inline document is parsed anew.
+pub fn resolve_shared(name: &str, inline_toml: &str) -> Result<std::sync::Arc<Policy>, PolicyError> {
+    if !inline_toml.trim().is_empty() {
+        return parse(inline_toml).map(std::sync::Arc::new);
+    }
+    let name = name.trim();
+    let name = if name.is_empty() { DEFAULT_PROFILE } else { name };
+    builtin_shared(name).ok_or_else(|| PolicyError::UnknownProfile { name: name.to_owned() })
+}
+
 /// Seconds (as policies write them) to whole milliseconds, rounded; NaN and negatives are 0, huge values saturate.
 pub(crate) fn secs_to_ms(s: f64) -> u64 {
     if s.is_nan() || s <= 0.0 {

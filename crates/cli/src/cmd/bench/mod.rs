@@ -21,6 +21,7 @@ mod split;
 mod policies;
 mod stats;
 mod steady;
+mod subscriptions;
 mod throughput;
 
 use std::process::ExitCode;
@@ -42,6 +43,8 @@ pub enum Scenario {
     ScaleOut,
     /// RSS over a long run with no `/metrics` scrape (not part of `all`).
     Steady,
+    /// RSS per subscription held and the fan-out's CPU per event, 16 vs 200,000 subscriptions (not part of `all`).
+    Subscriptions,
     All,
 }
 
@@ -58,6 +61,7 @@ impl Scenario {
             Scenario::Log => "log",
             Scenario::ScaleOut => "scale-out",
             Scenario::Steady => "steady",
+            Scenario::Subscriptions => "subscriptions",
             Scenario::All => "all",
         }
     }
@@ -67,7 +71,8 @@ impl Scenario {
 pub struct BenchArgs {
     /// throughput, latency, retry-precision, isolation, memory, fanout, list, or all (each in turn, one JSON line at
     /// the end); log (the delivery log's store), scale-out (a dispatcher joins under load, then one leaves) and steady
-    /// (each service's RSS over a long run with no /metrics scrape; use --duration-s 600) are not part of all.
+    /// (each service's RSS over a long run with no /metrics scrape; use --duration-s 600) are not part of all, nor is
+    /// subscriptions (RSS per subscription and the fan-out's CPU per event through the services, 16 vs 200,000).
     #[arg(value_enum, required_unless_present = "serve")]
     scenario: Option<Scenario>,
     /// A real Kafka cluster (`host:port,...`) instead of the embedded mock broker. The topics are created under a
@@ -125,7 +130,7 @@ pub struct BenchArgs {
     /// memory: deliveries held in flight.
     #[arg(long, default_value_t = 10_000, value_parser = clap::builder::RangedU64ValueParser::<usize>::new().range(1..=1_000_000))]
     in_flight: usize,
-    /// fanout, list: subscriptions in the large table (across up to 10,000 tenants; fanout compares with 16).
+    /// fanout, list, subscriptions: subscriptions in the large table (across up to 10,000 tenants; fanout compares with 16).
     #[arg(long, default_value_t = 200_000)]
     fanout_subscriptions: usize,
     /// log: attempts written to each store (two per delivery).
@@ -193,6 +198,7 @@ pub fn run(args: BenchArgs) -> anyhow::Result<ExitCode> {
                 Scenario::Log => log::run(&args).await?,
                 Scenario::ScaleOut => scale::run(&args).await?,
                 Scenario::Steady => steady::run(&args).await?,
+                Scenario::Subscriptions => subscriptions::run(&args).await?,
                 Scenario::All => unreachable!(),
             };
             met_all &= met;

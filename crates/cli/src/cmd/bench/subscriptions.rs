@@ -1,0 +1,343 @@
+//! `subscriptions`: what holding many subscriptions costs the real services, end to end on the broker. First 16
+//! subscriptions, then `--fanout-subscriptions` (default 200,000) across 10,000 tenants, written straight to the
+//! compacted `subscriptions` topic (as the API writes them: a record per id, secret in the clear, which every
+//! service reads as is) instead of one API call each. Each subscription has two exact types and a `prefix.*` of its
+//! own, so an event made for one random subscription fans out to exactly that one at both sizes.
+//!
+//! Per process (ingest with its API, dispatcher, retry-scheduler): RSS with 16 and with N, and the difference ÷ the
+//! subscriptions added. The fan-out's CPU per event: ingest's process CPU while `--events` events (default 10,000
+//! per round, 3 rounds per size) are published and delivered, with 16 and with N → `fanout_cpu_ratio`. The 16
+//! rounds run again after the large table is deleted (tombstones), and the ratio's denominator is the median of
+//! both: what grows with the run rather than the table (ingest's delivery-log store) is not charged to the table.
+//!
+//! A process has read the table when a sentinel subscription written last to each partition of the topic receives
+//! (ingest fans out to it, the dispatcher delivers it); the retry-scheduler, which delivers nothing, when its RSS
+//! stops growing.
+
+use std::sync::atomic::Ordering;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use hookline_core::model::{Secret, Subscription};
+use prost::Message;
+use rand::{Rng, SeedableRng};
+use rdkafka::producer::FutureRecord;
+use serde_json::{json, Map, Value};
+
+use super::cluster::{event_json, Cluster, Publisher};
+use super::receiver::Receiver;
+use super::stats::{pct, sorted};
+use super::{print_table, round, row, BenchArgs};
+
+const SMALL: usize = 16;
+const TENANTS: usize = 10_000;
+const ROUNDS: usize = 3;
+const DEFAULT_EVENTS: u64 = 10_000;
+/// Receiver path numbers of the sentinels (above any subscription's).
+const SENTINEL_PATH: u32 = 900_000_000;
+/// The issue's targets.
+const RATIO_TARGET: f64 = 1.5;
+const BYTES_TARGET: f64 = 1024.0;
+
+/// The services whose RSS is read: (JSON name, process).
+fn procs(c: &Cluster) -> [(&'static str, &super::cluster::Proc); 3] {
+    [("ingest", &c.ingest), ("dispatcher", &c.dispatcher), ("retry_scheduler", &c.scheduler)]
+}
+
+fn tenant(i: usize, tenants: usize) -> String {
+    format!("t{}", i % tenants)
+}
+
+fn subscription(i: usize, tenants: usize, recv: &Receiver, secret: &str) -> Subscription {
+    let now = hookline_service::now_ms();
+    Subscription {
+        id: format!("sub_{i:07}"),
+        url: recv.url(&format!("ok/{i}")),
+        tenant: tenant(i, tenants),
+        event_types: vec![format!("e{i}.created"), format!("e{i}.updated"), format!("p{i}.*")],
+        policy: "standard".into(),
+        secrets: vec![Secret { value: secret.to_owned(), expires_at_ms: 0, ..Default::default() }],
+        enabled: true,
+        created_at_ms: now,
+        updated_at_ms: now,
+        ..Default::default()
+    }
+}
+
+/// Writes subscriptions `from..to` (keyed by id, so each lands on its id's partition), or their tombstones if
+/// `delete`, then one sentinel per partition (placed there explicitly, so it is read after everything written
+/// before it to that partition). Returns the records written.
+async fn load(
+    cluster: &Cluster,
+    recv: &Receiver,
+    from: usize,
+    to: usize,
+    tenants: usize,
+    stage: u32,
+    delete: bool,
+) -> anyhow::Result<usize> {
+    let producer = cluster.producer(20)?;
+    let topic = cluster.topics().subscriptions().to_owned();
+    let secret = hookline_core::sign::generate_secret(&mut rand::rng());
+    let mut written = 0usize;
+    let mut pending = Vec::with_capacity(20_000);
+    let flush = |pending: &mut Vec<rdkafka::producer::DeliveryFuture>| {
+        let batch = std::mem::take(pending);
+        async move {
+            // Already in flight in librdkafka: awaiting them in turn waits for the slowest.
+            for f in batch {
+                let r = f.await;
+                anyhow::ensure!(matches!(r, Ok(Ok(_))), "writing a subscription record failed: {r:?}");
+            }
+            anyhow::Ok(())
+        }
+    };
+    for i in from..to {
+        let sub = subscription(i, tenants, recv, &secret);
+        let bytes = if delete { Vec::new() } else { sub.encode_to_vec() };
+        let record = FutureRecord::to(&topic).key(&sub.id);
+        // A record without a value is a tombstone: the subscription is deleted.
+        let record = if delete { record } else { record.payload(&bytes) };
+        pending.push(producer.send_result(record).map_err(|(e, _)| anyhow::anyhow!("queueing a subscription record: {e}"))?);
+        written += 1;
+        if pending.len() >= 20_000 {
+            flush(&mut pending).await?;
+        }
+    }
+    for p in 0..cluster.config.kafka.partitions {
+        let path = SENTINEL_PATH + stage * 1000 + u32::try_from(p).unwrap_or(0);
+        let now = hookline_service::now_ms();
+        let sub = Subscription {
+            id: format!("sentinel-{stage}-{p}"),
+            url: recv.url(&format!("ok/{path}")),
+            event_types: vec![format!("bench.sentinel.{stage}")],
+            policy: "standard".into(),
+            secrets: vec![Secret { value: secret.clone(), expires_at_ms: 0, ..Default::default() }],
+            enabled: true,
+            created_at_ms: now,
+            updated_at_ms: now,
+            ..Default::default()
+        };
+        let bytes = sub.encode_to_vec();
+        let record = FutureRecord::to(&topic).key(&sub.id).payload(&bytes).partition(p);
+        pending.push(producer.send_result(record).map_err(|(e, _)| anyhow::anyhow!("queueing a sentinel: {e}"))?);
+        written += 1;
+    }
+    flush(&mut pending).await?;
+    Ok(written)
+}
+
+/// Publishes sentinel events until every sentinel of `stage` received one: ingest and the dispatcher then hold
+/// every record written before them. `expected` counts the sentinels of this stage and of every earlier one.
+async fn wait_sentinels(publisher: &Publisher, recv: &Receiver, stage: u32, expected: usize, limit: Duration) -> anyhow::Result<f64> {
+    let t = Instant::now();
+    let mut n = 0u64;
+    while recv.state.warm_count() < expected {
+        anyhow::ensure!(
+            t.elapsed() < limit,
+            "the services did not read the subscriptions within {} s ({} of {expected} sentinels reached)",
+            limit.as_secs(),
+            recv.state.warm_count()
+        );
+        let id = format!("warm-s{stage}-{n}");
+        let body = format!(r#"{{"id":"{id}","type":"bench.sentinel.{stage}","data":{{}}}}"#);
+        publisher.send(&id, body.as_bytes());
+        n += 1;
+        tokio::time::sleep(Duration::from_millis(500)).await;
+    }
+    Ok(t.elapsed().as_secs_f64())
+}
+
+/// Waits (bounded) until the process's RSS has not grown for `quiet`.
+async fn wait_rss_settled(p: &super::cluster::Proc, quiet: Duration, limit: Duration) -> f64 {
+    let t = Instant::now();
+    let mut last = p.rss_mb().1;
+    let mut since = Instant::now();
+    while since.elapsed() < quiet && t.elapsed() < limit {
+        tokio::time::sleep(Duration::from_millis(200)).await;
+        let now = p.rss_mb().1;
+        if now > last + 0.05 {
+            last = now;
+            since = Instant::now();
+        }
+    }
+    last
+}
+
+/// One round: `count` events, each for one random subscription of `0..n`, published at once; ingest's CPU seconds
+/// (whole process, librdkafka threads, the others) from the first publish until the receiver has them all.
+#[allow(clippy::too_many_arguments)]
+async fn round_cpu(
+    cluster: &Cluster,
+    publisher: &Publisher,
+    recv: &Receiver,
+    n: usize,
+    tenants: usize,
+    count: u64,
+    tag: &str,
+    rng: &mut impl Rng,
+) -> anyhow::Result<(f64, f64, f64, f64)> {
+    let ok_before = recv.state.ok.load(Ordering::Relaxed);
+    let cpu = |c: &Cluster| {
+        let (rdk, other) = c.ingest.split_cpu_s();
+        (c.ingest.cpu_s(), rdk, other)
+    };
+    let (a, a_rdk, a_other) = cpu(cluster);
+    let start = Instant::now();
+    for k in 0..count {
+        let i = rng.random_range(0..n);
+        let ty = match rng.random_range(0..3) {
+            0 => format!("e{i}.created"),
+            1 => format!("e{i}.updated"),
+            _ => format!("p{i}.item.shipped"),
+        };
+        let id = format!("{tag}-{k}");
+        let mut body = event_json(&id, &ty, k);
+        // `{"id":…` → `{"tenant":"tN","id":…`: the event is the subscription's tenant's.
+        let prefix = format!(r#"{{"tenant":"{}","#, tenant(i, tenants));
+        body.splice(0..1, prefix.into_bytes());
+        publisher.send(&id, &body);
+        if k % 256 == 0 {
+            tokio::task::yield_now().await;
+        }
+    }
+    let deadline = Instant::now() + Duration::from_secs(180);
+    while recv.state.ok.load(Ordering::Relaxed) < ok_before + count {
+        anyhow::ensure!(
+            Instant::now() < deadline,
+            "round {tag}: only {} of {count} deliveries arrived within 180 s",
+            recv.state.ok.load(Ordering::Relaxed) - ok_before
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    let wall = start.elapsed().as_secs_f64();
+    let (b, b_rdk, b_other) = cpu(cluster);
+    let per = |x: f64| x / count as f64 * 1e6;
+    Ok((per(b - a), per(b_rdk - a_rdk), per(b_other - a_other), count as f64 / wall))
+}
+
+pub async fn run(args: &BenchArgs) -> anyhow::Result<(Map<String, Value>, bool)> {
+    let large = args.fanout_subscriptions.max(SMALL + 1);
+    let tenants = TENANTS.min(large);
+    let per_round = args.events.unwrap_or(DEFAULT_EVENTS);
+    let cluster = Arc::new(Cluster::start(args, |_| {}).await?);
+    let recv = Receiver::start(Instant::now())?;
+    let publisher = Publisher::new(cluster.producer(5)?, cluster.topics().events().to_owned());
+    let partitions = usize::try_from(cluster.config.kafka.partitions).unwrap_or(1);
+    let mut rng = rand::rngs::StdRng::seed_from_u64(17);
+    let idle: Vec<f64> = procs(&cluster).iter().map(|(_, p)| p.rss_mb().1).collect();
+
+    // 16 subscriptions.
+    let small_written = load(&cluster, &recv, 0, SMALL, tenants, 1, false).await?;
+    wait_sentinels(&publisher, &recv, 1, partitions, Duration::from_secs(90)).await?;
+    let (mut small_us, mut small_rdk, mut small_other, mut small_rate) = (Vec::new(), Vec::new(), Vec::new(), Vec::new());
+    // A first round warms every path (connections, allocator pools) and is not counted.
+    round_cpu(&cluster, &publisher, &recv, SMALL, tenants, per_round.min(2_000), "w1", &mut rng).await?;
+    for r in 0..ROUNDS {
+        let (us, rdk, other, rate) = round_cpu(&cluster, &publisher, &recv, SMALL, tenants, per_round, &format!("s{r}"), &mut rng).await?;
+        eprintln!("  16 subscriptions, round {r}: ingest {us:.1} µs CPU per event ({rate:.0} events/s)");
+        small_us.push(us);
+        small_rdk.push(rdk);
+        small_other.push(other);
+        small_rate.push(rate);
+    }
+    tokio::time::sleep(Duration::from_secs(1)).await;
+    let mut rss_small = Vec::new();
+    for (_, p) in procs(&cluster) {
+        rss_small.push(wait_rss_settled(p, Duration::from_secs(2), Duration::from_secs(20)).await);
+    }
+
+    // The large table.
+    let t = Instant::now();
+    let large_written = load(&cluster, &recv, SMALL, large, tenants, 2, false).await?;
+    let write_s = t.elapsed().as_secs_f64();
+    eprintln!("  wrote {large_written} subscription records ({large} subscriptions, {tenants} tenants) in {write_s:.1} s");
+    let read_s = wait_sentinels(&publisher, &recv, 2, 2 * partitions, Duration::from_secs(600)).await?;
+    eprintln!("  ingest and the dispatcher hold them {read_s:.1} s later");
+    let mut rss_large = Vec::new();
+    for (_, p) in procs(&cluster) {
+        rss_large.push(wait_rss_settled(p, Duration::from_secs(3), Duration::from_secs(120)).await);
+    }
+    let (mut large_us, mut large_rdk, mut large_other, mut large_rate) = (Vec::new(), Vec::new(), Vec::new(), Vec::new());
+    round_cpu(&cluster, &publisher, &recv, large, tenants, per_round.min(2_000), "w2", &mut rng).await?;
+    for r in 0..ROUNDS {
+        let (us, rdk, other, rate) = round_cpu(&cluster, &publisher, &recv, large, tenants, per_round, &format!("l{r}"), &mut rng).await?;
+        eprintln!("  {large} subscriptions, round {r}: ingest {us:.1} µs CPU per event ({rate:.0} events/s)");
+        large_us.push(us);
+        large_rdk.push(rdk);
+        large_other.push(other);
+        large_rate.push(rate);
+    }
+    // After traffic to ~`ROUNDS × --events` distinct subscriptions: what the services keep per subscription that
+    // has had deliveries (lanes, limits, endpoint states), beside the table. Reported, no target.
+    let rss_traffic: Vec<f64> = procs(&cluster).iter().map(|(_, p)| p.rss_mb().1).collect();
+
+    // Back to 16 (the others deleted) and the small rounds again: a cost that comes from the run having gone on
+    // (the delivery log's store in ingest has grown, caches are warmer) shows here, not as the table's.
+    load(&cluster, &recv, SMALL, large, tenants, 3, true).await?;
+    wait_sentinels(&publisher, &recv, 3, 3 * partitions, Duration::from_secs(600)).await?;
+    let mut after_us = Vec::new();
+    for r in 0..ROUNDS {
+        let (us, _, _, rate) = round_cpu(&cluster, &publisher, &recv, SMALL, tenants, per_round, &format!("a{r}"), &mut rng).await?;
+        eprintln!("  16 subscriptions again, round {r}: ingest {us:.1} µs CPU per event ({rate:.0} events/s)");
+        after_us.push(us);
+    }
+    let failures = publisher.failed.load(Ordering::Relaxed);
+    let cluster = Arc::try_unwrap(cluster).map_err(|_| anyhow::anyhow!("cluster still shared"))?;
+    cluster.stop().await;
+    drop(recv);
+
+    let median = |v: &[f64]| pct(&sorted(v.to_vec()), 50.0);
+    let ratios: Vec<f64> = small_us.iter().zip(&large_us).map(|(s, l)| if *s > 0.0 { l / s } else { f64::NAN }).collect();
+    let small_all: Vec<f64> = small_us.iter().chain(&after_us).copied().collect();
+    let ratio = median(&large_us) / median(&small_all).max(f64::MIN_POSITIVE);
+    let added = large_written as f64;
+    let mut rss = Map::new();
+    let mut per_sub = Map::new();
+    let mut worst: f64 = 0.0;
+    let names: Vec<&str> = ["ingest", "dispatcher", "retry_scheduler"].to_vec();
+    for (k, name) in names.iter().enumerate() {
+        let bytes = (rss_large[k] - rss_small[k]) * 1024.0 * 1024.0 / added;
+        worst = worst.max(bytes);
+        rss.insert((*name).into(), json!({"idle_mb": round(idle[k], 1), "small_mb": round(rss_small[k], 1), "large_mb": round(rss_large[k], 1), "large_after_traffic_mb": round(rss_traffic[k], 1)}));
+        per_sub.insert((*name).into(), json!(round(bytes, 0)));
+    }
+    let ratio_met = ratio <= RATIO_TARGET;
+    let rss_met = worst <= BYTES_TARGET;
+    let mut rows = vec![
+        row("ingest CPU/event, 16 (median)", format!("{:.1} µs", median(&small_all)), "", None),
+        row("ingest CPU/event, large (median)", format!("{:.1} µs", median(&large_us)), "", None),
+        row("fanout_cpu_ratio", format!("{ratio:.2}"), format!("≤ {RATIO_TARGET}"), Some(ratio_met)),
+    ];
+    for (k, name) in ["RSS/subscription, ingest (B)", "RSS/subscription, dispatcher (B)", "RSS/subscription, retry-sch. (B)"]
+        .into_iter()
+        .enumerate()
+    {
+        let bytes = (rss_large[k] - rss_small[k]) * 1024.0 * 1024.0 / added;
+        rows.push(row(name, format!("{bytes:.0}"), format!("≤ {BYTES_TARGET:.0}"), Some(bytes <= BYTES_TARGET)));
+    }
+    rows.push(row("publish failures", failures, "0", Some(failures == 0)));
+    print_table("subscriptions (end to end)", &rows);
+    let r1 = |v: &[f64]| v.iter().map(|x| round(*x, 1)).collect::<Vec<_>>();
+    let mut o = Map::new();
+    o.insert("subscriptions".into(), json!([SMALL, large]));
+    o.insert("tenants".into(), json!([SMALL, tenants]));
+    o.insert("records_written".into(), json!([small_written, large_written]));
+    o.insert("events_per_round".into(), json!(per_round));
+    o.insert("rounds".into(), json!(ROUNDS));
+    o.insert("fanout_cpu_ratio".into(), json!(round(ratio, 3)));
+    o.insert("fanout_cpu_ratios".into(), json!(ratios.iter().map(|v| round(*v, 3)).collect::<Vec<_>>()));
+    o.insert("ingest_cpu_us_per_event_small".into(), json!(r1(&small_us)));
+    o.insert("ingest_cpu_us_per_event_large".into(), json!(r1(&large_us)));
+    o.insert("ingest_cpu_us_per_event_small_again".into(), json!(r1(&after_us)));
+    o.insert("ingest_librdkafka_us_per_event".into(), json!({"small": r1(&small_rdk), "large": r1(&large_rdk)}));
+    o.insert("ingest_other_us_per_event".into(), json!({"small": r1(&small_other), "large": r1(&large_other)}));
+    o.insert("events_per_s".into(), json!({"small": r1(&small_rate), "large": r1(&large_rate)}));
+    o.insert("rss_mb".into(), Value::Object(rss));
+    o.insert("rss_bytes_per_subscription".into(), Value::Object(per_sub));
+    o.insert("rss_bytes_per_subscription_max".into(), json!(round(worst, 0)));
+    o.insert("load_write_s".into(), json!(round(write_s, 1)));
+    o.insert("load_read_s".into(), json!(round(read_s, 1)));
+    o.insert("publish_failures".into(), json!(failures));
+    Ok((o, ratio_met && rss_met && failures == 0))
+}
