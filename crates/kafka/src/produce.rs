@@ -40,6 +40,12 @@ pub async fn send_with_headers(
     if let Some(h) = headers {
         record = record.headers(h);
     }
+    send_record(producer, record).await
+}
+
+/// Sends a record and waits for its acknowledgement; a failure is counted by topic kind.
+async fn send_record(producer: &Producer, record: FutureRecord<'_, str, [u8]>) -> Result<(i32, i64), ProduceError> {
+    let topic = record.topic;
     match producer.send(record, QUEUE_TIMEOUT).await {
         Ok(delivery) => Ok((delivery.partition, delivery.offset)),
         Err((source, _)) => {
@@ -88,13 +94,7 @@ pub async fn send_to_partition_until_acked(
         if let Some(p) = payload {
             record = record.payload(p);
         }
-        match producer.send(record, QUEUE_TIMEOUT).await {
-            Ok(delivery) => Ok((delivery.partition, delivery.offset)),
-            Err((source, _)) => {
-                metrics::counter!("hookline_kafka_produce_errors_total", "topic" => topic_kind(topic)).increment(1);
-                Err(ProduceError { topic: topic.to_owned(), source })
-            }
-        }
+        send_record(producer, record).await
     })
     .await
 }
