@@ -768,13 +768,60 @@ impl Config {
 /// A directory name (not created) under the temp dir, unique per call and per process.
 fn dev_log_dir() -> std::path::PathBuf {
     static N: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
+    static SWEPT: std::sync::Once = std::sync::Once::new();
+    let temp = std::env::temp_dir();
+    // `hookline dev` removes its own on exit, but a killed run, a test or a bench leaves one behind each time (a
+    // delivery log of up to hundreds of MB): the first dev config of a process removes those of exited processes.
+    SWEPT.call_once(|| {
+        sweep_dev_log_dirs(&temp, |pid| std::path::Path::new("/proc").join(pid.to_string()).exists());
+    });
     let n = N.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
-    std::env::temp_dir().join(format!("hookline-dev-{}-{n}", std::process::id()))
+    temp.join(format!("{DEV_LOG_DIR_PREFIX}{}-{n}", std::process::id()))
+}
+
+const DEV_LOG_DIR_PREFIX: &str = "hookline-dev-";
+
+/// Removes `hookline-dev-<pid>-<n>` directories under `temp` whose process is gone. Only where `/proc` tells
+/// (Linux); elsewhere nothing is removed. Errors are ignored: another process may be sweeping the same dir.
+fn sweep_dev_log_dirs(temp: &std::path::Path, alive: impl Fn(u32) -> bool) -> usize {
+    if !std::path::Path::new("/proc/self").exists() {
+        return 0;
+    }
+    let Ok(entries) = std::fs::read_dir(temp) else { return 0 };
+    let mut removed = 0;
+    for entry in entries.flatten() {
+        let name = entry.file_name();
+        let Some(rest) = name.to_str().and_then(|n| n.strip_prefix(DEV_LOG_DIR_PREFIX)) else { continue };
+        let Some((pid, n)) = rest.split_once('-') else { continue };
+        let (Ok(pid), true) = (pid.parse::<u32>(), !n.is_empty() && n.bytes().all(|b| b.is_ascii_digit())) else { continue };
+        if pid != std::process::id() && !alive(pid) && std::fs::remove_dir_all(entry.path()).is_ok() {
+            removed += 1;
+        }
+    }
+    removed
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn dev_log_dirs_of_exited_processes_are_swept_and_others_kept() {
+        let temp = std::env::temp_dir().join(format!("hookline-sweep-{}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&temp);
+        let me = std::process::id();
+        for name in ["hookline-dev-4000000-0", "hookline-dev-4000000-7", format!("hookline-dev-{me}-0").as_str(), "hookline-dev-4000001-0", "hookline-dev-x-0", "hookline-dev-4000000-", "other"] {
+            std::fs::create_dir_all(temp.join(name).join("sub")).unwrap();
+        }
+        // 4000000 has exited, 4000001 is alive.
+        assert_eq!(sweep_dev_log_dirs(&temp, |pid| pid == 4_000_001), 2);
+        let mut left: Vec<String> = std::fs::read_dir(&temp).unwrap().map(|e| e.unwrap().file_name().into_string().unwrap()).collect();
+        left.sort();
+        let mut want = vec![format!("hookline-dev-{me}-0"), "hookline-dev-4000000-".into(), "hookline-dev-4000001-0".into(), "hookline-dev-x-0".into(), "other".into()];
+        want.sort();
+        assert_eq!(left, want);
+        std::fs::remove_dir_all(&temp).unwrap();
+    }
 
     fn env(pairs: &[(&str, &str)]) -> Vec<(String, String)> {
         pairs.iter().map(|(k, v)| (k.to_string(), v.to_string())).collect()
