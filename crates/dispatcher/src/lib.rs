@@ -11,6 +11,7 @@ mod deliver;
 mod forget;
 pub mod lanes;
 mod leases;
+mod ordering;
 mod outcomes;
 mod rate;
 mod records;
@@ -95,6 +96,8 @@ pub(crate) struct Ctx {
     pub rates: rate::Rates,
     pub breakers: breakers::Breakers,
     pub limits: limits::Limits,
+    /// Key gates of ordered subscriptions (`ordering.rs`).
+    pub ordering: ordering::Gates,
     pub kafka: hookline_kafka::KafkaSettings,
     pub sender: Sender,
     pub shutdown: CancellationToken,
@@ -214,6 +217,7 @@ pub async fn run(config: Config, shutdown: CancellationToken, options: Options) 
         rates: rate::Rates::default(),
         breakers: breakers::Breakers::default(),
         limits: limits::Limits::default(),
+        ordering: ordering::Gates::default(),
         kafka: kafka.clone(),
         sender: Sender::new(config.egress.clone(), resolver),
         shutdown: shutdown.clone(),
@@ -224,6 +228,13 @@ pub async fn run(config: Config, shutdown: CancellationToken, options: Options) 
 
     tokio::spawn(ctx.stalls.clone().detect_freezes(reader_stop.clone()));
     tokio::spawn(forget::forget_deleted_every(ctx.clone(), forget::SWEEP_EVERY, reader_stop.clone()));
+    tokio::spawn({
+        let ctx = ctx.clone();
+        async move {
+            ctx.shutdown.cancelled().await;
+            ctx.ordering.clear();
+        }
+    });
     let deliveries = topics.deliveries();
     let revoke = Revoke {
         limit: Duration::from_millis(config.dispatcher.revoke_drain_ms),
@@ -232,6 +243,7 @@ pub async fn run(config: Config, shutdown: CancellationToken, options: Options) 
             move |p| {
                 ctx.states.revoke(p);
                 ctx.leases.forget_partition(p);
+                ctx.ordering.forget_partition(p);
             }
         }),
         shutdown: shutdown.clone(),
@@ -311,6 +323,15 @@ impl Handler for Dispatch {
                 return;
             }
         };
+        // Ordered subscriptions only (see `ordering.rs`); while none exists, not even a lookup.
+        if hookline_kafka::state::any_ordered() {
+            let entry = ctx.subs.get(&task.subscription_id);
+            if let Some(ord) = entry.as_ref().and_then(|e| e.ordering.as_deref()) {
+                let job = ordering::Job { task, raw, done, source: self.source.clone(), partition: p, offset: o };
+                ordering::submit(ctx, ord, job);
+                return;
+            }
+        }
         let lane = task.subscription_id.clone();
         let source = self.source.clone();
         // A deep lane that cannot drain within seconds (its endpoint hangs or is far too slow) would
@@ -351,7 +372,7 @@ impl Handler for Dispatch {
 
 /// Runs one delivery's work. A panic in it (a bug) dead-letters the task with the panic's message: left
 /// unfinished, its offset would hold back its partition's watermark, and so every later commit, until a rebalance.
-async fn guarded(
+pub(crate) async fn guarded(
     ctx: &Ctx,
     work: impl std::future::Future<Output = Result<(), Aborted>>,
     raw: &Bytes,
