@@ -128,6 +128,31 @@ pub fn head_stays(start: Start, exit: Exit) -> bool {
     }
 }
 
+/// A key's durable state, as the endpoint state holds it.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct Durable {
+    pub head: Option<RunId>,
+    /// Where the key's parked deliveries begin on the subscription's `ordered` partition.
+    pub parked_from: Option<i64>,
+}
+
+/// What the gate asks its owner to do, in order.
+#[derive(Debug, PartialEq, Eq)]
+pub enum Step<J> {
+    /// Send it as the key's head (a [`Start::Fresh`] head is written to the durable state first).
+    Send(RunId, J, Start),
+    /// Write it to `ordered`, then report the offset ([`KeyGate::parked_at`]); then it is done.
+    Park(J),
+    /// Read `ordered` from [`KeyGate::parked_from`] (known once the parks before this step are done) for the key's
+    /// first parked delivery and put it back on `deliveries`, marked with its offset; report
+    /// [`KeyGate::released_none`] if there is none.
+    Release,
+    /// A delivery released from `ordered`: it becomes the head; write the head with `parked_from`, then send it.
+    Adopt(RunId, J, i64),
+    /// A copy of a released delivery that is not the one due (a release repeated after a crash): done, not sent.
+    Skip(J),
+}
+
 #[derive(Debug)]
 struct Head {
     run: RunId,
@@ -135,81 +160,165 @@ struct Head {
     sending: bool,
 }
 
-/// One key's gate: its head and the deliveries waiting behind it, oldest first. Nothing is let out until
-/// [`KeyGate::sync`] gave it the head that the durable state names.
+/// One key's gate: its head, the deliveries waiting in memory behind a head that is being sent, and whether
+/// deliveries are parked on `ordered` (while the head waits on the ladder, and until every one parked is released).
+/// Nothing is decided until [`KeyGate::sync`] gave it the durable state.
 #[derive(Debug)]
 pub struct KeyGate<J> {
     synced: bool,
     head: Option<Head>,
+    /// In memory, oldest first; only while nothing of the key is parked (parked ones are older than any of these).
     queue: VecDeque<(RunId, J)>,
+    /// Deliveries are parked (or being parked); `parked_from` once the first one's offset is known.
+    parked: bool,
+    parked_from: Option<i64>,
+    /// A release is reading or its delivery is on its way back: no fresh head until it arrives.
+    releasing: bool,
+    /// Arrivals before the sync, decided by it.
+    unsynced: Vec<(RunId, J, Option<i64>)>,
 }
 
 impl<J> Default for KeyGate<J> {
     fn default() -> Self {
-        Self { synced: false, head: None, queue: VecDeque::new() }
+        Self { synced: false, head: None, queue: VecDeque::new(), parked: false, parked_from: None, releasing: false, unsynced: Vec::new() }
     }
 }
 
 impl<J> KeyGate<J> {
-    /// The head the durable state names (or none): from now on the gate decides.
-    pub fn sync(&mut self, head: Option<RunId>) -> Option<(RunId, J, Start)> {
-        if !self.synced {
-            self.synced = true;
-            self.head = head.map(|run| Head { run, sending: false });
+    /// The durable state (as a partition's owner synced it): from now on the gate decides, starting with what
+    /// arrived before, in arrival order.
+    pub fn sync(&mut self, durable: Durable) -> Vec<Step<J>> {
+        if self.synced {
+            return Vec::new();
         }
-        self.next()
+        self.synced = true;
+        self.head = durable.head.map(|run| Head { run, sending: false });
+        self.parked = durable.parked_from.is_some();
+        self.parked_from = durable.parked_from;
+        let mut steps = Vec::new();
+        for (run, job, released_from) in std::mem::take(&mut self.unsynced) {
+            steps.extend(self.decide(run, job, released_from));
+        }
+        steps.extend(self.next());
+        steps
     }
 
     pub fn is_synced(&self) -> bool {
         self.synced
     }
 
-    /// A delivery of the key arrived: let out now (the head's retry, or an open key), or queued behind.
-    pub fn arrive(&mut self, run: RunId, job: J) -> Option<(RunId, J, Start)> {
-        self.queue.push_back((run, job));
-        self.next()
+    /// A delivery of the key arrived (`released_from`: it was put back from `ordered`, parked at that offset).
+    pub fn arrive(&mut self, run: RunId, job: J, released_from: Option<i64>) -> Vec<Step<J>> {
+        if !self.synced {
+            self.unsynced.push((run, job, released_from));
+            return Vec::new();
+        }
+        let mut steps = self.decide(run, job, released_from);
+        steps.extend(self.next());
+        steps
     }
 
-    /// The delivery let out last has left the dispatcher; what goes next.
-    pub fn left(&mut self, start: Start, exit: Exit) -> Option<(RunId, J, Start)> {
+    fn decide(&mut self, run: RunId, job: J, released_from: Option<i64>) -> Vec<Step<J>> {
+        if let Some(at) = released_from {
+            let due = self.head.is_none() && self.parked_from.is_some_and(|from| from <= at);
+            if !due {
+                return vec![Step::Skip(job)];
+            }
+            let from = at.saturating_add(1);
+            self.parked_from = Some(from);
+            self.releasing = false;
+            self.head = Some(Head { run: run.clone(), sending: true });
+            return vec![Step::Adopt(run, job, from)];
+        }
+        match &mut self.head {
+            // The head's retry (or a redo of it) goes out at once.
+            Some(h) if !h.sending && h.run == run => {
+                h.sending = true;
+                return vec![Step::Send(run, job, Start::Resume)];
+            }
+            _ => {}
+        }
+        if self.parked {
+            return vec![Step::Park(job)];
+        }
+        match &self.head {
+            Some(h) if h.sending => {
+                self.queue.push_back((run, job));
+                Vec::new()
+            }
+            // The head waits on the ladder: park behind it rather than hold the record (and the partition's commit).
+            Some(_) => {
+                self.parked = true;
+                vec![Step::Park(job)]
+            }
+            None => {
+                self.queue.push_back((run, job));
+                Vec::new()
+            }
+        }
+    }
+
+    /// The first parked delivery's offset was acknowledged: `true` if it starts the parked range (write it).
+    pub fn parked_at(&mut self, offset: i64) -> bool {
+        if self.parked_from.is_none() {
+            self.parked_from = Some(offset);
+            return true;
+        }
+        false
+    }
+
+    /// Where the key's parked deliveries begin, once known.
+    pub fn parked_from(&self) -> Option<i64> {
+        self.parked_from
+    }
+
+    /// The delivery let out last has left the dispatcher; what follows.
+    pub fn left(&mut self, start: Start, exit: Exit) -> Vec<Step<J>> {
+        let mut steps = Vec::new();
         if head_stays(start, exit) {
             if let Some(h) = &mut self.head {
                 h.sending = false;
             }
+            // Off to the ladder: what waits in memory is parked, in order.
+            if !self.queue.is_empty() {
+                self.parked = true;
+                steps.extend(std::mem::take(&mut self.queue).into_iter().map(|(_, j)| Step::Park(j)));
+            }
         } else {
             self.head = None;
         }
-        self.next()
+        steps.extend(self.next());
+        steps
+    }
+
+    /// A release found nothing of the key parked from `parked_from` on: the key is open again.
+    pub fn released_none(&mut self) -> Vec<Step<J>> {
+        self.parked = false;
+        self.parked_from = None;
+        self.releasing = false;
+        self.next().into_iter().collect()
     }
 
     /// What may go out now.
-    fn next(&mut self) -> Option<(RunId, J, Start)> {
-        if !self.synced {
+    fn next(&mut self) -> Option<Step<J>> {
+        if !self.synced || self.head.is_some() || self.releasing {
             return None;
         }
-        match &mut self.head {
-            Some(h) if h.sending => None,
-            // Blocked until the head comes back (a redo of it or its retry); everything else waits.
-            Some(h) => {
-                let i = self.queue.iter().position(|(r, _)| *r == h.run)?;
-                let (run, job) = self.queue.remove(i)?;
-                h.sending = true;
-                Some((run, job, Start::Resume))
-            }
-            None => {
-                let (run, job) = self.queue.pop_front()?;
-                self.head = Some(Head { run: run.clone(), sending: true });
-                Some((run, job, Start::Fresh))
-            }
+        if self.parked {
+            self.releasing = true;
+            return Some(Step::Release);
         }
+        let (run, job) = self.queue.pop_front()?;
+        self.head = Some(Head { run: run.clone(), sending: true });
+        Some(Step::Send(run, job, Start::Fresh))
     }
 
-    /// Nothing out and nothing waiting: the gate can be dropped.
+    /// Nothing out, parked or waiting: the gate can be dropped.
     pub fn is_idle(&self) -> bool {
-        self.synced && self.head.is_none() && self.queue.is_empty()
+        self.synced && self.head.is_none() && self.queue.is_empty() && !self.parked && !self.releasing && self.unsynced.is_empty()
     }
 
-    /// Deliveries waiting behind the head.
+    /// Deliveries waiting in memory behind the head.
     pub fn waiting(&self) -> usize {
         self.queue.len()
     }
@@ -260,37 +369,68 @@ mod tests {
         assert_eq!(Ordering::Strict.key_of(Some(&ev("ord_1", ""))), "");
     }
 
+    fn sends(steps: Vec<Step<i32>>) -> Vec<(i32, Start)> {
+        steps.into_iter().map(|s| match s { Step::Send(_, j, st) => (j, st), other => panic!("not a send: {other:?}") }).collect()
+    }
+
     #[test]
     fn nothing_goes_before_the_gate_knows_the_durable_head() {
         let mut g = KeyGate::default();
-        assert!(g.arrive(run("a2"), 2).is_none());
-        assert!(g.arrive(run("a1"), 1).is_none());
-        // An earlier owner left a1 as the head: its redo goes first, a2 waits behind it.
-        let (r, j, s) = g.sync(Some(run("a1"))).unwrap();
-        assert_eq!((r, j, s), (run("a1"), 1, Start::Resume));
-        assert!(g.left(Start::Resume, Exit::Redo).is_none(), "a1's retry is still on the ladder");
-        assert_eq!(g.arrive(run("a1"), 10).map(|x| x.1), Some(10), "its retry goes at once");
-        assert_eq!(g.left(Start::Resume, Exit::Final).map(|x| (x.1, x.2)), Some((2, Start::Fresh)));
+        assert!(g.arrive(run("a2"), 2, None).is_empty());
+        assert!(g.arrive(run("a1"), 1, None).is_empty());
+        // An earlier owner left a1 as the head, on the ladder: its redo goes at once; a2 parks behind it.
+        let steps = g.sync(Durable { head: Some(run("a1")), parked_from: None });
+        assert_eq!(steps, vec![Step::Park(2), Step::Send(run("a1"), 1, Start::Resume)]);
+        assert!(g.parked_at(40));
+        assert!(g.left(Start::Resume, Exit::Redo).is_empty(), "a1's retry is still on the ladder");
+        assert_eq!(sends(g.arrive(run("a1"), 10, None)), [(10, Start::Resume)], "its retry goes at once");
+        assert_eq!(g.arrive(run("a3"), 3, None), vec![Step::Park(3)], "parked behind a2");
+        assert!(!g.parked_at(41), "the range began at a2");
+        assert_eq!(g.left(Start::Resume, Exit::Final), vec![Step::Release]);
+        assert_eq!(g.parked_from(), Some(40));
+        // a2 comes back from `ordered` (offset 40) and becomes the head; a copy of it from a repeated release is not.
+        assert_eq!(g.arrive(run("a2"), 20, Some(40)), vec![Step::Adopt(run("a2"), 20, 41)]);
+        assert_eq!(g.arrive(run("a2"), 21, Some(40)), vec![Step::Skip(21)]);
+        assert_eq!(g.left(Start::Resume, Exit::Final), vec![Step::Release]);
+        assert_eq!(g.arrive(run("a3"), 30, Some(41)), vec![Step::Adopt(run("a3"), 30, 42)]);
+        assert_eq!(g.left(Start::Resume, Exit::Final), vec![Step::Release]);
+        assert!(!g.is_idle());
+        assert!(g.released_none().is_empty());
+        assert!(g.is_idle());
     }
 
     #[test]
     fn one_out_per_key_in_arrival_order_and_the_heads_retry_passes_the_queue() {
         let mut g = KeyGate::default();
-        assert!(g.sync(None).is_none());
-        assert_eq!(g.arrive(run("a1"), 1).map(|x| x.2), Some(Start::Fresh));
+        assert!(g.sync(Durable::default()).is_empty());
+        assert_eq!(sends(g.arrive(run("a1"), 1, None)), [(1, Start::Fresh)]);
         for (id, j) in [("a2", 2), ("a3", 3)] {
-            assert!(g.arrive(run(id), j).is_none(), "{id} waits behind the head");
+            assert!(g.arrive(run(id), j, None).is_empty(), "{id} waits in memory behind the head being sent");
         }
-        assert!(g.left(Start::Fresh, Exit::Ladder).is_none(), "a retry keeps the key blocked");
         assert_eq!(g.waiting(), 2);
-        assert_eq!(g.arrive(run("a1"), 11).map(|x| (x.1, x.2)), Some((11, Start::Resume)));
+        // A retry keeps the key blocked, and what waited is parked.
+        assert_eq!(g.left(Start::Fresh, Exit::Ladder), vec![Step::Park(2), Step::Park(3)]);
+        assert_eq!(g.waiting(), 0);
+        assert!(g.parked_at(7));
+        assert_eq!(sends(g.arrive(run("a1"), 11, None)), [(11, Start::Resume)]);
         // A replay of a1 is a new run: it queues at the back.
-        assert!(g.arrive(RunId { delivery_id: "a1".into(), run_id: "replay".into() }, 12).is_none());
-        assert_eq!(g.left(Start::Resume, Exit::Final).map(|x| x.1), Some(2));
-        assert_eq!(g.left(Start::Fresh, Exit::Held).map(|x| x.1), Some(3), "a held head lets the next go (to held too)");
-        assert_eq!(g.left(Start::Fresh, Exit::Final).map(|x| x.1), Some(12));
-        assert!(!g.is_idle());
-        assert!(g.left(Start::Fresh, Exit::Final).is_none());
+        let replay = RunId { delivery_id: "a1".into(), run_id: "replay".into() };
+        assert_eq!(g.arrive(replay.clone(), 12, None), vec![Step::Park(12)]);
+        assert_eq!(g.left(Start::Resume, Exit::Final), vec![Step::Release]);
+        assert!(g.arrive(run("a4"), 4, None) == vec![Step::Park(4)], "no fresh head while a release is on its way");
+        assert_eq!(g.arrive(run("a2"), 2, Some(7)), vec![Step::Adopt(run("a2"), 2, 8)]);
+    }
+
+    #[test]
+    fn in_memory_waits_go_in_order_while_the_head_concludes_at_once() {
+        let mut g = KeyGate::default();
+        g.sync(Durable::default());
+        assert_eq!(sends(g.arrive(run("a1"), 1, None)), [(1, Start::Fresh)]);
+        assert!(g.arrive(run("a2"), 2, None).is_empty());
+        assert!(g.arrive(run("a3"), 3, None).is_empty());
+        assert_eq!(sends(g.left(Start::Fresh, Exit::Final)), [(2, Start::Fresh)]);
+        assert_eq!(sends(g.left(Start::Fresh, Exit::Held)), [(3, Start::Fresh)], "a held head lets the next go (to held too)");
+        assert!(g.left(Start::Fresh, Exit::Final).is_empty());
         assert!(g.is_idle());
     }
 

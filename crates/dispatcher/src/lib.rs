@@ -217,7 +217,7 @@ pub async fn run(config: Config, shutdown: CancellationToken, options: Options) 
         rates: rate::Rates::default(),
         breakers: breakers::Breakers::default(),
         limits: limits::Limits::default(),
-        ordering: ordering::Gates::default(),
+        ordering: ordering::Gates::new(states_reader.clone()),
         kafka: kafka.clone(),
         sender: Sender::new(config.egress.clone(), resolver),
         shutdown: shutdown.clone(),
@@ -228,13 +228,6 @@ pub async fn run(config: Config, shutdown: CancellationToken, options: Options) 
 
     tokio::spawn(ctx.stalls.clone().detect_freezes(reader_stop.clone()));
     tokio::spawn(forget::forget_deleted_every(ctx.clone(), forget::SWEEP_EVERY, reader_stop.clone()));
-    tokio::spawn({
-        let ctx = ctx.clone();
-        async move {
-            ctx.shutdown.cancelled().await;
-            ctx.ordering.clear();
-        }
-    });
     let deliveries = topics.deliveries();
     let revoke = Revoke {
         limit: Duration::from_millis(config.dispatcher.revoke_drain_ms),
@@ -327,7 +320,8 @@ impl Handler for Dispatch {
         if hookline_kafka::state::any_ordered() {
             let entry = ctx.subs.get(&task.subscription_id);
             if let Some(ord) = entry.as_ref().and_then(|e| e.ordering.as_deref()) {
-                let job = ordering::Job { task, raw, done, source: self.source.clone(), partition: p, offset: o };
+                let released_from = ordering::released_from(m);
+                let job = ordering::Job { task, raw, done, source: self.source.clone(), partition: p, offset: o, released_from };
                 ordering::submit(ctx, ord, job);
                 return;
             }

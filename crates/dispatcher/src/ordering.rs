@@ -1,32 +1,49 @@
-//! Ordered subscriptions (`ordering = "key" | "strict"`): one delivery per key out at a time (see
-//! `hookline_core::ordering` for the gate's rules). Only ordered subscriptions come here; every other delivery
-//! takes the usual path without a lookup or a write of this module.
+//! Ordered subscriptions (`ordering = "key" | "strict"`): one delivery per key out at a time (the gate's rules are
+//! `hookline_core::ordering::KeyGate`). Only ordered subscriptions come here; every other delivery takes the usual
+//! path without a lookup or a write of this module.
 //!
-//! Durability: a key's head is written to the subscription's endpoint state (`ordering_heads`, co-partitioned,
-//! fenced, synced by a partition's next owner before it handles a record) before the head is sent, and removed
-//! before its final record is written (for a held head: after it is on `held`). Deliveries waiting behind a head
-//! stay in memory and uncommitted, so a crash or a move re-reads them in order; the new owner's gate knows the head
-//! from the state and lets nothing of the key out until that head concludes. Waiting deliveries keep their units of
-//! `dispatcher.max_in_flight`: a backlog beyond it pauses the partitions, as any backlog does, and loses nothing.
+//! Each active key has a task of its own that carries out its gate's steps one after the other, so no park races a
+//! release. Durability (every step is acknowledged before the input it stands for is completed):
+//! - A key's head is written to the subscription's endpoint state (`ordering_heads`: co-partitioned, fenced, synced
+//!   by a partition's next owner before it handles a record) before it is sent, and removed before its final record
+//!   (for a held head: once it is on `held`).
+//! - While the head is being sent, later deliveries of its key wait in memory, uncommitted (a crash re-reads them
+//!   in order). When it goes to the retry ladder they are *parked*: written to the `ordered` topic (the partition of
+//!   the same number), the first one's offset recorded in the key's state, and then completed, so a long retry
+//!   holds back neither the partition's commits nor its budget. Later deliveries of the key are parked behind them.
+//! - When the head concludes, the key's first parked delivery is read back (from the recorded offset) and put on
+//!   `deliveries` with its offset in a header; when it arrives it becomes the head and the recorded offset moves
+//!   past it. A crash in between releases it again: the copy whose offset is below the recorded one is skipped.
 
-use std::cell::Cell;
-use std::collections::HashMap;
+use std::collections::{HashMap, VecDeque};
+use std::sync::atomic::{AtomicU64, Ordering as AtomicOrdering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use bytes::Bytes;
 use hookline_core::model::{DeliveryTask, EndpointState, OrderingHead};
-use hookline_core::ordering::{head_stays, Exit, KeyGate, Ordering, RunId, Start};
+use hookline_core::ordering::{Durable, Exit, KeyGate, Ordering, RunId, Start, Step};
+use hookline_kafka::scan::RangeReader;
+use hookline_kafka::table::TableHandle;
 use hookline_kafka::worker::Done;
 use prost::Message as _;
+use rdkafka::message::{Header, Headers as _, OwnedHeaders};
+use rdkafka::Message as _;
+use tokio::sync::mpsc;
 
 use crate::deliver::{self, Aborted};
 use crate::lanes::Run;
 use crate::Ctx;
 
-/// Keys of one subscription with a head out at once (each is a row of its endpoint state): a fresh key beyond it
-/// waits for a row to free.
+/// Keys of one subscription with a head out or deliveries parked at once (each is a row of its endpoint state): a
+/// fresh key beyond it waits for a row to free.
 pub(crate) const MAX_OPEN_KEYS: usize = 1_000;
+/// On a delivery put back from `ordered`: the offset it was parked at.
+pub(crate) const RELEASED_FROM_HEADER: &str = "hookline-ordered-offset";
+/// On a parked record: its ordering key (the subscription's ordering may change while it is parked).
+const KEY_HEADER: &str = "hookline-ordering-key";
+/// A release that reads nothing for this long gives up (the key's task stops; its deliveries are redone).
+const READ_STALL: Duration = Duration::from_secs(30);
 
 /// A delivery record taken for an ordered subscription.
 pub(crate) struct Job {
@@ -36,64 +53,55 @@ pub(crate) struct Job {
     pub source: Arc<str>,
     pub partition: i32,
     pub offset: i64,
+    /// Put back from `ordered`, where it was parked at this offset.
+    pub released_from: Option<i64>,
 }
 
 /// (subscription id, key).
 type GateKey = (String, String);
 
-struct Slot {
+enum Msg {
+    Arrive(RunId, Job),
+    /// The head let out last left the dispatcher (`adopted`: it came back from `ordered`).
+    Left(Start, Exit),
+    /// The head's delivery was abandoned (shutdown or revoke): the key's task stops.
+    Abort,
+}
+
+struct Entry {
+    id: u64,
     partition: i32,
-    gate: KeyGate<Job>,
+    tx: mpsc::UnboundedSender<Msg>,
 }
 
-/// Every key gate of this dispatcher's ordered subscriptions.
-#[derive(Default)]
+/// The key tasks of this dispatcher's ordered subscriptions.
 pub(crate) struct Gates {
-    inner: Mutex<HashMap<GateKey, Slot>>,
+    inner: Mutex<HashMap<GateKey, Entry>>,
+    ids: AtomicU64,
+    /// Reads end offsets of `ordered` (the endpoint-state reader's client).
+    reader: TableHandle,
 }
-
-type Next = (RunId, Job, Start);
 
 impl Gates {
-    fn with<R>(&self, gk: &GateKey, f: impl FnOnce(&mut KeyGate<Job>) -> R) -> Option<R> {
+    pub fn new(reader: TableHandle) -> Self {
+        Self { inner: Mutex::default(), ids: AtomicU64::new(0), reader }
+    }
+
+    fn remove(&self, gk: &GateKey, id: u64) {
         let mut map = self.inner.lock().expect("ordering gates lock");
-        let slot = map.get_mut(gk)?;
-        let r = f(&mut slot.gate);
-        if slot.gate.is_idle() {
+        if map.get(gk).is_some_and(|e| e.id == id) {
             map.remove(gk);
         }
-        Some(r)
     }
 
-    /// Drops a gate with what waits in it (uncommitted: the partition's next owner redoes it in order).
-    fn abandon(&self, gk: &GateKey) {
-        let dropped = self.inner.lock().expect("ordering gates lock").remove(gk);
-        if let Some(slot) = dropped {
-            waiting_changed(-(slot.gate.waiting() as f64));
-        }
-    }
-
-    /// The partition was revoked: its gates go (their waiting deliveries stay uncommitted for the next owner).
+    /// The partition was revoked: its keys' tasks stop (what they hold stays uncommitted for the next owner).
     pub fn forget_partition(&self, partition: i32) {
-        let mut map = self.inner.lock().expect("ordering gates lock");
-        let before: usize = map.values().map(|s| s.gate.waiting()).sum();
-        map.retain(|_, s| s.partition != partition);
-        let after: usize = map.values().map(|s| s.gate.waiting()).sum();
-        waiting_changed(after as f64 - before as f64);
-    }
-
-    /// Shutting down: nothing waiting is started any more (it stays uncommitted), so the drain waits only for what
-    /// is out.
-    pub fn clear(&self) {
-        let mut map = self.inner.lock().expect("ordering gates lock");
-        map.clear();
-        metrics::gauge!("hookline_ordered_waiting").set(0.0);
-    }
-}
-
-fn waiting_changed(by: f64) {
-    if by != 0.0 {
-        metrics::gauge!("hookline_ordered_waiting").increment(by);
+        self.inner.lock().expect("ordering gates lock").retain(|_, e| {
+            if e.partition == partition {
+                let _ = e.tx.send(Msg::Abort);
+            }
+            e.partition != partition
+        });
     }
 }
 
@@ -101,91 +109,224 @@ fn run_of(task: &DeliveryTask) -> RunId {
     RunId { delivery_id: task.delivery_id.clone(), run_id: task.run_id.clone() }
 }
 
-/// Takes an ordered subscription's delivery: out now, or queued behind its key's head.
+/// The offset a released delivery was parked at, from its record's header.
+pub(crate) fn released_from(m: &rdkafka::message::BorrowedMessage<'_>) -> Option<i64> {
+    let headers = m.headers()?;
+    headers
+        .iter()
+        .find(|h| h.key == RELEASED_FROM_HEADER)
+        .and_then(|h| std::str::from_utf8(h.value?).ok()?.parse().ok())
+}
+
+/// Takes an ordered subscription's delivery to its key's task.
 pub(crate) fn submit(ctx: &Arc<Ctx>, ordering: &Ordering, job: Job) {
     let gk: GateKey = (job.task.subscription_id.clone(), ordering.key_of(job.task.event.as_ref()));
     let run = run_of(&job.task);
     let partition = job.partition;
-    let (next, fresh_gate, waits) = {
-        let mut map = ctx.ordering.inner.lock().expect("ordering gates lock");
-        let fresh_gate = !map.contains_key(&gk);
-        let slot = map.entry(gk.clone()).or_insert_with(|| Slot { partition, gate: KeyGate::default() });
-        let before = slot.gate.waiting();
-        let next = slot.gate.arrive(run, job);
-        let waits = slot.gate.waiting() > before;
-        (next, fresh_gate, waits)
-    };
-    if waits {
-        metrics::counter!("hookline_ordered_waits_total").increment(1);
-        waiting_changed(1.0);
-    }
-    if fresh_gate {
-        tokio::spawn(sync(ctx.clone(), gk.clone(), partition));
-    }
-    if let Some(n) = next {
-        launch(ctx.clone(), gk, n);
-    }
+    let mut map = ctx.ordering.inner.lock().expect("ordering gates lock");
+    let entry = map.entry(gk.clone()).or_insert_with(|| {
+        let (tx, rx) = mpsc::unbounded_channel();
+        let id = ctx.ordering.ids.fetch_add(1, AtomicOrdering::Relaxed);
+        tokio::spawn(key_task(ctx.clone(), gk, partition, id, tx.clone(), rx));
+        Entry { id, partition, tx }
+    });
+    // Sent under the lock: a task that finds its channel empty under the lock may end.
+    let _ = entry.tx.send(Msg::Arrive(run, job));
 }
 
-/// A new gate learns its key's head from the partition's synced endpoint state before it lets anything out.
-async fn sync(ctx: Arc<Ctx>, gk: GateKey, partition: i32) {
+/// One key's task: syncs its gate with the durable state, then carries out its steps in order.
+async fn key_task(ctx: Arc<Ctx>, gk: GateKey, partition: i32, id: u64, me: mpsc::UnboundedSender<Msg>, mut rx: mpsc::UnboundedReceiver<Msg>) {
     let ready = tokio::select! {
         biased;
         r = ctx.states.ready(partition) => r,
         _ = ctx.shutdown.cancelled() => false,
     };
     if !ready {
-        ctx.ordering.abandon(&gk);
+        ctx.ordering.remove(&gk, id);
         return;
     }
-    let head = durable_head(&ctx, &gk);
-    let next = ctx.ordering.with(&gk, |g| {
-        let before = g.waiting();
-        let next = g.sync(head);
-        (next, before.saturating_sub(g.waiting()))
-    });
-    if let Some((next, left_queue)) = next {
-        released(left_queue);
-        if let Some(n) = next {
-            launch(ctx, gk, n);
-        }
-    }
-}
-
-fn released(n: usize) {
-    if n > 0 {
-        metrics::counter!("hookline_ordered_released_total").increment(n as u64);
-        waiting_changed(-(n as f64));
-    }
-}
-
-fn durable_head(ctx: &Ctx, (sub, key): &GateKey) -> Option<RunId> {
-    let st = ctx.states.get(sub)?;
-    st.ordering_heads
-        .into_iter()
-        .find(|h| h.key == *key)
-        .map(|h| RunId { delivery_id: h.delivery_id, run_id: h.run_id })
-}
-
-/// Starts a delivery the gate let out; a fresh head is written first.
-fn launch(ctx: Arc<Ctx>, gk: GateKey, (run, job, start): Next) {
-    tokio::spawn(async move {
-        if start == Start::Fresh && claim_head(&ctx, &gk, &run, job.partition).await.is_err() {
-            ctx.ordering.abandon(&gk);
-            return;
-        }
-        let lane = gk.0.clone();
-        let job_ctx = ctx.clone();
-        ctx.lanes.submit(&lane, Box::new(move |mode| Box::pin(run_head(job_ctx, gk, job, start, mode))));
-    });
-}
-
-/// Writes the key's head (acknowledged) before it is sent, waiting while the subscription has
-/// [`MAX_OPEN_KEYS`] heads out.
-async fn claim_head(ctx: &Ctx, (sub, key): &GateKey, run: &RunId, partition: i32) -> Result<(), Aborted> {
+    // The ownership it works under: a later one (revoked and assigned again) is another task's.
+    let epoch = ctx.states.epoch(partition);
+    let mut gate: KeyGate<Job> = KeyGate::default();
+    let mut todo: VecDeque<Step<Job>> = gate.sync(durable(&ctx, &gk)).into();
     loop {
-        let open = ctx.states.get(sub).map_or(0, |st| st.ordering_heads.len());
-        if open < MAX_OPEN_KEYS {
+        while let Some(step) = todo.pop_front() {
+            if ctx.states.epoch(partition) != epoch {
+                ctx.ordering.remove(&gk, id);
+                return;
+            }
+            match execute(&ctx, &gk, partition, &mut gate, &me, step).await {
+                Ok(more) => todo.extend(more),
+                Err(Aborted) => {
+                    ctx.ordering.remove(&gk, id);
+                    return;
+                }
+            }
+        }
+        let msg = if gate.is_idle() {
+            let mut map = ctx.ordering.inner.lock().expect("ordering gates lock");
+            match rx.try_recv() {
+                Ok(m) => m,
+                Err(_) => {
+                    if map.get(&gk).is_some_and(|e| e.id == id) {
+                        map.remove(&gk);
+                    }
+                    return;
+                }
+            }
+        } else {
+            let m = tokio::select! {
+                m = rx.recv() => m,
+                _ = ctx.shutdown.cancelled() => None,
+            };
+            match m {
+                Some(m) => m,
+                None => {
+                    ctx.ordering.remove(&gk, id);
+                    return;
+                }
+            }
+        };
+        let steps = match msg {
+            Msg::Arrive(run, job) => {
+                let released = job.released_from;
+                let steps = gate.arrive(run, job, released);
+                if steps.iter().any(|s| matches!(s, Step::Park(_))) || (steps.is_empty() && gate.waiting() > 0) {
+                    metrics::counter!("hookline_ordered_waits_total").increment(1);
+                }
+                steps
+            }
+            Msg::Left(start, exit) => gate.left(start, exit),
+            Msg::Abort => {
+                ctx.ordering.remove(&gk, id);
+                return;
+            }
+        };
+        todo.extend(steps);
+    }
+}
+
+fn durable(ctx: &Ctx, (sub, key): &GateKey) -> Durable {
+    let Some(st) = ctx.states.get(sub) else { return Durable::default() };
+    let Some(h) = st.ordering_heads.into_iter().find(|h| h.key == *key) else { return Durable::default() };
+    Durable {
+        head: (!h.delivery_id.is_empty()).then(|| RunId { delivery_id: h.delivery_id, run_id: h.run_id }),
+        parked_from: (h.parked_from > 0).then(|| h.parked_from - 1),
+    }
+}
+
+/// Carries out one step of the gate; returns the steps that follow from it.
+async fn execute(ctx: &Arc<Ctx>, gk: &GateKey, partition: i32, gate: &mut KeyGate<Job>, me: &mpsc::UnboundedSender<Msg>, step: Step<Job>) -> Result<Vec<Step<Job>>, Aborted> {
+    match step {
+        Step::Send(run, job, start) => {
+            if start == Start::Fresh {
+                claim_head(ctx, gk, &run, partition).await?;
+            }
+            send(ctx, gk, job, start, me.clone());
+            Ok(Vec::new())
+        }
+        Step::Adopt(run, job, from) => {
+            metrics::counter!("hookline_ordered_released_total").increment(1);
+            let head = run.clone();
+            write_key(ctx, gk, partition, move |h| {
+                h.delivery_id = head.delivery_id;
+                h.run_id = head.run_id;
+                h.parked_from = from.saturating_add(1);
+            })
+            .await?;
+            // Like a fresh head for what its leaving means: it has not been out before.
+            send(ctx, gk, job, Start::Fresh, me.clone());
+            Ok(Vec::new())
+        }
+        Step::Skip(job) => {
+            tracing::debug!(delivery = %job.task.delivery_id, "a repeated release of an ordered delivery; not sent again");
+            job.done.complete();
+            Ok(Vec::new())
+        }
+        Step::Park(job) => {
+            let (_, offset) = park(ctx, gk, &job.raw).await?;
+            if gate.parked_at(offset) {
+                write_key(ctx, gk, partition, move |h| h.parked_from = offset.saturating_add(1)).await?;
+            }
+            metrics::counter!("hookline_ordered_parked_total").increment(1);
+            job.done.complete();
+            Ok(Vec::new())
+        }
+        Step::Release => match gate.parked_from() {
+            Some(from) => {
+                if release(ctx, gk, partition, from).await? {
+                    Ok(Vec::new())
+                } else {
+                    write_key(ctx, gk, partition, |h| h.parked_from = 0).await?;
+                    Ok(gate.released_none())
+                }
+            }
+            None => Ok(gate.released_none()),
+        },
+    }
+}
+
+/// Writes a parked delivery to `ordered` (co-partitioned: the same partition number as its `deliveries` record).
+async fn park(ctx: &Ctx, (sub, key): &GateKey, raw: &[u8]) -> Result<(i32, i64), Aborted> {
+    let headers = OwnedHeaders::new().insert(Header { key: KEY_HEADER, value: Some(key.as_bytes()) });
+    hookline_kafka::produce::send_until_acked(&ctx.producer, ctx.topics.ordered(), sub, raw, Some(&headers), &ctx.shutdown)
+        .await
+        .map_err(|_| Aborted)
+}
+
+/// Reads `ordered` from `from` for the key's first parked delivery and puts it back on `deliveries`. `false`: none.
+async fn release(ctx: &Ctx, (sub, key): &GateKey, partition: i32, from: i64) -> Result<bool, Aborted> {
+    let topic = ctx.topics.ordered();
+    let end = tokio::select! {
+        r = ctx.ordering.reader.end_offset_of(topic, partition) => r.map_err(|e| {
+            tracing::warn!(subscription = %sub, error = %e, "reading the end of the ordered topic");
+            Aborted
+        })?,
+        _ = ctx.shutdown.cancelled() => return Err(Aborted),
+    };
+    let mut reader = RangeReader::open(&ctx.kafka, topic, partition, from, end, READ_STALL).map_err(|e| {
+        tracing::warn!(subscription = %sub, error = %e, "opening the ordered topic");
+        Aborted
+    })?;
+    loop {
+        let next = tokio::select! {
+            n = reader.next() => n,
+            _ = ctx.shutdown.cancelled() => return Err(Aborted),
+        };
+        let m = match next {
+            None => return Ok(false),
+            Some(Err(e)) => {
+                tracing::warn!(subscription = %sub, error = %e, "reading parked ordered deliveries; the key's deliveries are redone by its next run");
+                return Err(Aborted);
+            }
+            Some(Ok(m)) => m,
+        };
+        if m.key() != Some(sub.as_bytes()) {
+            continue;
+        }
+        let of_key = m.headers().and_then(|hs| hs.iter().find(|h| h.key == KEY_HEADER).map(|h| h.value == Some(key.as_bytes())));
+        if of_key != Some(true) {
+            continue;
+        }
+        let at = m.offset().to_string();
+        let headers = OwnedHeaders::new().insert(Header { key: RELEASED_FROM_HEADER, value: Some(at.as_bytes()) });
+        let payload = m.payload().unwrap_or_default();
+        hookline_kafka::produce::send_until_acked(&ctx.producer, ctx.topics.deliveries(), sub, payload, Some(&headers), &ctx.shutdown)
+            .await
+            .map_err(|_| Aborted)?;
+        return Ok(true);
+    }
+}
+
+/// Writes the key's head (acknowledged) before it is sent, waiting while the subscription has [`MAX_OPEN_KEYS`]
+/// keys in its state.
+async fn claim_head(ctx: &Ctx, gk: &GateKey, run: &RunId, partition: i32) -> Result<(), Aborted> {
+    loop {
+        let full = ctx
+            .states
+            .get(&gk.0)
+            .is_some_and(|st| st.ordering_heads.len() >= MAX_OPEN_KEYS && !st.ordering_heads.iter().any(|h| h.key == gk.1));
+        if !full {
             break;
         }
         tokio::select! {
@@ -193,33 +334,35 @@ async fn claim_head(ctx: &Ctx, (sub, key): &GateKey, run: &RunId, partition: i32
             _ = ctx.shutdown.cancelled() => return Err(Aborted),
         }
     }
-    write_heads(ctx, sub, partition, |heads| {
-        if heads.iter().any(|h| h.key == *key && h.delivery_id == run.delivery_id && h.run_id == run.run_id) {
-            return false;
-        }
-        heads.retain(|h| h.key != *key);
-        heads.push(OrderingHead { key: key.clone(), delivery_id: run.delivery_id.clone(), run_id: run.run_id.clone() });
-        true
+    let run = run.clone();
+    write_key(ctx, gk, partition, move |h| {
+        h.delivery_id = run.delivery_id;
+        h.run_id = run.run_id;
     })
     .await
 }
 
-/// Removes the key's head if it still names `run`.
-async fn release_head(ctx: &Ctx, sub: &str, key: &str, run: &RunId, partition: i32) -> Result<(), Aborted> {
-    write_heads(ctx, sub, partition, |heads| {
-        let before = heads.len();
-        heads.retain(|h| !(h.key == key && h.delivery_id == run.delivery_id && h.run_id == run.run_id));
-        heads.len() != before
-    })
-    .await
-}
-
-/// Changes the subscription's heads under the endpoint-state lock and writes the state if `f` changed them.
-async fn write_heads(ctx: &Ctx, sub: &str, partition: i32, f: impl FnOnce(&mut Vec<OrderingHead>) -> bool) -> Result<(), Aborted> {
+/// Changes the key's row of the subscription's endpoint state (made when missing, dropped when it holds nothing)
+/// and writes the state if the row changed.
+async fn write_key(ctx: &Ctx, (sub, key): &GateKey, partition: i32, f: impl FnOnce(&mut OrderingHead)) -> Result<(), Aborted> {
     let topic = ctx.topics.endpoint_state();
     let pending = ctx.states.update(sub, partition, |st: &mut EndpointState| {
-        if !f(&mut st.ordering_heads) {
+        let heads = &mut st.ordering_heads;
+        let at = heads.iter().position(|h| h.key == *key);
+        let before = at.map(|i| heads[i].clone());
+        let mut row = before.clone().unwrap_or_else(|| OrderingHead { key: key.clone(), ..Default::default() });
+        f(&mut row);
+        let after = (!row.delivery_id.is_empty() || row.parked_from > 0).then_some(row);
+        if before == after {
             return None;
+        }
+        match (at, after) {
+            (Some(i), Some(row)) => heads[i] = row,
+            (Some(i), None) => {
+                heads.remove(i);
+            }
+            (None, Some(row)) => heads.push(row),
+            (None, None) => {}
         }
         let payload = st.encode_to_vec();
         Some((ctx.enqueue(topic, sub, &payload), payload))
@@ -230,11 +373,31 @@ async fn write_heads(ctx: &Ctx, sub: &str, partition: i32, f: impl FnOnce(&mut V
     Ok(())
 }
 
+/// Removes the key's head if it still names `run` (keeps where its parked deliveries begin).
+async fn release_head(ctx: &Ctx, gk: &GateKey, run: &RunId, partition: i32) -> Result<(), Aborted> {
+    let run = run.clone();
+    write_key(ctx, gk, partition, move |h| {
+        if h.delivery_id == run.delivery_id && h.run_id == run.run_id {
+            h.delivery_id.clear();
+            h.run_id.clear();
+        }
+    })
+    .await
+}
+
+/// Sends the head in its subscription's lane.
+fn send(ctx: &Arc<Ctx>, gk: &GateKey, job: Job, start: Start, me: mpsc::UnboundedSender<Msg>) {
+    let job_ctx = ctx.clone();
+    let gk = gk.clone();
+    let lane = gk.0.clone();
+    ctx.lanes.submit(&lane, Box::new(move |mode| Box::pin(run_head(job_ctx, gk, job, start, mode, me))));
+}
+
 /// What the running head's delivery knows of its ordering (see [`note`] and [`before_final`]).
 struct Out {
     key: String,
     partition: i32,
-    exit: Cell<Exit>,
+    exit: std::cell::Cell<Exit>,
 }
 
 tokio::task_local! {
@@ -250,14 +413,14 @@ pub(crate) fn note(exit: Exit) {
 /// sends it again in its place (at least once) rather than leaving its key blocked by a head that never returns.
 pub(crate) async fn before_final(ctx: &Ctx, task: &DeliveryTask) -> Result<(), Aborted> {
     let Ok((key, partition)) = OUT.try_with(|o| (o.key.clone(), o.partition)) else { return Ok(()) };
-    release_head(ctx, &task.subscription_id, &key, &run_of(task), partition).await
+    release_head(ctx, &(task.subscription_id.clone(), key), &run_of(task), partition).await
 }
 
-/// The head's delivery, in its subscription's lane; then the key's next.
-async fn run_head(ctx: Arc<Ctx>, gk: GateKey, job: Job, start: Start, mode: Run) {
-    let Job { task, raw, done, source, partition, offset } = job;
+/// The head's delivery, in its subscription's lane; then its key's task hears how it left.
+async fn run_head(ctx: Arc<Ctx>, gk: GateKey, job: Job, start: Start, mode: Run, me: mpsc::UnboundedSender<Msg>) {
+    let Job { task, raw, done, source, partition, offset, .. } = job;
     let run = run_of(&task);
-    let out = Out { key: gk.1.clone(), partition, exit: Cell::new(Exit::Final) };
+    let out = Out { key: gk.1.clone(), partition, exit: std::cell::Cell::new(Exit::Final) };
     let (result, exit) = OUT
         .scope(out, async {
             let work = async {
@@ -272,23 +435,13 @@ async fn run_head(ctx: Arc<Ctx>, gk: GateKey, job: Job, start: Start, mode: Run)
         .await;
     if result.is_err() {
         // Shutting down or revoked: this and what waits behind it belong to the next run or owner.
-        ctx.ordering.abandon(&gk);
+        let _ = me.send(Msg::Abort);
         return;
     }
-    if !head_stays(start, exit) && release_head(&ctx, &gk.0, &gk.1, &run, partition).await.is_err() {
-        ctx.ordering.abandon(&gk);
+    if !hookline_core::ordering::head_stays(start, exit) && release_head(&ctx, &gk, &run, partition).await.is_err() {
+        let _ = me.send(Msg::Abort);
         return;
     }
     done.complete();
-    let next = ctx.ordering.with(&gk, |g| {
-        let before = g.waiting();
-        let next = g.left(start, exit);
-        (next, before.saturating_sub(g.waiting()))
-    });
-    if let Some((next, left_queue)) = next {
-        released(left_queue);
-        if let Some(n) = next {
-            launch(ctx, gk, n);
-        }
-    }
+    let _ = me.send(Msg::Left(start, exit));
 }
