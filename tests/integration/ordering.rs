@@ -9,6 +9,8 @@ use std::time::Duration;
 use axum::extract::State;
 use axum::http::StatusCode;
 use bytes::Bytes;
+use rdkafka::consumer::{BaseConsumer, Consumer as _};
+use rdkafka::{Offset, TopicPartitionList};
 use serde_json::{json, Value};
 use tokio::sync::Notify;
 use tokio_util::sync::CancellationToken;
@@ -218,5 +220,58 @@ async fn a_restarted_dispatcher_keeps_the_order_behind_a_head_on_the_retry_ladde
     assert_after_in_order(&r, "a1", &["a2", "a3"]);
     stop.cancel();
     next.await.unwrap();
+    p.stop().await;
+}
+
+/// The dispatcher group's committed offset of `deliveries` partition 0.
+fn deliveries_committed(p: &Pipeline) -> i64 {
+    let consumer: BaseConsumer = hookline_kafka::client::table_consumer_config(&p.config.kafka, "ordering-test-offsets")
+        .unwrap()
+        .set("group.id", &p.config.dispatcher.group_id)
+        .create()
+        .unwrap();
+    let mut tpl = TopicPartitionList::new();
+    tpl.add_partition("hookline.deliveries", 0);
+    let committed = consumer.committed_offsets(tpl, Duration::from_secs(10)).unwrap();
+    match committed.find_partition("hookline.deliveries", 0).map(|e| e.offset()) {
+        Some(Offset::Offset(o)) => o,
+        _ => 0,
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn deliveries_parked_behind_a_retrying_head_free_the_budget_and_the_partitions_commits() {
+    // A budget far below what waits behind A's head: waiting in memory would pause the partition, B included.
+    let p = Pipeline::start_with(1, |c| c.dispatcher.max_in_flight = 4).await;
+    let (r, url) = Receiver::start().await;
+    let toml = quick_policy(&[0.3; 60], |_| {});
+    p.subscribe(json!({"url": url, "event_types": ["*"], "policy_toml": toml, "ordering": "key", "ordering_key": "entity_id"})).await;
+    r.fail("a1", true);
+    let a: Vec<String> = (1..=12).map(|i| format!("a{i}")).collect();
+    for id in &a {
+        publish(&p, id, "A").await;
+    }
+    r.wait("a1 retried", || r.tries_of("a1") >= 2).await;
+    for i in 1..=3 {
+        publish(&p, &format!("b{i}"), "B").await;
+    }
+    r.wait("B delivered", || r.delivered().iter().filter(|e| e.starts_with('b')).count() == 3).await;
+    // The 15 fanned-out records are committed although 11 of them wait behind a1.
+    let deadline = std::time::Instant::now() + LIMIT;
+    loop {
+        let committed = tokio::task::block_in_place(|| deliveries_committed(&p));
+        if committed >= 15 {
+            break;
+        }
+        assert!(std::time::Instant::now() < deadline, "the committed offset of deliveries/0 stayed at {committed}");
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    assert!(!r.delivered().contains(&"a1".to_owned()));
+    assert!(r.got().iter().all(|(e, _)| !e.starts_with('a') || e == "a1"), "A waits behind a1: {:?}", r.got());
+
+    r.fail("a1", false);
+    r.wait("A delivered", || r.delivered().iter().filter(|e| e.starts_with('a')).count() == 12).await;
+    let later: Vec<&str> = a[1..].iter().map(String::as_str).collect();
+    assert_after_in_order(&r, "a1", &later);
     p.stop().await;
 }
