@@ -138,11 +138,18 @@ async fn a_failing_key_holds_only_its_own_later_events_while_other_keys_flow() {
     assert!(r.got().iter().all(|(e, _)| !matches!(e.as_str(), "a2" | "a3" | "a4" | "a5")), "A waits behind a1: {:?}", r.got());
     let (_, view) = p.call("GET", &format!("/v1/subscriptions/{id}"), None).await;
     assert_eq!(view["ordering_keys_out"], 1, "A's head is out: {view}");
+    // The keying may not change under a key that holds deliveries.
+    let (status, v) = p.call("PATCH", &format!("/v1/subscriptions/{id}"), Some(json!({"ordering": "strict"}))).await;
+    assert_eq!((status, v["error"]["field"].as_str()), (422, Some("ordering")), "{v}");
 
     r.fail("a1", false);
     r.wait("A delivered", || r.delivered().iter().filter(|e| e.starts_with('a')).count() == 5).await;
     assert_after_in_order(&r, "a1", &["a2", "a3", "a4", "a5"]);
     p.subscription_when(&id, |v| v["ordering_keys_out"] == 0).await;
+    // Once nothing is held, it may (`ordering_key` goes with "key").
+    let (status, v) = p.call("PATCH", &format!("/v1/subscriptions/{id}"), Some(json!({"ordering": "strict"}))).await;
+    assert_eq!(status, 200, "{v}");
+    assert_eq!((v["ordering"].as_str(), &v["ordering_key"]), (Some("strict"), &Value::Null), "{v}");
     p.stop().await;
 }
 
@@ -273,5 +280,33 @@ async fn deliveries_parked_behind_a_retrying_head_free_the_budget_and_the_partit
     r.wait("A delivered", || r.delivered().iter().filter(|e| e.starts_with('a')).count() == 12).await;
     let later: Vec<&str> = a[1..].iter().map(String::as_str).collect();
     assert_after_in_order(&r, "a1", &later);
+    p.stop().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_replay_of_an_ordered_delivery_queues_at_the_back_of_its_key() {
+    let p = Pipeline::start(2).await;
+    let (r, url) = Receiver::start().await;
+    let toml = quick_policy(&[0.2; 60], |_| {});
+    let (sub, _) = p.subscribe(json!({"url": url, "event_types": ["*"], "policy_toml": toml, "ordering": "key", "ordering_key": "entity_id"})).await;
+    publish(&p, "a1", "A").await;
+    r.wait("a1", || r.delivered() == ["a1"]).await;
+    let (_, found) = p.get_when_ok("/v1/deliveries?event_id=a1", |v| v["items"][0]["state"] == "succeeded").await;
+    let delivery = found["items"][0]["delivery_id"].as_str().unwrap().to_owned();
+    p.get_when(&format!("/v1/deliveries/{delivery}"), |d| d["replayable"] == true).await;
+
+    r.fail("a2", true);
+    publish(&p, "a2", "A").await;
+    publish(&p, "a3", "A").await;
+    r.wait("a2 retried", || r.tries_of("a2") >= 2).await;
+    let (status, v) = p.call("POST", &format!("/v1/deliveries/{delivery}/replay"), None).await;
+    assert_eq!(status, 202, "{v}");
+    // Behind a2 (failing) and a3: nothing of A but a2 goes meanwhile.
+    r.wait("a2 retried after the replay", || r.tries_of("a2") >= 4).await;
+    assert_eq!(r.tries_of("a1"), 1, "the replay waits: {:?}", r.got());
+    r.fail("a2", false);
+    r.wait("a3 and the replay", || r.tries_of("a1") == 2 && r.delivered().contains(&"a3".to_owned())).await;
+    assert_eq!(r.delivered(), ["a1", "a2", "a3", "a1"], "the replay went last: {:?}", r.got());
+    p.subscription_when(&sub, |v| v["ordering_keys_out"] == 0).await;
     p.stop().await;
 }

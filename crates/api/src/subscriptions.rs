@@ -345,6 +345,14 @@ pub async fn update(
     if let Some(v) = req.ordering_key {
         sub.ordering_key = v;
     }
+    // A key's head and parked deliveries are found by the key they were given: the keying may not change under them.
+    if (sub.ordering, &sub.ordering_key) != (entry.sub.ordering, &entry.sub.ordering_key) {
+        let out = s.states.get(&id).map_or(0, |st| st.ordering_heads.len());
+        if out > 0 {
+            let field = if sub.ordering != entry.sub.ordering { "ordering" } else { "ordering_key" };
+            return Err(ApiError::field(field, format!("cannot change while {out} keys hold deliveries (`ordering_keys_out`); retry once it is 0")));
+        }
+    }
     if let Some(enabled) = req.enabled {
         // Gauge: `PATCH {"enabled": true}` switches an endpoint back on and clears `disabled_reason`.
         if enabled && !activity(&sub, s.states.get(&id).as_ref()).is_active() {

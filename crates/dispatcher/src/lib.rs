@@ -317,12 +317,15 @@ impl Handler for Dispatch {
             }
         };
         // Ordered subscriptions only (see `ordering.rs`); while none exists, not even a lookup.
-        if hookline_kafka::state::any_ordered() {
+        // A delivery put back from `ordered` goes to its key whatever the subscription says now.
+        let released = m.headers().and_then(|_| ordering::released(m));
+        if released.is_some() || hookline_kafka::state::any_ordered() {
             let entry = ctx.subs.get(&task.subscription_id);
-            if let Some(ord) = entry.as_ref().and_then(|e| e.ordering.as_deref()) {
-                let released_from = ordering::released_from(m);
+            let ord = entry.as_ref().and_then(|e| e.ordering.as_deref());
+            if ord.is_some() || released.is_some() {
+                let (released_from, key) = released.map_or((None, None), |(at, key)| (Some(at), Some(key)));
                 let job = ordering::Job { task, raw, done, source: self.source.clone(), partition: p, offset: o, released_from };
-                ordering::submit(ctx, ord, job);
+                ordering::submit(ctx, ord, key, job);
                 return;
             }
         }

@@ -109,18 +109,18 @@ fn run_of(task: &DeliveryTask) -> RunId {
     RunId { delivery_id: task.delivery_id.clone(), run_id: task.run_id.clone() }
 }
 
-/// The offset a released delivery was parked at, from its record's header.
-pub(crate) fn released_from(m: &rdkafka::message::BorrowedMessage<'_>) -> Option<i64> {
+/// A delivery put back from `ordered`: the offset it was parked at and its key, from its record's headers.
+pub(crate) fn released(m: &rdkafka::message::BorrowedMessage<'_>) -> Option<(i64, String)> {
     let headers = m.headers()?;
-    headers
-        .iter()
-        .find(|h| h.key == RELEASED_FROM_HEADER)
-        .and_then(|h| std::str::from_utf8(h.value?).ok()?.parse().ok())
+    let value = |name: &str| headers.iter().find(|h| h.key == name).and_then(|h| std::str::from_utf8(h.value?).ok());
+    Some((value(RELEASED_FROM_HEADER)?.parse().ok()?, value(KEY_HEADER)?.to_owned()))
 }
 
-/// Takes an ordered subscription's delivery to its key's task.
-pub(crate) fn submit(ctx: &Arc<Ctx>, ordering: &Ordering, job: Job) {
-    let gk: GateKey = (job.task.subscription_id.clone(), ordering.key_of(job.task.event.as_ref()));
+/// Takes an ordered subscription's delivery to its key's task (`key`: the one a released delivery was parked
+/// under, else the subscription's ordering says).
+pub(crate) fn submit(ctx: &Arc<Ctx>, ordering: Option<&Ordering>, key: Option<String>, job: Job) {
+    let key = key.or_else(|| ordering.map(|o| o.key_of(job.task.event.as_ref()))).unwrap_or_default();
+    let gk: GateKey = (job.task.subscription_id.clone(), key);
     let run = run_of(&job.task);
     let partition = job.partition;
     let mut map = ctx.ordering.inner.lock().expect("ordering gates lock");
@@ -309,7 +309,9 @@ async fn release(ctx: &Ctx, (sub, key): &GateKey, partition: i32, from: i64) -> 
             continue;
         }
         let at = m.offset().to_string();
-        let headers = OwnedHeaders::new().insert(Header { key: RELEASED_FROM_HEADER, value: Some(at.as_bytes()) });
+        let headers = OwnedHeaders::new()
+            .insert(Header { key: RELEASED_FROM_HEADER, value: Some(at.as_bytes()) })
+            .insert(Header { key: KEY_HEADER, value: Some(key.as_bytes()) });
         let payload = m.payload().unwrap_or_default();
         hookline_kafka::produce::send_until_acked(&ctx.producer, ctx.topics.deliveries(), sub, payload, Some(&headers), &ctx.shutdown)
             .await
