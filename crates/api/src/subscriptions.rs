@@ -641,7 +641,7 @@ pub(super) fn view(s: &ApiState, e: &SubscriptionEntry) -> Value {
         "rate_limit": e.rate_limit.map(|r| json!({"per_s": r.per_s, "burst": r.burst})),
         "ordering": hookline_core::ordering::Ordering::word(sub.ordering),
         "ordering_key": (!sub.ordering_key.is_empty()).then_some(&sub.ordering_key),
-        // Keys whose head delivery is out (sending or on the retry ladder), holding their later deliveries.
+        // Keys holding deliveries: a head out (sending or on the retry ladder) or deliveries parked behind it.
         "ordering_keys_out": st.ordering_heads.len(),
         "verification": hookline_core::vocabulary::verification_state(sub.verification),
         "verification_error": (!sub.verification_error.is_empty()).then_some(&sub.verification_error),
