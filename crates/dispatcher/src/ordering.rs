@@ -61,8 +61,9 @@ pub(crate) struct Job {
 type GateKey = (String, String);
 
 enum Msg {
-    Arrive(RunId, Job),
-    /// The head let out last left the dispatcher (`adopted`: it came back from `ordered`).
+    /// Boxed: a message is small while it waits in the channel.
+    Arrive(RunId, Box<Job>),
+    /// The head let out last left the dispatcher.
     Left(Start, Exit),
     /// The head's delivery was abandoned (shutdown or revoke): the key's task stops.
     Abort,
@@ -131,7 +132,7 @@ pub(crate) fn submit(ctx: &Arc<Ctx>, ordering: Option<&Ordering>, key: Option<St
         Entry { id, partition, tx }
     });
     // Sent under the lock: a task that finds its channel empty under the lock may end.
-    let _ = entry.tx.send(Msg::Arrive(run, job));
+    let _ = entry.tx.send(Msg::Arrive(run, Box::new(job)));
 }
 
 /// One key's task: syncs its gate with the durable state, then carries out its steps in order.
@@ -190,7 +191,7 @@ async fn key_task(ctx: Arc<Ctx>, gk: GateKey, partition: i32, id: u64, me: mpsc:
         let steps = match msg {
             Msg::Arrive(run, job) => {
                 let released = job.released_from;
-                let steps = gate.arrive(run, job, released);
+                let steps = gate.arrive(run, *job, released);
                 if steps.iter().any(|s| matches!(s, Step::Park(_))) || (steps.is_empty() && gate.waiting() > 0) {
                     metrics::counter!("hookline_ordered_waits_total").increment(1);
                 }
@@ -210,7 +211,7 @@ fn durable(ctx: &Ctx, (sub, key): &GateKey) -> Durable {
     let Some(st) = ctx.states.get(sub) else { return Durable::default() };
     let Some(h) = st.ordering_heads.into_iter().find(|h| h.key == *key) else { return Durable::default() };
     Durable {
-        head: (!h.delivery_id.is_empty()).then(|| RunId { delivery_id: h.delivery_id, run_id: h.run_id }),
+        head: (!h.delivery_id.is_empty()).then_some(RunId { delivery_id: h.delivery_id, run_id: h.run_id }),
         parked_from: (h.parked_from > 0).then(|| h.parked_from - 1),
     }
 }
