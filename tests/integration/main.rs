@@ -26,3 +26,4 @@ mod delivery_control;
 mod delivery_log;
 mod parking;
 mod key_rotation;
+mod ordering;

@@ -436,6 +436,7 @@ async function loadSub() {
     ['State', sub.disabled_reason ? `${sub.state}: ${sub.disabled_reason}` : sub.state],
     ['Verification', sub.verification_error ? `${sub.verification}: ${sub.verification_error}` : (sub.verification || 'not_required')],
     ['Rate limit', sub.rate_limit ? `${sub.rate_limit.per_s}/s, burst ${sub.rate_limit.burst}` : 'none'],
+    ['Ordering', orderingFact(sub)],
     ['Consecutive failures', String(sub.consecutive_failures)],
     ['Last success', sub.last_success_at_ms ? `${fmtTime(sub.last_success_at_ms)} (${ago(sub.last_success_at_ms)})` : 'never'],
     ['Failing since', sub.first_failure_at_ms ? fmtTime(sub.first_failure_at_ms) : '–'],
@@ -1127,3 +1128,13 @@ if (linked) {
   signIn(decodeURIComponent(linked[1]));
 } else if (state.token) signIn(state.token);
 else signOut('');
+
+/// The subscription's delivery order in words: "none", "strict (one at a time)", "by entity_id", with the keys that
+/// hold deliveries now.
+function orderingFact(sub) {
+  const mode = sub.ordering || 'none';
+  if (mode === 'none') return 'none (concurrent)';
+  const what = mode === 'strict' ? 'strict (one at a time)' : `by ${sub.ordering_key}`;
+  const out = sub.ordering_keys_out || 0;
+  return out > 0 ? `${what}; ${out} key${out === 1 ? '' : 's'} holding deliveries` : what;
+}

@@ -37,7 +37,10 @@ pub async fn publish(
     let header = |name: &str| headers.get(name).map(|v| v.as_bytes());
     s.tracer.accept_http(&mut event, header("traceparent"), header("tracestate"));
     // Re-encoded as protobuf: validated once here, decoded cheaply by the fan-out.
-    hookline_kafka::produce::send(&s.producer, s.topics.events(), &event.id, &event.encode_to_vec())
+    // Keyed by the entity when it names one: one entity's events share an events partition, so the fan-out (and an
+    // ordered subscription, `ordering_key = "entity_id"`) sees them in the order they were accepted.
+    let key = if event.entity_id.is_empty() { &event.id } else { &event.entity_id };
+    hookline_kafka::produce::send(&s.producer, s.topics.events(), key, &event.encode_to_vec())
         .await
         .map_err(ApiError::unavailable)?;
     metrics::counter!("hookline_events_accepted_total", "source" => "http").increment(1);

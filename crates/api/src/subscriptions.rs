@@ -51,6 +51,12 @@ pub struct CreateSubscription {
     rate_limit_per_s: Option<u32>,
     #[serde(default)]
     burst: Option<u32>,
+    /// "none" (default) | "key" | "strict".
+    #[serde(default)]
+    ordering: Option<String>,
+    /// The event field that keys `"ordering": "key"`.
+    #[serde(default)]
+    ordering_key: Option<String>,
 }
 
 #[derive(Deserialize)]
@@ -72,6 +78,16 @@ pub struct UpdateSubscription {
     /// 0 = back to the policy's default (or none).
     rate_limit_per_s: Option<u32>,
     burst: Option<u32>,
+    /// "none" | "key" | "strict"; anything but "key" also clears `ordering_key` unless the request sets it.
+    ordering: Option<String>,
+    ordering_key: Option<String>,
+}
+
+/// The stored mode for the API's word.
+fn ordering_mode(word: &str) -> Result<i32, ApiError> {
+    hookline_core::ordering::Ordering::mode(word)
+        .map(|m| m as i32)
+        .ok_or_else(|| ApiError::field("ordering", format!("one of \"none\", \"key\", \"strict\"; got {word:?}")))
 }
 
 
@@ -111,6 +127,7 @@ fn fingerprint(req: &CreateSubscription) -> String {
     let headers: Option<std::collections::BTreeMap<_, _>> = req.headers.as_ref().map(|h| h.iter().collect());
     let canonical = json!({
         "headers": headers, "filter": req.filter, "rate_limit_per_s": req.rate_limit_per_s, "burst": req.burst,
+        "ordering": req.ordering, "ordering_key": req.ordering_key,
         "url": req.url, "event_types": req.event_types, "policy": req.policy, "policy_toml": req.policy_toml,
         "secret": req.secret.as_deref().map(|x| hookline_core::model::sha256_hex(x.as_bytes())),
         "description": req.description, "metadata": metadata, "enabled": req.enabled,
@@ -165,6 +182,8 @@ pub async fn create(
         filter_json: stored_filter(req.filter.as_ref())?,
         rate_limit_per_s: req.rate_limit_per_s.unwrap_or(0),
         burst: req.burst.unwrap_or(0),
+        ordering: req.ordering.as_deref().map(ordering_mode).transpose()?.unwrap_or(0),
+        ordering_key: req.ordering_key.unwrap_or_default(),
         ..Default::default()
     };
     let secret = match req.secret {
@@ -316,6 +335,23 @@ pub async fn update(
     }
     if let Some(v) = req.burst {
         sub.burst = v;
+    }
+    if let Some(word) = &req.ordering {
+        sub.ordering = ordering_mode(word)?;
+        if sub.ordering != hookline_core::model::OrderingMode::Key as i32 && req.ordering_key.is_none() {
+            sub.ordering_key.clear();
+        }
+    }
+    if let Some(v) = req.ordering_key {
+        sub.ordering_key = v;
+    }
+    // A key's head and parked deliveries are found by the key they were given: the keying may not change under them.
+    if (sub.ordering, &sub.ordering_key) != (entry.sub.ordering, &entry.sub.ordering_key) {
+        let out = s.states.get(&id).map_or(0, |st| st.ordering_heads.len());
+        if out > 0 {
+            let field = if sub.ordering != entry.sub.ordering { "ordering" } else { "ordering_key" };
+            return Err(ApiError::field(field, format!("cannot change while {out} keys hold deliveries (`ordering_keys_out`); retry once it is 0")));
+        }
     }
     if let Some(enabled) = req.enabled {
         // Gauge: `PATCH {"enabled": true}` switches an endpoint back on and clears `disabled_reason`.
@@ -518,6 +554,7 @@ async fn validate(s: &ApiState, sub: &Subscription) -> Result<policy::Policy, Ap
         ApiError::field(&field, e.message)
     })?;
     hookline_core::rate_limit::validate(sub.rate_limit_per_s, sub.burst, &pol).map_err(|(field, e)| ApiError::field(field, e))?;
+    hookline_core::ordering::Ordering::from_fields(sub.ordering, &sub.ordering_key).map_err(|e| ApiError::field(e.field, e.message))?;
     let guard = EgressGuard::new(&s.egress, &pol.egress).map_err(|e| ApiError::field("policy_toml", e.to_string()))?;
     let target = guard.check_url(&sub.url).map_err(|r| ApiError::field("url", r.reason))?;
     // Resolved now as well as on every attempt: a name that points inside is refused when it is saved.
@@ -602,6 +639,10 @@ pub(super) fn view(s: &ApiState, e: &SubscriptionEntry) -> Value {
         "burst": (sub.burst > 0).then_some(sub.burst),
         // What the dispatcher enforces: these fields over the policy's `[rate_limit]` defaults.
         "rate_limit": e.rate_limit.map(|r| json!({"per_s": r.per_s, "burst": r.burst})),
+        "ordering": hookline_core::ordering::Ordering::word(sub.ordering),
+        "ordering_key": (!sub.ordering_key.is_empty()).then_some(&sub.ordering_key),
+        // Keys holding deliveries: a head out (sending or on the retry ladder) or deliveries parked behind it.
+        "ordering_keys_out": st.ordering_heads.len(),
         "verification": hookline_core::vocabulary::verification_state(sub.verification),
         "verification_error": (!sub.verification_error.is_empty()).then_some(&sub.verification_error),
         "verified_at_ms": (sub.verified_at_ms > 0).then_some(sub.verified_at_ms),

@@ -12,6 +12,7 @@ pub mod dead_letter;
 pub mod filter;
 pub mod health;
 pub mod model;
+pub mod ordering;
 pub mod outcome;
 pub mod payload_filter;
 pub mod policy;

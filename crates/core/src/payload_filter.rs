@@ -267,7 +267,7 @@ impl Parser {
     }
 }
 
-fn parse_path(path: &str) -> Result<Vec<String>, String> {
+pub(crate) fn parse_path(path: &str) -> Result<Vec<String>, String> {
     if path.len() > MAX_PATH_BYTES {
         return Err(format!("at most {MAX_PATH_BYTES} bytes, got {}", path.len()));
     }
@@ -323,7 +323,7 @@ impl<'a> EventFields<'a> {
     }
 }
 
-enum Found<'a> {
+pub(crate) enum Found<'a> {
     Str(&'a str),
     Json(&'a Value),
 }
@@ -337,7 +337,7 @@ impl Found<'_> {
     }
 }
 
-fn resolve<'a>(ev: &EventFields<'a>, segments: &[String]) -> Option<Found<'a>> {
+pub(crate) fn resolve<'a>(ev: &EventFields<'a>, segments: &[String]) -> Option<Found<'a>> {
     let (root, rest) = segments.split_first()?;
     let text = |s: &'a str| (!s.is_empty()).then_some(Found::Str(s));
     match root.as_str() {

@@ -223,6 +223,7 @@ async fn inactive(
             let mut held = task.clone();
             held.origin = TaskOrigin::Held as i32;
             ctx.produce(ctx.topics.held(), &task.subscription_id, &held).await?;
+            crate::ordering::note(hookline_core::ordering::Exit::Held);
             metrics::counter!("hookline_deliveries_held_total").increment(1);
         }
         InactiveAction::Cancel => {
@@ -279,7 +280,9 @@ async fn schedule(ctx: &Ctx, mut task: DeliveryTask, wait_ms: u64, now: i64) -> 
     let key = task.subscription_id.clone();
     let env = RetryEnvelope { task: Some(task), enqueued_at_ms: now, tier_delay_ms: i64::try_from(tier.delay_ms).unwrap_or(i64::MAX) };
     metrics::counter!("hookline_retries_scheduled_total", "tier" => tier.name).increment(1);
-    ctx.produce(ctx.topics.retry(tier), &key, &env).await
+    ctx.produce(ctx.topics.retry(tier), &key, &env).await?;
+    crate::ordering::note(hookline_core::ordering::Exit::Ladder);
+    Ok(())
 }
 
 /// Waits for the endpoint's next turn under its rate limit, shared by all its deliveries (each try takes one,
@@ -543,6 +546,10 @@ fn conclude<'a>(ctx: &'a Ctx, task: &'a DeliveryTask, mut rec: AttemptRecord) ->
         let attempt = next_attempt(task);
         rec.concludes_attempt = attempt;
         rec.run_id.clone_from(&task.run_id);
+        // No next attempt: an ordered delivery's key is released before this record says it concluded.
+        if rec.next_due_at_ms == 0 {
+            crate::ordering::before_final(ctx, task).await?;
+        }
         ctx.produce(ctx.topics.attempts(), &task.subscription_id, &rec).await?;
         ctx.outcomes.concluded(ctx.outcomes.key(&task.delivery_id, &task.run_id, attempt), now_ms());
         Ok(())
@@ -554,6 +561,7 @@ fn conclude<'a>(ctx: &'a Ctx, task: &'a DeliveryTask, mut rec: AttemptRecord) ->
 async fn already_concluded(ctx: &Ctx, task: &DeliveryTask, partition: i32) -> Result<(), Aborted> {
     tracing::debug!(delivery = %task.delivery_id, attempt = next_attempt(task), "outcome already written; not sent again");
     metrics::counter!("hookline_redeliveries_skipped_total").increment(1);
+    crate::ordering::note(hookline_core::ordering::Exit::Redo);
     if ctx.leases.take(&task.delivery_id, next_attempt(task)).is_some() {
         ctx.produce_to_partition(ctx.topics.inflight(), partition, &task.delivery_id, None).await?;
     }

@@ -11,6 +11,7 @@ mod deliver;
 mod forget;
 pub mod lanes;
 mod leases;
+mod ordering;
 mod outcomes;
 mod rate;
 mod records;
@@ -95,6 +96,8 @@ pub(crate) struct Ctx {
     pub rates: rate::Rates,
     pub breakers: breakers::Breakers,
     pub limits: limits::Limits,
+    /// Key gates of ordered subscriptions (`ordering.rs`).
+    pub ordering: ordering::Gates,
     pub kafka: hookline_kafka::KafkaSettings,
     pub sender: Sender,
     pub shutdown: CancellationToken,
@@ -214,6 +217,7 @@ pub async fn run(config: Config, shutdown: CancellationToken, options: Options) 
         rates: rate::Rates::default(),
         breakers: breakers::Breakers::default(),
         limits: limits::Limits::default(),
+        ordering: ordering::Gates::new(states_reader.clone()),
         kafka: kafka.clone(),
         sender: Sender::new(config.egress.clone(), resolver),
         shutdown: shutdown.clone(),
@@ -232,6 +236,7 @@ pub async fn run(config: Config, shutdown: CancellationToken, options: Options) 
             move |p| {
                 ctx.states.revoke(p);
                 ctx.leases.forget_partition(p);
+                ctx.ordering.forget_partition(p);
             }
         }),
         shutdown: shutdown.clone(),
@@ -311,6 +316,19 @@ impl Handler for Dispatch {
                 return;
             }
         };
+        // Ordered subscriptions only (see `ordering.rs`); while none exists, not even a lookup.
+        // A delivery put back from `ordered` goes to its key whatever the subscription says now.
+        let released = m.headers().and_then(|_| ordering::released(m));
+        if released.is_some() || hookline_kafka::state::any_ordered() {
+            let entry = ctx.subs.get(&task.subscription_id);
+            let ord = entry.as_ref().and_then(|e| e.ordering.as_deref());
+            if ord.is_some() || released.is_some() {
+                let (released_from, key) = released.map_or((None, None), |(at, key)| (Some(at), Some(key)));
+                let job = ordering::Job { task, raw, done, source: self.source.clone(), partition: p, offset: o, released_from };
+                ordering::submit(ctx, ord, key, job);
+                return;
+            }
+        }
         let lane = task.subscription_id.clone();
         let source = self.source.clone();
         // A deep lane that cannot drain within seconds (its endpoint hangs or is far too slow) would
@@ -351,7 +369,7 @@ impl Handler for Dispatch {
 
 /// Runs one delivery's work. A panic in it (a bug) dead-letters the task with the panic's message: left
 /// unfinished, its offset would hold back its partition's watermark, and so every later commit, until a rebalance.
-async fn guarded(
+pub(crate) async fn guarded(
     ctx: &Ctx,
     work: impl std::future::Future<Output = Result<(), Aborted>>,
     raw: &Bytes,

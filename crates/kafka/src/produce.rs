@@ -133,7 +133,7 @@ pub async fn send_tombstone(producer: &Producer, topic: &str, key: &str) -> Resu
 /// A bounded label for a topic: its name without the configurable prefix, and tiers folded into `retry`.
 pub fn topic_kind(topic: &str) -> &'static str {
     const KINDS: &[&str] =
-        &["events", "deliveries", "held", "parked", "dlq", "subscriptions", "endpoint-state", "attempts", "ops", "inflight", "tenants", "api-keys", "event-types"];
+        &["events", "deliveries", "held", "parked", "ordered", "dlq", "subscriptions", "endpoint-state", "attempts", "ops", "inflight", "tenants", "api-keys", "event-types"];
     if topic.contains(".retry.") || topic.starts_with("retry.") {
         return "retry";
     }

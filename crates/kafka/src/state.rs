@@ -122,6 +122,26 @@ pub struct SubscriptionEntry {
     pub filter: Result<Option<Box<PayloadFilter>>, String>,
     /// The per-endpoint rate limit in force (the subscription's fields over its policy's defaults).
     pub rate_limit: Option<hookline_core::rate_limit::RateLimit>,
+    /// `ordering = "key" | "strict"` (`None`: not ordered, or stored fields that do not describe an ordering, which
+    /// the API refuses on save).
+    pub ordering: Option<Box<hookline_core::ordering::Ordering>>,
+}
+
+/// Ordered subscription entries alive in this process: while there are none, the dispatcher's hot path does not
+/// look a delivery's subscription up to learn whether it is ordered.
+static ORDERED_ENTRIES: std::sync::atomic::AtomicUsize = std::sync::atomic::AtomicUsize::new(0);
+
+/// Whether some subscription entry in this process is ordered (see [`SubscriptionEntry::ordering`]).
+pub fn any_ordered() -> bool {
+    ORDERED_ENTRIES.load(std::sync::atomic::Ordering::Relaxed) > 0
+}
+
+impl Drop for SubscriptionEntry {
+    fn drop(&mut self) {
+        if self.ordering.is_some() {
+            ORDERED_ENTRIES.fetch_sub(1, std::sync::atomic::Ordering::Relaxed);
+        }
+    }
 }
 
 impl SubscriptionEntry {
@@ -154,7 +174,11 @@ impl SubscriptionEntry {
             Ok(p) => hookline_core::rate_limit::effective(sub.rate_limit_per_s, sub.burst, p),
             Err(_) => None,
         };
-        Self { sub, policy, egress_key, headers, logged_headers, filter, rate_limit }
+        let ordering = hookline_core::ordering::Ordering::from_fields(sub.ordering, &sub.ordering_key).ok().flatten().map(Box::new);
+        if ordering.is_some() {
+            ORDERED_ENTRIES.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        }
+        Self { sub, policy, egress_key, headers, logged_headers, filter, rate_limit, ordering }
     }
 
     /// Whether the payload filter lets `ev` (whose data was parsed once into `data`) through.

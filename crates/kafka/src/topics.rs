@@ -53,6 +53,7 @@ pub struct Topics {
     retry: Vec<String>,
     held: String,
     parked: String,
+    ordered: String,
     dlq: String,
     subscriptions: String,
     endpoint_state: String,
@@ -74,6 +75,7 @@ impl Topics {
             retry: TIERS.iter().map(|t| name(&format!("retry.{}", t.name))).collect(),
             held: name("held"),
             parked: name("parked"),
+            ordered: name("ordered"),
             dlq: name("dlq"),
             subscriptions: name("subscriptions"),
             endpoint_state: name("endpoint-state"),
@@ -105,6 +107,12 @@ impl Topics {
     /// and read by the retry-scheduler that owns that partition.
     pub fn parked(&self) -> &str {
         &self.parked
+    }
+    /// Deliveries of an ordered subscription parked behind their key's head while it waits on the retry ladder
+    /// (key = subscription id, co-partitioned with `deliveries`), written and read by the dispatcher that owns the
+    /// partition; where each key's parked records begin is in its endpoint state (`ordering_heads`).
+    pub fn ordered(&self) -> &str {
+        &self.ordered
     }
     pub fn dlq(&self) -> &str {
         &self.dlq
@@ -156,6 +164,7 @@ impl Topics {
         specs.extend([
             TopicSpec { name: self.held.clone(), cleanup: Cleanup::Delete, co_partitioned: true, retention_ms: Some(30 * day) },
             TopicSpec { name: self.parked.clone(), cleanup: Cleanup::Compact, co_partitioned: true, retention_ms: None },
+            TopicSpec { name: self.ordered.clone(), cleanup: Cleanup::Delete, co_partitioned: true, retention_ms: Some(30 * day) },
             TopicSpec { name: self.dlq.clone(), cleanup: Cleanup::Delete, co_partitioned: false, retention_ms: Some(30 * day) },
             TopicSpec { name: self.subscriptions.clone(), cleanup: Cleanup::Compact, co_partitioned: true, retention_ms: None },
             TopicSpec { name: self.endpoint_state.clone(), cleanup: Cleanup::Compact, co_partitioned: true, retention_ms: None },
