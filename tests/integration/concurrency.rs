@@ -74,3 +74,35 @@ async fn a_retry_after_pauses_the_whole_endpoint() {
     assert_eq!(at.len(), 4, "the 429'd delivery once more, the other two once each");
     p.stop().await;
 }
+
+/// A short `Retry-After` pause is waited out inside the endpoint's lane: its other deliveries go as soon as it
+/// ends, in the order they came, without a round trip through the retry ladder each. No retry-scheduler runs
+/// here, so a delivery parked on the ladder would never come back.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_short_retry_after_pause_is_waited_out_in_the_lane_in_order() {
+    let p = Pipeline::start_without_scheduler(1, |c| c.dispatcher.per_subscription_concurrency = 1).await;
+    let policy = quick_policy(&[0.2], |pol| {
+        pol.concurrency = Some(ConcurrencyRule { min: 1, max: 1, slow_ms: None, pause_on_retry_after: true });
+    });
+    p.script("r", vec![Some((429, Some("1"))), Some((204, None))]);
+    let (sub, _) = p.subscribe(json!({"url": p.url("r"), "event_types": ["*"], "policy_toml": policy})).await;
+    for i in 0..5 {
+        p.publish(&format!("evt_{i}"), "order.created").await;
+    }
+    wait_for(&p.seen.changed, LIMIT, "the four other deliveries after the pause", || p.requests_to("r").len() >= 5).await;
+    let mut reqs = p.requests_to("r");
+    reqs.sort_by_key(|r| r.at);
+    let ids: Vec<String> = reqs
+        .iter()
+        .map(|r| serde_json::from_slice::<serde_json::Value>(&r.body).unwrap()["id"].as_str().unwrap().to_owned())
+        .collect();
+    assert_eq!(ids, ["evt_0", "evt_1", "evt_2", "evt_3", "evt_4"], "in the order they came");
+    let quiet = reqs[1].at.duration_since(reqs[0].at);
+    assert!(quiet >= Duration::from_millis(900), "the endpoint got its next request {quiet:?} after Retry-After: 1");
+    let attempts = p.wait_final_of(&sub, 4, LIMIT).await;
+    let finals: Vec<_> = attempts.iter().filter(|a| !a.final_state.is_empty()).collect();
+    assert!(finals.len() == 4 && finals.iter().all(|a| a.final_state == "succeeded"), "{attempts:?}");
+    // The 429'd delivery's own next attempt is its policy's: on the ladder (1 s), which nobody reads here.
+    assert_eq!(p.requests_for("r", "evt_0"), 1);
+    p.stop().await;
+}

@@ -22,6 +22,7 @@ use hookline_kafka::topics::tier_for;
 use hookline_service::traces::Span;
 use prost::Message;
 
+use crate::breakers::Pause;
 use crate::outcomes::Claim;
 use crate::records::{self, final_word, TryContext};
 use crate::{now_ms, Ctx};
@@ -120,6 +121,7 @@ pub async fn deliver(ctx: Arc<Ctx>, task: DeliveryTask, partition: i32) -> Resul
     if policy.in_flight == InFlightRule::Count {
         return Box::pin(leased_attempt(&ctx, task, &entry, &policy, partition)).await;
     }
+    let Some(task) = Box::pin(admitted(&ctx, task, &policy, partition)).await? else { return Ok(()) };
     Box::pin(attempt(&ctx, task, &entry, &policy, partition)).await
 }
 
@@ -133,6 +135,8 @@ async fn leased_attempt(ctx: &Ctx, task: DeliveryTask, entry: &SubscriptionEntry
     if let Some(lease) = ctx.leases.take(&key, absolute) {
         lost_attempt(ctx, task, entry, policy, lease, partition).await?;
     } else {
+        // Before the lease: a delivery that waits or is parked has no attempt in flight.
+        let Some(task) = Box::pin(admitted(ctx, task, policy, partition)).await? else { return Ok(()) };
         let lease = hookline_core::model::AttemptRecord {
             delivery_id: task.delivery_id.clone(),
             subscription_id: task.subscription_id.clone(),
@@ -301,8 +305,53 @@ async fn rate_turn(ctx: &Ctx, subscription_id: &str, entry: &SubscriptionEntry) 
     }
 }
 
-/// Parks a delivery whose endpoint's breaker is open until it may be tried again: not an attempt, nothing
-/// counted; never earlier than it was due.
+/// The longest `Retry-After` pause a delivery waits out inside its lane. Parking each of a paused endpoint's
+/// deliveries on the retry ladder costs a record, a read by the retry-scheduler and a record back per delivery, per
+/// pause: under a `Retry-After: 1` that answers each delivery's first try, every waiting delivery went round the
+/// ladder about once a second, on the CPU the healthy endpoints need. Waiting in the lane costs nothing and keeps
+/// the endpoint's order; what the lane cannot hold (`dispatcher.max_queued_per_subscription`) parks as any slow
+/// endpoint's backlog does (`spill`, at the lane's pace). A longer pause parks each delivery once, until it ends.
+const PAUSE_IN_LANE: Duration = Duration::from_secs(5);
+
+/// Whether the endpoint may be tried now, before an attempt (and its lease): a `Retry-After` pause ending within
+/// `PAUSE_IN_LANE` is waited out in the lane; a longer one, or an open breaker, parks the delivery on the retry
+/// ladder until it ends (`None`). Neither is an attempt or counts toward anything; a delivery is never sent early.
+async fn admitted(ctx: &Ctx, task: DeliveryTask, policy: &Policy, partition: i32) -> Result<Option<DeliveryTask>, Aborted> {
+    if policy.breaker.is_none() && policy.concurrency.is_none() {
+        return Ok(Some(task));
+    }
+    let id = task.subscription_id.as_str();
+    if policy.concurrency.is_some() {
+        let pause = tokio::select! {
+            p = ctx.breakers.wait_out_pause(id, PAUSE_IN_LANE) => p,
+            _ = ctx.shutdown.cancelled() => return Err(Aborted),
+        };
+        match pause {
+            Pause::None => {}
+            Pause::WaitedOut => {
+                metrics::counter!("hookline_retry_after_waits_total").increment(1);
+                // Revoked while it waited: the partition's next owner delivers it (the task is not committed).
+                if ctx.states.ready(partition).now_or_never() == Some(false) {
+                    return Err(Aborted);
+                }
+            }
+            Pause::Long { until } => {
+                let left_ms = i64::try_from(until.saturating_duration_since(tokio::time::Instant::now()).as_millis()).unwrap_or(i64::MAX);
+                park_for_breaker(ctx, task, now_ms().saturating_add(left_ms)).await?;
+                return Ok(None);
+            }
+        }
+    }
+    // An open breaker: the delivery waits, uncounted, until the endpoint may be tried again.
+    if let Admission::Wait { until_ms } = ctx.breakers.admit(id, now_ms()) {
+        park_for_breaker(ctx, task, until_ms).await?;
+        return Ok(None);
+    }
+    Ok(Some(task))
+}
+
+/// Parks a delivery whose endpoint's breaker is open (or whose `Retry-After` pause is long) until it may be tried
+/// again: not an attempt, nothing counted; never earlier than it was due.
 async fn park_for_breaker(ctx: &Ctx, mut task: DeliveryTask, until_ms: i64) -> Result<(), Aborted> {
     let now = now_ms();
     task.due_at_ms = task.due_at_ms.max(until_ms);
@@ -337,7 +386,7 @@ async fn adapt(ctx: &Ctx, partition: i32, id: &str, rule: &ConcurrencyRule, resu
             if let Some(wait_ms) = hookline_core::retry_after::parse(ra, now).filter(|w| *w > 0) {
                 // Bounded like any wait a policy may schedule.
                 let wait_ms = wait_ms.min((hookline_core::policy::MAX_WAIT_S * 1000.0) as u64);
-                ctx.breakers.hold(id, due_at_ms(now, wait_ms));
+                ctx.breakers.hold(id, tokio::time::Instant::now() + Duration::from_millis(wait_ms));
                 metrics::counter!("hookline_endpoint_paused_by_retry_after_total").increment(1);
             }
         }
@@ -386,12 +435,6 @@ async fn attempt(ctx: &Ctx, mut task: DeliveryTask, entry: &SubscriptionEntry, p
     // The body is handed to the request, not kept: hyper frees it once it is written, so a delivery waiting for
     // its answer does not hold it. A micro-retry builds it again (byte for byte the same; it was built once).
     let mut body = Some(body);
-    // An open breaker: the delivery waits, uncounted, until the endpoint may be tried again.
-    if policy.breaker.is_some() || policy.concurrency.is_some() {
-        if let Admission::Wait { until_ms } = ctx.breakers.admit(&task.subscription_id, now_ms()) {
-            return park_for_breaker(ctx, task, until_ms).await;
-        }
-    }
     let mut try_no = 1;
     loop {
         if try_no > 1 {

@@ -47,7 +47,7 @@ impl Lane {
 
     fn finished(&mut self, now: Instant) {
         self.last_done = now;
-        self.window_done += 1;
+        self.window_done = self.window_done.saturating_add(1);
         let elapsed = now - self.window_start;
         if elapsed >= PACE_WINDOW {
             let r = f64::from(self.window_done) / elapsed.as_secs_f64();
@@ -88,6 +88,16 @@ const MIN_PACED_RATE: f64 = 1.0;
 /// The longest a paced task is parked for.
 const MAX_PACED_WAIT: Duration = Duration::from_secs(600);
 
+/// A deep lane finishing work at least this fraction of the mean pace of all lanes (and at least `MIN_PACED_RATE`)
+/// is not judged stuck, however long it would need to drain (up to `DEEP_FACTOR` times the depth): its endpoint keeps
+/// up like the others, and it is deep because the consumer fetched far ahead on its partition, or slow because the
+/// whole process or the broker is (every lane slows then). Parking such a lane's tasks only delays healthy work and
+/// loads the retry ladder on the cores the deliveries need.
+const RELATIVE_PACE: f64 = 0.25;
+/// How many times `max_depth` a lane may hold while exempt by its relative pace: bounds what one endpoint takes of
+/// `dispatcher.max_in_flight` when it is the only busy one (then its pace is the mean).
+const DEEP_FACTOR: usize = 4;
+
 /// The shortest time a lane's pace is measured over. Jobs finish in bursts (a lane's tries wait on the same
 /// produce acknowledgements, a loaded host stalls for tens of milliseconds): gaps between single completions say
 /// little, a second of completions does.
@@ -101,11 +111,20 @@ pub struct Lanes {
     caps: Mutex<HashMap<String, usize>>,
     /// Whether any lane has its own cap: until one does, no lock is taken for `caps` on the hot path.
     any_caps: AtomicBool,
+    /// Every lane's completions together: only its pace is used (the process's jobs per second). Locked after
+    /// `lanes`.
+    all: Mutex<Lane>,
 }
 
 impl Lanes {
     pub fn new(cap: usize) -> Arc<Self> {
-        Arc::new(Self { cap: cap.max(1), lanes: Mutex::new(HashMap::new()), caps: Mutex::new(HashMap::new()), any_caps: AtomicBool::new(false) })
+        Arc::new(Self {
+            cap: cap.max(1),
+            lanes: Mutex::new(HashMap::new()),
+            caps: Mutex::new(HashMap::new()),
+            any_caps: AtomicBool::new(false),
+            all: Mutex::new(Lane::new(Instant::now())),
+        })
     }
 
     fn cap_of(&self, key: &str) -> usize {
@@ -174,7 +193,9 @@ impl Lanes {
                 let cap = lanes.cap_of(&key);
                 let mut all = lanes.lanes.lock().expect("lanes lock");
                 let Some(lane) = all.get_mut(&key) else { return };
-                lane.finished(Instant::now());
+                let now = Instant::now();
+                lane.finished(now);
+                lanes.all.lock().expect("all lanes' pace lock").finished(now);
                 // Over a cap that shrank meanwhile: this runner stops, the others go on.
                 let next = if lane.running > cap { None } else { lane.queue.pop_front() };
                 match next {
@@ -193,7 +214,8 @@ impl Lanes {
 
     /// Whether a lane holds at least `max_depth` jobs and would need longer than `drain` to finish them at the pace
     /// it has been finishing jobs (or has finished none for that long): its endpoint hangs or is far too slow for
-    /// its load, so new work for it should wait elsewhere. A deep lane that drains quickly is just busy.
+    /// its load, so new work for it should wait elsewhere. A deep lane that drains quickly is just busy, and so is
+    /// one that finishes work at a fair share of the mean pace of all lanes (see `RELATIVE_PACE`).
     pub fn is_stuck(&self, key: &str, max_depth: usize, drain: Duration) -> bool {
         self.stuck_for(key, max_depth, drain).is_some()
     }
@@ -215,7 +237,20 @@ impl Lanes {
             Some(t) => t.max(since),
             None => since,
         };
-        (needed >= drain).then_some(needed)
+        if needed < drain {
+            return None;
+        }
+        let depth = l.running + l.queue.len();
+        if since < drain && depth < max_depth.saturating_mul(DEEP_FACTOR) {
+            let all = self.all.lock().expect("all lanes' pace lock").pace(now);
+            if let (Some(own), Some(all)) = (l.pace(now), all) {
+                let mean = all / lanes.len().max(1) as f64;
+                if own >= MIN_PACED_RATE && own >= mean * RELATIVE_PACE {
+                    return None;
+                }
+            }
+        }
+        Some(needed)
     }
 
     /// Takes the newest queued jobs of `key`'s lane until it holds at most `keep` (running included); the caller
@@ -361,6 +396,47 @@ mod tests {
         assert_eq!(lanes.depth("a"), 1);
         assert!(lanes.is_stuck("a", 1, Duration::from_secs(1)), "too slow to drain in 1 s");
         assert!(!lanes.is_stuck("a", 1, Duration::from_secs(3)), "drains within 3 s");
+    }
+
+    fn sleeper(ms: u64) -> Job {
+        Box::new(move |_| Box::pin(tokio::time::sleep(Duration::from_millis(ms))))
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_deep_lane_keeping_pace_with_the_others_is_not_stuck_and_a_far_slower_one_is() {
+        let lanes = Lanes::new(1);
+        // Healthy endpoints at 100 jobs/s; "deep" got far more of them (the consumer fetched ahead for it).
+        for k in ["f0", "f1", "f2"] {
+            for _ in 0..1_000 {
+                lanes.submit(k, sleeper(10));
+            }
+        }
+        for _ in 0..800 {
+            lanes.submit("deep", sleeper(10));
+        }
+        // A slow endpoint: 5 jobs/s.
+        for _ in 0..400 {
+            lanes.submit("slow", sleeper(200));
+        }
+        tokio::time::sleep(Duration::from_millis(2_050)).await;
+        let stuck = Duration::from_secs(5);
+        assert!(lanes.depth("deep") > 500, "{}: ~6 s to drain at its pace", lanes.depth("deep"));
+        assert!(!lanes.is_stuck("deep", 300, stuck), "it drains as fast as the others do");
+        assert!(!lanes.is_stuck("f0", 300, stuck));
+        assert!(lanes.is_stuck("slow", 300, stuck), "20 times slower than the others: its endpoint is the problem");
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_lone_deep_lane_is_exempt_by_its_pace_only_up_to_four_times_the_depth() {
+        let lanes = Lanes::new(1);
+        for _ in 0..1_300 {
+            lanes.submit("solo", sleeper(10));
+        }
+        tokio::time::sleep(Duration::from_millis(2_050)).await;
+        // ~1,095 left at 100 jobs/s: ~11 s to drain; its pace is the mean, as it is the only lane.
+        let stuck = Duration::from_secs(5);
+        assert!(!lanes.is_stuck("solo", 300, stuck), "under 4 × 300 deep");
+        assert!(lanes.is_stuck("solo", 250, stuck), "over 4 × 250 deep: it would take too much of max_in_flight");
     }
 
     #[tokio::test]

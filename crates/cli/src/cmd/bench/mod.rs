@@ -127,6 +127,10 @@ pub struct BenchArgs {
     /// isolation: seconds of publishing in the all-healthy run (the hanging run publishes the same events).
     #[arg(long, default_value_t = 15, value_parser = clap::value_parser!(u64).range(1..=86_400))]
     isolation_s: u64,
+    /// isolation: runs A, B and C this many times in turn and reports each ratio with its minimum and median (the
+    /// target is met only if every repeat meets it).
+    #[arg(long, default_value_t = 1, value_parser = clap::builder::RangedU64ValueParser::<usize>::new().range(1..=100))]
+    repeat: usize,
     /// memory: deliveries held in flight.
     #[arg(long, default_value_t = 10_000, value_parser = clap::builder::RangedU64ValueParser::<usize>::new().range(1..=1_000_000))]
     in_flight: usize,
