@@ -14,7 +14,7 @@ use hookline_core::model::{
     AttemptRecord, DeliveryTask, EndpointCondition, EndpointState, Event, OpsEvent, RetryEnvelope, TaskOrigin,
 };
 use hookline_core::policy::{ConcurrencyRule, DisableAction, InactiveAction, InFlightRule, Policy};
-use hookline_core::request::{self, HeaderContext};
+use hookline_core::request;
 use hookline_core::subscription::{activity, Activity};
 use hookline_core::{decide, due_at_ms, FinalState, Next, Progress, Verdict};
 use hookline_kafka::state::SubscriptionEntry;
@@ -125,7 +125,7 @@ pub async fn deliver(ctx: Arc<Ctx>, task: DeliveryTask, partition: i32) -> Resul
 
 /// An attempt under a lease (`in_flight = "count"`): an attempt an earlier owner left in flight counts; otherwise
 /// the lease is written (acknowledged) before the attempt and removed after its outcome is written.
-async fn leased_attempt(ctx: &Ctx, task: DeliveryTask, entry: &SubscriptionEntry, policy: &Policy, partition: i32) -> Result<(), Aborted> {
+async fn leased_attempt(ctx: &Ctx, task: DeliveryTask, entry: &Arc<SubscriptionEntry>, policy: &Policy, partition: i32) -> Result<(), Aborted> {
     let attempt_no = task.attempts_made + 1;
     let absolute = task.prior_attempts + attempt_no;
     let topic = ctx.topics.inflight();
@@ -361,7 +361,7 @@ enum AfterTry {
     Done,
 }
 
-async fn attempt(ctx: &Ctx, mut task: DeliveryTask, entry: &SubscriptionEntry, policy: &Policy, partition: i32) -> Result<(), Aborted> {
+async fn attempt(ctx: &Ctx, mut task: DeliveryTask, entry: &Arc<SubscriptionEntry>, policy: &Policy, partition: i32) -> Result<(), Aborted> {
     let attempt_no = task.attempts_made + 1;
     let event = task.event.as_ref();
     let body = match request::body(policy, event.unwrap_or(&Event::default())) {
@@ -564,7 +564,7 @@ async fn already_concluded(ctx: &Ctx, task: &DeliveryTask, partition: i32) -> Re
 async fn send_once(
     ctx: &Ctx,
     task: &DeliveryTask,
-    entry: &SubscriptionEntry,
+    entry: &Arc<SubscriptionEntry>,
     policy: &Policy,
     attempt_no: u32,
     body: Bytes,
@@ -572,37 +572,17 @@ async fn send_once(
     span: Option<&Span>,
 ) -> crate::sender::TryResult {
     let event = task.event.as_ref();
-    let secrets = entry.signing_secrets(now);
-    let hctx = HeaderContext {
+    let ids = request::AttemptIds {
         event_id: event.map(|e| e.id.as_str()).unwrap_or(""),
         event_type: event.map(|e| e.r#type.as_str()).unwrap_or(""),
         delivery_id: &task.delivery_id,
-        subscription_id: &task.subscription_id,
         attempt_number: task.prior_attempts + attempt_no,
         now_ms: now,
-        secrets: &secrets,
     };
-    let headers = match request::headers(policy, &hctx, &body) {
-        Ok(mut h) => {
-            if let Some((traceparent, tracestate)) = span.map(Span::headers) {
-                h.push_trace_context(traceparent, tracestate);
-            }
-            h
-        }
-        Err(e) => {
-            return crate::sender::TryResult {
-                outcome: hookline_core::Outcome::InvalidUrl,
-                reason: format!("cannot sign the request: {e}"),
-                response_excerpt: String::new(),
-                duration: Duration::ZERO,
-                request_headers: Vec::new(),
-                response_headers: Vec::new(),
-            }
-        }
-    };
-    drop(secrets);
-    // The headers move into the request; the attempt record shares their buffers (secrets left out).
-    ctx.sender.send_recorded(&entry.egress_key, policy, &entry.sub.url, headers, &entry.headers, &entry.logged_headers, body).await
+    // The subscription's plan (made when it was first sent to or changed): the headers move into the request; the
+    // attempt record shares their buffers (secrets left out).
+    let plan = ctx.sender.plan(entry, policy);
+    ctx.sender.send_planned(&plan, policy, &ids, span.map(Span::headers), body).await
 }
 
 async fn follow_ups(ctx: &Ctx, task: &DeliveryTask, policy: &Policy, reason: &str, now: i64) -> Result<(), Aborted> {

@@ -1,6 +1,7 @@
 //! One HTTP try: egress check, connect (through the guarded connector), POST, read at most the response cap,
 //! all under the policy's single deadline. Never follows redirects, never uses a proxy.
 
+mod plan;
 mod pool;
 
 use std::collections::HashMap;
@@ -12,9 +13,12 @@ use hookline_core::egress::{EgressGuard, EgressSettings};
 use hookline_core::model::Header;
 use hookline_core::policy::Policy;
 use hookline_core::Outcome;
+use hookline_kafka::state::SubscriptionEntry;
 use http_body_util::{BodyExt, Full};
 
 use crate::connector::{self, GuardedConnector, PrecheckError, Resolve};
+
+pub use plan::SendPlan;
 
 /// What one try produced, for the engine and the attempt log.
 #[derive(Debug, Clone)]
@@ -46,8 +50,11 @@ struct Route {
 pub struct Sender {
     settings: EgressSettings,
     resolver: Arc<dyn Resolve>,
-    /// One guard and connection pool per distinct set of egress rules.
+    /// One guard and connection pool per distinct set of egress rules. Looked up when a plan is made (and by the
+    /// unplanned sends), not per attempt.
     routes: Mutex<HashMap<String, Arc<Route>>>,
+    /// The send plan of each subscription sent to (see `sender/plan.rs`).
+    plans: plan::Plans,
 }
 
 impl Sender {
@@ -55,7 +62,23 @@ impl Sender {
     /// judges its answers on every attempt and every connect all the same.
     pub fn new(settings: EgressSettings, resolver: Arc<dyn Resolve>) -> Self {
         let resolver = crate::connector::dns::cached(resolver, &settings);
-        Self { settings, resolver, routes: Mutex::new(HashMap::new()) }
+        Self { settings, resolver, routes: Mutex::new(HashMap::new()), plans: Default::default() }
+    }
+
+    /// The send plan for this version of the subscription (`policy` is its parsed policy): the one kept, or a new
+    /// one when the subscription is new to this process or changed since (URL, policy, headers, secrets).
+    pub fn plan(&self, entry: &Arc<SubscriptionEntry>, policy: &Policy) -> Arc<SendPlan> {
+        self.plans.get_or_build(entry, || SendPlan::build(entry, policy, self.route(&entry.egress_key, policy)))
+    }
+
+    /// Keeps the plans of the subscriptions `live` accepts (the others were deleted); returns how many were dropped.
+    pub fn retain_plans(&self, live: impl Fn(&str) -> bool) -> usize {
+        self.plans.retain(live)
+    }
+
+    /// How many plans are kept.
+    pub fn plans_kept(&self) -> usize {
+        self.plans.len()
     }
 
     /// Keeps the routes (guard + connection pool) whose egress rules a live subscription still uses; returns how
@@ -163,11 +186,54 @@ impl Sender {
         self.send_with(egress_key, policy, url, map, logged, body).await
     }
 
+    /// One attempt by its subscription's plan: the headers of `ids` (signed with the secrets in force at
+    /// `ids.now_ms`), then `trace` (the W3C context, tracing on), then the custom headers; kept for the attempt
+    /// record as [`Sender::send_recorded`] keeps them.
+    pub async fn send_planned(
+        &self,
+        plan: &SendPlan,
+        policy: &Policy,
+        ids: &hookline_core::request::AttemptIds<'_>,
+        trace: Option<(String, String)>,
+        body: Bytes,
+    ) -> TryResult {
+        let (headers, logged) = match plan.request_headers(ids, &body, trace) {
+            Ok(h) => h,
+            Err(e) => {
+                return TryResult {
+                    outcome: Outcome::InvalidUrl,
+                    reason: format!("cannot sign the request: {e}"),
+                    response_excerpt: String::new(),
+                    duration: Duration::ZERO,
+                    request_headers: Vec::new(),
+                    response_headers: Vec::new(),
+                }
+            }
+        };
+        let destination = match &plan.destination {
+            Ok(d) => Ok((d.route.clone(), Destination::Planned(&d.target))),
+            Err(e) => Err(e.clone()),
+        };
+        self.exchange(destination, policy, headers, logged, body).await
+    }
+
     async fn send_with(
         &self,
         egress_key: &str,
         policy: &Policy,
         url: &str,
+        headers: Result<http::HeaderMap, String>,
+        request_headers: Vec<Header>,
+        body: Bytes,
+    ) -> TryResult {
+        let destination = self.route(egress_key, policy).map(|route| (route, Destination::Url(url)));
+        self.exchange(destination, policy, headers, request_headers, body).await
+    }
+
+    async fn exchange(
+        &self,
+        destination: Result<(Arc<Route>, Destination<'_>), String>,
+        policy: &Policy,
         headers: Result<http::HeaderMap, String>,
         request_headers: Vec<Header>,
         body: Bytes,
@@ -184,14 +250,25 @@ impl Sender {
             request_headers,
             response_headers,
         };
-        let route = match self.route(egress_key, policy) {
+        let (route, destination) = match destination {
             Ok(r) => r,
             Err(e) => return finish(Outcome::EgressRefused, format!("egress refused: {e}"), String::new(), Vec::new()),
         };
         let exchange = async {
             // Resolve and judge the destination on every attempt, even when a pooled connection exists.
-            let target = match connector::precheck(&route.guard, self.resolver.as_ref(), url).await {
-                Ok((target, _)) => target,
+            let judged = match destination {
+                Destination::Url(url) => connector::precheck(&route.guard, self.resolver.as_ref(), url).await.map(|(target, _)| {
+                    // The parsed, normalised URL that was judged, never the raw string.
+                    http::Uri::try_from(target.url.as_str()).map_err(|e| http::Error::from(e).to_string())
+                }),
+                Destination::Planned(Err(refusal)) => Err(PrecheckError::Refused(refusal.clone())),
+                Destination::Planned(Ok(planned)) => connector::precheck_target(&route.guard, self.resolver.as_ref(), &planned.target)
+                    .await
+                    .map(|_| planned.uri.clone()),
+            };
+            let uri = match judged {
+                Ok(Ok(uri)) => uri,
+                Ok(Err(e)) => return (Outcome::InvalidUrl, format!("invalid request: {e}"), String::new(), Vec::new()),
                 Err(PrecheckError::Refused(r)) => {
                     let reason = format!("egress refused: {}", r.reason);
                     return (r.outcome(), reason, String::new(), Vec::new());
@@ -200,16 +277,10 @@ impl Sender {
                     return (Outcome::ConnectError, format!("DNS resolution failed: {e}"), String::new(), Vec::new())
                 }
             };
-            // The parsed, normalised URL that was judged, never the raw string.
-            let uri = match http::Uri::try_from(target.url.as_str()) {
-                Ok(u) => u,
-                Err(e) => return (Outcome::InvalidUrl, format!("invalid request: {}", http::Error::from(e)), String::new(), Vec::new()),
-            };
             let headers = match headers {
                 Ok(h) => h,
                 Err(e) => return (Outcome::InvalidUrl, format!("invalid request: {e}"), String::new(), Vec::new()),
             };
-            drop(target);
             let mut req = http::Request::new(Full::new(body));
             *req.method_mut() = http::Method::POST;
             *req.uri_mut() = uri;
@@ -244,6 +315,13 @@ impl Sender {
             Err(_) => finish(Outcome::Timeout, format!("Timed out after {}", hookline_core::sign::human_duration_ms(timeout.as_millis() as u64)), String::new(), Vec::new()),
         }
     }
+}
+
+/// Where a try goes: a URL judged now, or a plan's URL judged when the plan was made (its addresses are judged
+/// now all the same).
+enum Destination<'a> {
+    Url(&'a str),
+    Planned(&'a Result<plan::PlannedTarget, hookline_core::egress::Refusal>),
 }
 
 /// The request's header map, sized for the headers, `extra` more and the two hyper adds (`host`, `content-length`)
