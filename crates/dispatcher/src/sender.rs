@@ -474,14 +474,22 @@ mod tests {
     /// A loopback receiver answering `200 ok` to every request; with `close_each`, it closes the connection after
     /// each answer without saying so (as a receiver's idle timeout does), else it keeps connections alive.
     async fn receiver(close_each: bool) -> (std::net::SocketAddr, Arc<AtomicUsize>, Arc<AtomicUsize>) {
+        let (addr, conns, requests, _) = receiver_with_heads(close_each).await;
+        (addr, conns, requests)
+    }
+
+    /// [`receiver`], also keeping each request's head (request line and headers) as received.
+    async fn receiver_with_heads(close_each: bool) -> (std::net::SocketAddr, Arc<AtomicUsize>, Arc<AtomicUsize>, Arc<Mutex<Vec<String>>>) {
         let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
         let addr = listener.local_addr().unwrap();
         let (conns, requests) = (Arc::new(AtomicUsize::new(0)), Arc::new(AtomicUsize::new(0)));
-        let (c, r) = (conns.clone(), requests.clone());
+        let heads = Arc::new(Mutex::new(Vec::new()));
+        let (c, r, hs) = (conns.clone(), requests.clone(), heads.clone());
         tokio::spawn(async move {
             while let Ok((mut sock, _)) = listener.accept().await {
                 c.fetch_add(1, Ordering::SeqCst);
                 let r = r.clone();
+                let hs = hs.clone();
                 tokio::spawn(async move {
                     let mut buf = Vec::new();
                     let mut chunk = [0u8; 4096];
@@ -496,6 +504,7 @@ mod tests {
                                 Ok(n) => buf.extend_from_slice(&chunk[..n]),
                             }
                         };
+                        hs.lock().unwrap().push(String::from_utf8_lossy(&buf[..head_end]).into_owned());
                         let head = String::from_utf8_lossy(&buf[..head_end]).to_ascii_lowercase();
                         let len: usize = head
                             .lines()
@@ -520,7 +529,7 @@ mod tests {
                 });
             }
         });
-        (addr, conns, requests)
+        (addr, conns, requests, heads)
     }
 
     fn loopback_sender() -> Sender {
@@ -568,5 +577,116 @@ mod tests {
         }
         assert_eq!(requests.load(Ordering::SeqCst), 5, "each request sent once");
         assert_eq!(conns.load(Ordering::SeqCst), 5);
+    }
+
+    fn entry(url: &str, policy: &str, secrets: &[(&str, i64)], headers: &[(&str, &str)]) -> Arc<SubscriptionEntry> {
+        Arc::new(SubscriptionEntry::new(hookline_core::model::Subscription {
+            id: "sub_1".into(),
+            url: url.into(),
+            policy: policy.into(),
+            secrets: secrets.iter().map(|(v, e)| hookline_core::model::Secret { value: (*v).into(), expires_at_ms: *e, ..Default::default() }).collect(),
+            headers: headers.iter().map(|(n, v)| ((*n).to_owned(), (*v).to_owned())).collect(),
+            enabled: true,
+            ..Default::default()
+        }))
+    }
+
+    fn ids(now_ms: i64) -> hookline_core::request::AttemptIds<'static> {
+        hookline_core::request::AttemptIds { event_id: "evt_1", event_type: "order.paid", delivery_id: "dlv_1", attempt_number: 2, now_ms }
+    }
+
+    /// The request line's path and the headers of a received head.
+    fn parse_head(head: &str) -> (String, Vec<(String, String)>) {
+        let mut lines = head.split("\r\n");
+        let path = lines.next().unwrap_or("").split(' ').nth(1).unwrap_or("").to_owned();
+        let headers = lines.filter_map(|l| l.split_once(':')).map(|(n, v)| (n.to_owned(), v.trim().to_owned())).collect();
+        (path, headers)
+    }
+
+    const SECRET_A: &str = "whsec_MfKQ9r8GKYqrTwjUPD8ILPZIo2LaLaSw";
+    const SECRET_B: &str = "whsec_aGVsbG8gd29ybGQ=";
+
+    /// One plan per version of a subscription: attempts reuse it; a changed URL or a rotated secret (a new version)
+    /// gets a new one, whose requests go to the new URL signed with the secrets now in force; a deleted
+    /// subscription's plan is forgotten.
+    #[tokio::test]
+    async fn a_changed_subscription_gets_a_new_plan_and_a_deleted_ones_plan_is_forgotten() {
+        let (addr, _, _, heads) = receiver_with_heads(false).await;
+        let sender = loopback_sender();
+        let policy = hookline_core::policy::builtin("standard").unwrap();
+        let now = crate::now_ms();
+        let body = Bytes::from_static(b"{\"a\":1}");
+
+        let v1 = entry(&format!("http://{addr}/one"), "standard", &[(SECRET_A, 0)], &[]);
+        let p1 = sender.plan(&v1, &policy);
+        assert!(Arc::ptr_eq(&p1, &sender.plan(&v1, &policy)), "the same version: the same plan");
+        let r = sender.send_planned(&p1, &policy, &ids(now), None, body.clone()).await;
+        assert_eq!(r.outcome, Outcome::http(200), "{}", r.reason);
+
+        // Rotation: B is the newest; A still signs for an hour. The URL changed too.
+        let v2 = entry(&format!("http://{addr}/two"), "standard", &[(SECRET_B, 0), (SECRET_A, now + 3_600_000)], &[]);
+        let p2 = sender.plan(&v2, &policy);
+        assert!(!Arc::ptr_eq(&p1, &p2), "a new version: a new plan");
+        assert!(p2.is_for(&v2) && !p2.is_for(&v1));
+        let r = sender.send_planned(&p2, &policy, &ids(now), None, body.clone()).await;
+        assert_eq!(r.outcome, Outcome::http(200), "{}", r.reason);
+        assert_eq!(sender.plans_kept(), 1, "one plan per subscription");
+
+        let heads = heads.lock().unwrap().clone();
+        assert_eq!(heads.len(), 2);
+        let (path, h1) = parse_head(&heads[0]);
+        assert_eq!(path, "/one");
+        hookline_core::sign::verify_standard(&[SECRET_A], h1.as_slice(), &body, now, 300).unwrap();
+        let (path, h2) = parse_head(&heads[1]);
+        assert_eq!(path, "/two");
+        let sig = h2.iter().find(|(n, _)| n == "webhook-signature").map(|(_, v)| v.clone()).unwrap();
+        assert_eq!(sig.split(' ').count(), 2, "both secrets sign during the overlap: {sig}");
+        hookline_core::sign::verify_standard(&[SECRET_B], h2.as_slice(), &body, now, 300).unwrap();
+        hookline_core::sign::verify_standard(&[SECRET_A], h2.as_slice(), &body, now, 300).unwrap();
+
+        // After the overlap the same plan signs with B alone: expiry is read per attempt, no new plan needed.
+        let later = sender.send_planned(&p2, &policy, &ids(now + 3_600_000), None, body.clone()).await;
+        let sig = later.request_headers.iter().find(|h| h.name == "webhook-signature").map(|h| h.value.clone());
+        assert_eq!(sig.as_deref(), Some(&b"<redacted>"[..]), "the record never keeps a signature");
+        assert!(Arc::ptr_eq(&p2, &sender.plan(&v2, &policy)));
+
+        assert_eq!(sender.retain_plans(|id| id != "sub_1"), 1, "the deleted subscription's plan goes");
+        assert_eq!(sender.plans_kept(), 0);
+        assert!(!Arc::ptr_eq(&p2, &sender.plan(&v2, &policy)), "were it sent to again, it would get a new one");
+    }
+
+    /// A plan's try is the unplanned try, header for header (the record's copy included), for a profile with
+    /// custom headers and trace context; and a refused URL is refused with the same outcome and reason.
+    #[tokio::test]
+    async fn a_planned_try_sends_and_records_what_an_unplanned_one_does() {
+        let sender = Sender::new(Default::default(), Arc::new(crate::connector::SystemResolver));
+        for profile in hookline_core::policy::BUILTIN_NAMES {
+            let policy = hookline_core::policy::builtin(profile).unwrap();
+            // Port 1 on loopback: refused by the default egress rules, after the headers were prepared.
+            let e = entry("https://127.0.0.1:1/hook", profile, &[(SECRET_A, 0), (SECRET_B, 0)], &[("X-Partner", "acme")]);
+            let plan = sender.plan(&e, &policy);
+            let trace = Some(("00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01".to_owned(), "k=v".to_owned()));
+            let planned = sender.send_planned(&plan, &policy, &ids(1_767_225_600_123), trace.clone(), Bytes::from_static(b"{}")).await;
+
+            let secrets = e.signing_secrets(1_767_225_600_123);
+            let hctx = hookline_core::request::HeaderContext {
+                event_id: "evt_1",
+                event_type: "order.paid",
+                delivery_id: "dlv_1",
+                subscription_id: "sub_1",
+                attempt_number: 2,
+                now_ms: 1_767_225_600_123,
+                secrets: &secrets,
+            };
+            let mut headers = hookline_core::request::headers(&policy, &hctx, b"{}").unwrap();
+            let (tp, ts) = trace.unwrap();
+            headers.push_trace_context(tp, ts);
+            let unplanned = sender.send_recorded(&e.egress_key, &policy, &e.sub.url, headers, &e.headers, &e.logged_headers, Bytes::from_static(b"{}")).await;
+
+            assert_eq!(planned.outcome, Outcome::EgressRefused, "{profile}");
+            assert_eq!((&planned.outcome, &planned.reason), (&unplanned.outcome, &unplanned.reason), "{profile}");
+            assert_eq!(planned.request_headers, unplanned.request_headers, "{profile}");
+            assert!(planned.request_headers.iter().any(|h| h.name == "X-Partner" || h.name == "x-partner"), "{profile}");
+        }
     }
 }
