@@ -710,6 +710,12 @@ mod tests {
         // The request's own future (the pool's checkout and `send_request`, ~1 KB) is inlined in the send step: the
         // legacy client boxed it separately at 2.6 KB.
         assert!(std::mem::size_of_val(&send) <= 2_200, "send: {} bytes", std::mem::size_of_val(&send));
+        // The deliveries' own path, by the subscription's send plan.
+        let entry = Arc::new(SubscriptionEntry::new(hookline_core::model::Subscription { id: "s".into(), url: "http://127.0.0.1:1/".into(), ..Default::default() }));
+        let plan = sender.plan(&entry, &policy);
+        let ids = request::AttemptIds { event_id: "e", event_type: "t", delivery_id: "d", attempt_number: 1, now_ms: 0 };
+        let planned = sender.send_planned(&plan, &policy, &ids, None, Bytes::new());
+        assert!(std::mem::size_of_val(&planned) <= 2_200, "planned send: {} bytes", std::mem::size_of_val(&planned));
     }
 
     #[test]

@@ -189,45 +189,48 @@ impl Sender {
     /// One attempt by its subscription's plan: the headers of `ids` (signed with the secrets in force at
     /// `ids.now_ms`), then `trace` (the W3C context, tracing on), then the custom headers; kept for the attempt
     /// record as [`Sender::send_recorded`] keeps them.
-    pub async fn send_planned(
-        &self,
-        plan: &SendPlan,
-        policy: &Policy,
+    ///
+    /// Not an `async fn`: the headers are made before the exchange starts, and the exchange is the only future
+    /// (a delivery waiting on its endpoint holds it, so it stays small).
+    pub fn send_planned<'a>(
+        &'a self,
+        plan: &'a SendPlan,
+        policy: &'a Policy,
         ids: &hookline_core::request::AttemptIds<'_>,
         trace: Option<(String, String)>,
         body: Bytes,
-    ) -> TryResult {
+    ) -> impl std::future::Future<Output = TryResult> + 'a {
         let (headers, logged) = match plan.request_headers(ids, &body, trace) {
             Ok(h) => h,
             Err(e) => {
-                return TryResult {
+                return futures::future::Either::Left(std::future::ready(TryResult {
                     outcome: Outcome::InvalidUrl,
                     reason: format!("cannot sign the request: {e}"),
                     response_excerpt: String::new(),
                     duration: Duration::ZERO,
                     request_headers: Vec::new(),
                     response_headers: Vec::new(),
-                }
+                }))
             }
         };
         let destination = match &plan.destination {
             Ok(d) => Ok((d.route.clone(), Destination::Planned(&d.target))),
             Err(e) => Err(e.clone()),
         };
-        self.exchange(destination, policy, headers, logged, body).await
+        futures::future::Either::Right(self.exchange(destination, policy, headers, logged, body))
     }
 
-    async fn send_with(
-        &self,
+    fn send_with<'a>(
+        &'a self,
         egress_key: &str,
-        policy: &Policy,
-        url: &str,
+        policy: &'a Policy,
+        url: &'a str,
         headers: Result<http::HeaderMap, String>,
         request_headers: Vec<Header>,
         body: Bytes,
-    ) -> TryResult {
+    ) -> impl std::future::Future<Output = TryResult> + 'a {
         let destination = self.route(egress_key, policy).map(|route| (route, Destination::Url(url)));
-        self.exchange(destination, policy, headers, request_headers, body).await
+        self.exchange(destination, policy, headers, request_headers, body)
     }
 
     async fn exchange(
@@ -255,27 +258,38 @@ impl Sender {
             Err(e) => return finish(Outcome::EgressRefused, format!("egress refused: {e}"), String::new(), Vec::new()),
         };
         let exchange = async {
-            // Resolve and judge the destination on every attempt, even when a pooled connection exists.
-            let judged = match destination {
-                Destination::Url(url) => connector::precheck(&route.guard, self.resolver.as_ref(), url).await.map(|(target, _)| {
+            // A plan's URL was parsed and judged when the plan was made (its `Uri` too); a raw one is now. In a block:
+            // the judged URL is not kept while the request is out.
+            let uri = {
+                let fresh;
+                let (target, planned_uri) = match destination {
+                    Destination::Url(url) => match route.guard.check_url(url) {
+                        Ok(t) => {
+                            fresh = t;
+                            (&fresh, None)
+                        }
+                        Err(r) => return refused(&r),
+                    },
+                    Destination::Planned(Ok(planned)) => (&planned.target, Some(&planned.uri)),
+                    Destination::Planned(Err(r)) => return refused(r),
+                };
+                // Resolve and judge the destination on every attempt, even when a pooled connection exists.
+                match connector::precheck_target(&route.guard, self.resolver.as_ref(), target).await {
+                    Ok(_) => {}
+                    Err(PrecheckError::Refused(r)) => return refused(&r),
+                    Err(PrecheckError::Resolve(e)) => {
+                        return (Outcome::ConnectError, format!("DNS resolution failed: {e}"), String::new(), Vec::new())
+                    }
+                }
+                match planned_uri {
+                    Some(uri) => uri.clone(),
                     // The parsed, normalised URL that was judged, never the raw string.
-                    http::Uri::try_from(target.url.as_str()).map_err(|e| http::Error::from(e).to_string())
-                }),
-                Destination::Planned(Err(refusal)) => Err(PrecheckError::Refused(refusal.clone())),
-                Destination::Planned(Ok(planned)) => connector::precheck_target(&route.guard, self.resolver.as_ref(), &planned.target)
-                    .await
-                    .map(|_| planned.uri.clone()),
+                    None => http::Uri::try_from(target.url.as_str()).map_err(|e| http::Error::from(e).to_string()),
+                }
             };
-            let uri = match judged {
-                Ok(Ok(uri)) => uri,
-                Ok(Err(e)) => return (Outcome::InvalidUrl, format!("invalid request: {e}"), String::new(), Vec::new()),
-                Err(PrecheckError::Refused(r)) => {
-                    let reason = format!("egress refused: {}", r.reason);
-                    return (r.outcome(), reason, String::new(), Vec::new());
-                }
-                Err(PrecheckError::Resolve(e)) => {
-                    return (Outcome::ConnectError, format!("DNS resolution failed: {e}"), String::new(), Vec::new())
-                }
+            let uri = match uri {
+                Ok(uri) => uri,
+                Err(e) => return (Outcome::InvalidUrl, format!("invalid request: {e}"), String::new(), Vec::new()),
             };
             let headers = match headers {
                 Ok(h) => h,
@@ -315,6 +329,10 @@ impl Sender {
             Err(_) => finish(Outcome::Timeout, format!("Timed out after {}", hookline_core::sign::human_duration_ms(timeout.as_millis() as u64)), String::new(), Vec::new()),
         }
     }
+}
+
+fn refused(r: &hookline_core::egress::Refusal) -> (Outcome, String, String, Vec<Header>) {
+    (r.outcome(), format!("egress refused: {}", r.reason), String::new(), Vec::new())
 }
 
 /// Where a try goes: a URL judged now, or a plan's URL judged when the plan was made (its addresses are judged
