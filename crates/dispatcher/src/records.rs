@@ -226,7 +226,8 @@ mod tests {
     use prost::Message;
 
     /// The record a closing used to be built as, field by field from positional words (the shape before the
-    /// typed builder): what the log, the API and the tests read.
+    /// typed builder): what the log, the API and the tests read. Its eight positional arguments are the point.
+    #[allow(clippy::too_many_arguments)]
     fn legacy_closing(task: &DeliveryTask, outcome: &str, reason: &str, final_state: &str, status_word: &str, now_ms: i64, policy: &str, verdict: &str) -> AttemptRecord {
         let event = task.event.as_ref();
         AttemptRecord {

@@ -683,8 +683,9 @@ mod tests {
             // Port 1 on loopback: refused by the default egress rules, after the headers were prepared.
             let e = entry("https://127.0.0.1:1/hook", profile, &[(SECRET_A, 0), (SECRET_B, 0)], &[("X-Partner", "acme")]);
             let plan = sender.plan(&e, &policy);
-            let trace = Some(("00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01".to_owned(), "k=v".to_owned()));
-            let planned = sender.send_planned(&plan, &policy, &ids(1_767_225_600_123), trace.clone(), Bytes::from_static(b"{}")).await;
+            let (tp, ts) = ("00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01".to_owned(), "k=v".to_owned());
+            let trace = Some((tp.clone(), ts.clone()));
+            let planned = sender.send_planned(&plan, &policy, &ids(1_767_225_600_123), trace, Bytes::from_static(b"{}")).await;
 
             let secrets = e.signing_secrets(1_767_225_600_123);
             let hctx = hookline_core::request::HeaderContext {
@@ -697,7 +698,6 @@ mod tests {
                 secrets: &secrets,
             };
             let mut headers = hookline_core::request::headers(&policy, &hctx, b"{}").unwrap();
-            let (tp, ts) = trace.unwrap();
             headers.push_trace_context(tp, ts);
             let unplanned = sender.send_recorded(&e.egress_key, &policy, &e.sub.url, headers, &e.headers, &e.logged_headers, Bytes::from_static(b"{}")).await;
 
