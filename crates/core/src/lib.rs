@@ -29,5 +29,5 @@ pub mod verification;
 pub mod vocabulary;
 
 pub use engine::{decide, decide_lost_attempt, due_at_ms, DecidedBy, Decision, FinalState, Next, Progress, Verdict, Wait};
-pub use outcome::Outcome;
+pub use outcome::{Outcome, UntriedOutcome};
 pub use policy::Policy;

@@ -47,3 +47,32 @@ impl fmt::Display for Outcome {
         f.write_str(&self.token())
     }
 }
+
+/// The outcome of an attempt record written without an HTTP try: why the attempt ended (or, for a lost one,
+/// went on) before anything was sent.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum UntriedOutcome {
+    /// The delivery's subscription was deleted.
+    SubscriptionDeleted,
+    /// The subscription's policy does not load.
+    InvalidPolicy,
+    /// The attempt was in flight when its dispatcher stopped.
+    LeaseExpired,
+    /// The subscription is not active and its policy cancels or skips its deliveries.
+    Inactive,
+    /// The event's body is over the policy's limit.
+    Oversize,
+}
+
+impl UntriedOutcome {
+    /// The record's `outcome` word.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Self::SubscriptionDeleted => "subscription_deleted",
+            Self::InvalidPolicy => "invalid_policy",
+            Self::LeaseExpired => "lease_expired",
+            Self::Inactive => "inactive",
+            Self::Oversize => "oversize",
+        }
+    }
+}

@@ -495,75 +495,221 @@ impl HeaderLookup for AttemptHeaders {
 }
 
 /// The headers of one attempt carrying `body`: content type, user agent, the scheme's signature headers (one
-/// signature per secret in force) and the policy's optional id/type/attempt/idempotency headers.
+/// signature per secret in force) and the policy's optional id/type/attempt/idempotency headers. Every secret given
+/// is in force. A sender that signs many attempts for one subscription builds a [`HeaderPlan`] once instead.
 pub fn headers(policy: &Policy, ctx: &HeaderContext<'_>, body: &[u8]) -> Result<AttemptHeaders, SignError> {
-    let shape = &policy.request;
-    let mut h: Vec<(Cow<'static, str>, String)> = Vec::with_capacity(12);
-    h.push((Cow::Borrowed("content-type"), "application/json".to_owned()));
-    h.push((Cow::Borrowed("user-agent"), USER_AGENT.to_owned()));
+    let secrets = ctx.secrets.iter().map(|s| (s.as_str(), None));
+    HeaderPlan::build(policy, ctx.subscription_id, secrets).headers(&AttemptIds::from(ctx), body)
+}
 
-    match shape.signature {
-        SignatureScheme::None => {}
-        SignatureScheme::StandardWebhooks => {
-            let keys = keys(shape.signature, ctx.secrets)?;
-            let ts = ctx.now_ms.div_euclid(1000);
+/// What an attempt's headers depend on that is not the subscription's: the ids, the attempt number, the clock.
+#[derive(Debug, Clone, Copy)]
+pub struct AttemptIds<'a> {
+    pub event_id: &'a str,
+    pub event_type: &'a str,
+    pub delivery_id: &'a str,
+    /// 1 on the first try, counting up across retries and redeliveries (Gauge-Delivery-Attempt).
+    pub attempt_number: u32,
+    /// The attempt's wall clock: the signature timestamp, and which secrets are still in force.
+    pub now_ms: i64,
+}
+
+impl<'a> From<&HeaderContext<'a>> for AttemptIds<'a> {
+    fn from(c: &HeaderContext<'a>) -> Self {
+        Self {
+            event_id: c.event_id,
+            event_type: c.event_type,
+            delivery_id: c.delivery_id,
+            attempt_number: c.attempt_number,
+            now_ms: c.now_ms,
+        }
+    }
+}
+
+/// Where the value of one header of a [`HeaderPlan`] comes from.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum HeaderSource {
+    /// The same for every attempt of the subscription: content type, user agent, the subscription's id.
+    Fixed(Cow<'static, str>),
+    EventId,
+    EventType,
+    DeliveryId,
+    AttemptNumber,
+    /// `webhook-timestamp`: Unix seconds.
+    UnixSeconds,
+    /// `x-pulse-timestamp`: epoch milliseconds.
+    UnixMillis,
+    /// `webhook-signature`: one `v1,<base64>` per secret in force.
+    StandardSignature,
+    /// `Gauge-Signature`: `t=<ms>`, then one `,v1=<hex>` per secret in force.
+    GaugeSignature,
+    /// `x-pulse-signature`: the newest secret's hex alone.
+    GaugeLegacySignature,
+}
+
+/// One subscription's headers worked out once (when it loads or changes, not per attempt): the names in sending
+/// order with where each value comes from, and each secret keyed once. [`HeaderPlan::values`] then only computes
+/// what differs per attempt; the output is byte for byte what [`headers`] gives.
+#[derive(Debug)]
+pub struct HeaderPlan {
+    entries: Box<[(Cow<'static, str>, HeaderSource)]>,
+    scheme: SignatureScheme,
+    /// Newest first. Unsigned schemes keep none.
+    secrets: Box<[PlannedSecret]>,
+}
+
+#[derive(Debug)]
+struct PlannedSecret {
+    /// `None`: in force whatever the clock (the newest, or one that never expires).
+    until_ms: Option<i64>,
+    /// A secret that cannot be used fails the attempts it is in force for, with its position among those in force.
+    key: Result<sign::SigningKey, sign::SecretProblem>,
+}
+
+impl HeaderPlan {
+    /// The plan for a subscription's stored secrets (newest first): the newest always signs, an older one until
+    /// its `expires_at_ms` (0: never expires); one that is not open (empty value) never signs.
+    pub fn new(policy: &Policy, subscription_id: &str, secrets: &[crate::model::Secret]) -> Self {
+        let in_force = secrets.iter().enumerate().filter(|(_, s)| !s.value.is_empty()).map(|(i, s)| {
+            let until = (i != 0 && s.expires_at_ms != 0).then_some(s.expires_at_ms);
+            (s.value.as_str(), until)
+        });
+        Self::build(policy, subscription_id, in_force)
+    }
+
+    fn build<'s>(policy: &Policy, subscription_id: &str, secrets: impl Iterator<Item = (&'s str, Option<i64>)>) -> Self {
+        let shape = &policy.request;
+        let mut entries: Vec<(Cow<'static, str>, HeaderSource)> = Vec::with_capacity(12);
+        entries.push((Cow::Borrowed("content-type"), HeaderSource::Fixed(Cow::Borrowed("application/json"))));
+        entries.push((Cow::Borrowed("user-agent"), HeaderSource::Fixed(Cow::Borrowed(USER_AGENT))));
+        match shape.signature {
+            SignatureScheme::None => {}
+            SignatureScheme::StandardWebhooks => {
+                entries.push((Cow::Borrowed(names::WEBHOOK_ID), HeaderSource::EventId));
+                entries.push((Cow::Borrowed(names::WEBHOOK_TIMESTAMP), HeaderSource::UnixSeconds));
+                entries.push((Cow::Borrowed(names::WEBHOOK_SIGNATURE), HeaderSource::StandardSignature));
+            }
+            SignatureScheme::Gauge => {
+                entries.push((Cow::Borrowed(names::GAUGE_SIGNATURE), HeaderSource::GaugeSignature));
+                // Legacy receivers compare one hex string, so the legacy header carries the newest secret's only.
+                entries.push((Cow::Borrowed(names::PULSE_SIGNATURE), HeaderSource::GaugeLegacySignature));
+                entries.push((Cow::Borrowed(names::PULSE_TIMESTAMP), HeaderSource::UnixMillis));
+                entries.push((Cow::Borrowed(names::PULSE_EVENT), HeaderSource::EventType));
+            }
+        }
+        let optional = [
+            (&shape.idempotency_key_header, HeaderSource::DeliveryId),
+            (&shape.event_id_header, HeaderSource::EventId),
+            (&shape.event_type_header, HeaderSource::EventType),
+            (&shape.webhook_id_header, HeaderSource::Fixed(Cow::Owned(subscription_id.to_owned()))),
+            (&shape.attempt_header, HeaderSource::AttemptNumber),
+        ];
+        for (name, source) in optional {
+            if let Some(name) = name {
+                entries.push((Cow::Owned(name.clone()), source));
+            }
+        }
+        let secrets = match shape.signature {
+            SignatureScheme::None => Vec::new(),
+            scheme => secrets.map(|(value, until_ms)| PlannedSecret { until_ms, key: sign::SigningKey::new(scheme, value) }).collect(),
+        };
+        Self { entries: entries.into_boxed_slice(), scheme: shape.signature, secrets: secrets.into_boxed_slice() }
+    }
+
+    /// The headers in sending order: each name, and where its value comes from.
+    pub fn entries(&self) -> &[(Cow<'static, str>, HeaderSource)] {
+        &self.entries
+    }
+
+    /// The values of the entries that are not [`HeaderSource::Fixed`], in order: one per such entry.
+    pub fn values(&self, ids: &AttemptIds<'_>, body: &[u8]) -> Result<Vec<String>, SignError> {
+        let signed = self.sign(ids, body)?;
+        let mut out = Vec::with_capacity(self.entries.len());
+        let (mut standard, mut gauge, mut legacy) = (signed.standard, signed.gauge, signed.legacy);
+        for (_, source) in self.entries.iter() {
+            out.push(match source {
+                HeaderSource::Fixed(_) => continue,
+                HeaderSource::EventId => ids.event_id.to_owned(),
+                HeaderSource::EventType => ids.event_type.to_owned(),
+                HeaderSource::DeliveryId => ids.delivery_id.to_owned(),
+                HeaderSource::AttemptNumber => ids.attempt_number.to_string(),
+                HeaderSource::UnixSeconds => signed.seconds.clone(),
+                HeaderSource::UnixMillis => signed.millis.clone(),
+                // Each appears once in a plan; `take` hands over the string instead of copying it.
+                HeaderSource::StandardSignature => std::mem::take(&mut standard),
+                HeaderSource::GaugeSignature => std::mem::take(&mut gauge),
+                HeaderSource::GaugeLegacySignature => std::mem::take(&mut legacy),
+            });
+        }
+        Ok(out)
+    }
+
+    /// The whole headers of one attempt, as [`headers`] returns them.
+    pub fn headers(&self, ids: &AttemptIds<'_>, body: &[u8]) -> Result<AttemptHeaders, SignError> {
+        let mut values = self.values(ids, body)?.into_iter();
+        let h = self
+            .entries
+            .iter()
+            .map(|(name, source)| {
+                let value = match source {
+                    HeaderSource::Fixed(v) => v.clone().into_owned(),
+                    _ => values.next().unwrap_or_default(),
+                };
+                (name.clone(), value)
+            })
+            .collect();
+        Ok(AttemptHeaders(h))
+    }
+
+    /// The signatures of one attempt under the secrets in force at `ids.now_ms`.
+    fn sign(&self, ids: &AttemptIds<'_>, body: &[u8]) -> Result<Signed, SignError> {
+        let mut signed = Signed::default();
+        match self.scheme {
+            SignatureScheme::None => return Ok(signed),
+            SignatureScheme::StandardWebhooks => signed.seconds = ids.now_ms.div_euclid(1000).to_string(),
+            SignatureScheme::Gauge => signed.millis = ids.now_ms.to_string(),
+        }
+        let mut keys = Vec::with_capacity(self.secrets.len());
+        for s in self.secrets.iter().filter(|s| s.until_ms.is_none_or(|until| until > ids.now_ms)) {
+            let position = keys.len() + 1;
+            keys.push(s.key.as_ref().map_err(|problem| SignError::BadSecret { position, problem: problem.clone() })?);
+        }
+        if keys.is_empty() {
+            return Err(SignError::NoSecret);
+        }
+        if self.scheme == SignatureScheme::StandardWebhooks {
             let mut sig = String::with_capacity(48 * keys.len());
             for (i, key) in keys.iter().enumerate() {
                 if i > 0 {
                     sig.push(' ');
                 }
-                sign::push_standard_signature(&mut sig, key, ctx.event_id, ts, body);
+                key.push_standard(&mut sig, ids.event_id, &signed.seconds, body);
             }
-            h.push((Cow::Borrowed(names::WEBHOOK_ID), ctx.event_id.to_owned()));
-            h.push((Cow::Borrowed(names::WEBHOOK_TIMESTAMP), ts.to_string()));
-            h.push((Cow::Borrowed(names::WEBHOOK_SIGNATURE), sig));
-        }
-        SignatureScheme::Gauge => {
-            let keys = keys(shape.signature, ctx.secrets)?;
-            let t = ctx.now_ms.to_string();
-            let hexes: Vec<String> = keys.iter().map(|k| sign::gauge_hex_with_key(k, ctx.now_ms, body)).collect();
-            let mut value = String::with_capacity(t.len() + 2 + 68 * hexes.len());
+            signed.standard = sig;
+        } else {
+            let hexes: Vec<String> = keys.iter().map(|k| k.gauge_hex(&signed.millis, body)).collect();
+            let mut value = String::with_capacity(signed.millis.len() + 2 + 68 * hexes.len());
             value.push_str("t=");
-            value.push_str(&t);
+            value.push_str(&signed.millis);
             for hx in &hexes {
                 value.push_str(",v1=");
                 value.push_str(hx);
             }
-            h.push((Cow::Borrowed(names::GAUGE_SIGNATURE), value));
-            // Legacy receivers compare one hex string, so the legacy header carries the newest secret's only.
-            let newest = hexes.into_iter().next().unwrap_or_default();
-            h.push((Cow::Borrowed(names::PULSE_SIGNATURE), newest));
-            h.push((Cow::Borrowed(names::PULSE_TIMESTAMP), t));
-            h.push((Cow::Borrowed(names::PULSE_EVENT), ctx.event_type.to_owned()));
+            signed.gauge = value;
+            signed.legacy = hexes.into_iter().next().unwrap_or_default();
         }
+        Ok(signed)
     }
-
-    let optional = [
-        (&shape.idempotency_key_header, ctx.delivery_id),
-        (&shape.event_id_header, ctx.event_id),
-        (&shape.event_type_header, ctx.event_type),
-        (&shape.webhook_id_header, ctx.subscription_id),
-    ];
-    for (name, value) in optional {
-        if let Some(name) = name {
-            h.push((Cow::Owned(name.clone()), value.to_owned()));
-        }
-    }
-    if let Some(name) = &shape.attempt_header {
-        h.push((Cow::Owned(name.clone()), ctx.attempt_number.to_string()));
-    }
-    Ok(AttemptHeaders(h))
 }
 
-fn keys(scheme: SignatureScheme, secrets: &[String]) -> Result<Vec<Cow<'_, [u8]>>, SignError> {
-    if secrets.is_empty() {
-        return Err(SignError::NoSecret);
-    }
-    secrets
-        .iter()
-        .enumerate()
-        .map(|(i, s)| sign::signing_key(scheme, s).map_err(|problem| SignError::BadSecret { position: i + 1, problem }))
-        .collect()
+/// What [`HeaderPlan::sign`] computed for one attempt.
+#[derive(Default)]
+struct Signed {
+    seconds: String,
+    millis: String,
+    standard: String,
+    gauge: String,
+    legacy: String,
 }
 
 /// What a secret header's value is replaced with wherever hookline keeps headers (the attempt record, the log).
@@ -928,6 +1074,61 @@ oversize = { action = "dead" }
             headers(&policy(STANDARD), &ctx(&bad), b"{}").unwrap_err(),
             SignError::BadSecret { position: 2, .. }
         ));
+    }
+
+    fn secret(value: &str, expires_at_ms: i64) -> crate::model::Secret {
+        crate::model::Secret { value: value.into(), expires_at_ms, ..Default::default() }
+    }
+
+    /// A plan built once gives, attempt after attempt, exactly the headers built from scratch (every scheme, every
+    /// optional header), with values only for the headers that are not fixed.
+    #[test]
+    fn a_plan_gives_the_same_headers_as_building_them_each_time() {
+        let secrets = vec!["whsec_MfKQ9r8GKYqrTwjUPD8ILPZIo2LaLaSw".to_owned(), "whsec_aGVsbG8gd29ybGQ=".to_owned()];
+        let stored = [secret(&secrets[0], 0), secret(&secrets[1], 0)];
+        let unsigned = policy("signature = \"none\"\nwebhook_id_header = \"X-Sub\"\nbody_limit_bytes = 10\noversize = { action = \"dead\" }");
+        let standard = policy(STANDARD);
+        let gauge = gauge_policy(65_536);
+        let profiles: Vec<Policy> = crate::policy::BUILTIN_NAMES.iter().filter_map(|n| crate::policy::builtin(n)).collect();
+        assert_eq!(profiles.len(), crate::policy::BUILTIN_NAMES.len());
+        let all: Vec<&Policy> = [&unsigned, &standard, &gauge].into_iter().chain(profiles.iter()).collect();
+        for p in all {
+            let plan = HeaderPlan::new(p, "sub_9", &stored);
+            for (attempt, now) in [(1, 1_767_225_600_123), (2, 1_767_225_660_999), (7, 0)] {
+                let mut c = ctx(&secrets);
+                c.attempt_number = attempt;
+                c.now_ms = now;
+                let body = format!("{{\"n\":{attempt}}}");
+                let want = headers(p, &c, body.as_bytes()).unwrap();
+                assert_eq!(plan.headers(&AttemptIds::from(&c), body.as_bytes()).unwrap(), want, "policy {}", p.name);
+                let values = plan.values(&AttemptIds::from(&c), body.as_bytes()).unwrap();
+                let computed: Vec<&str> = want.iter().zip(plan.entries()).filter(|(_, (_, s))| !matches!(s, HeaderSource::Fixed(_))).map(|((_, v), _)| v).collect();
+                assert_eq!(values, computed);
+            }
+        }
+    }
+
+    /// The stored secrets' rotation overlap is read at each attempt's clock: an older secret signs until it
+    /// expires, then only the newest does, without building the plan again. An unusable secret fails only the
+    /// attempts it is in force for, and one that is not open never signs.
+    #[test]
+    fn a_plan_signs_with_the_secrets_in_force_at_each_attempt() {
+        let p = policy(STANDARD);
+        let (new, old) = ("whsec_aGVsbG8gd29ybGQ=", "whsec_MfKQ9r8GKYqrTwjUPD8ILPZIo2LaLaSw");
+        let plan = HeaderPlan::new(&p, "sub_9", &[secret(new, 0), secret(old, 2_000_000), secret("", 0)]);
+        let at = |now_ms: i64| AttemptIds { event_id: "evt_1", event_type: "t", delivery_id: "d", attempt_number: 1, now_ms };
+        let during = plan.headers(&at(1_999_999), b"{}").unwrap();
+        assert_eq!(during.get("webhook-signature").unwrap().split(' ').count(), 2);
+        verify_standard(&[old], &during, b"{}", 1_999_999, 300).unwrap();
+        let after = plan.headers(&at(2_000_000), b"{}").unwrap();
+        assert_eq!(after.get("webhook-signature").unwrap().split(' ').count(), 1);
+        verify_standard(&[new], &after, b"{}", 2_000_000, 300).unwrap();
+        assert!(matches!(verify_standard(&[old], &after, b"{}", 2_000_000, 300), Err(VerifyError::NoMatch { .. })));
+
+        let bad_old = HeaderPlan::new(&p, "sub_9", &[secret(new, 0), secret("whsec_%%", 2_000_000)]);
+        assert!(matches!(bad_old.values(&at(1_000), b"{}"), Err(SignError::BadSecret { position: 2, .. })));
+        assert!(bad_old.values(&at(2_000_000), b"{}").is_ok(), "an expired secret is not even read");
+        assert_eq!(HeaderPlan::new(&p, "sub_9", &[secret("", 0)]).values(&at(0), b"{}").unwrap_err(), SignError::NoSecret);
     }
 
     #[test]

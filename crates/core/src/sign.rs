@@ -191,14 +191,53 @@ pub fn generate_secret(rng: &mut dyn rand::RngCore) -> String {
 fn mac_of(key: &[u8], parts: &[&[u8]]) -> [u8; MAC_LEN] {
     // HMAC takes keys of any length (long ones are hashed), so construction cannot fail; the fallback keeps this
     // total without a panic path.
-    let mut mac = match HmacSha256::new_from_slice(key) {
-        Ok(m) => m,
-        Err(_) => return [0u8; MAC_LEN],
-    };
+    match HmacSha256::new_from_slice(key) {
+        Ok(m) => finish_mac(m, parts),
+        Err(_) => [0u8; MAC_LEN],
+    }
+}
+
+fn finish_mac(mut mac: HmacSha256, parts: &[&[u8]]) -> [u8; MAC_LEN] {
     for p in parts {
         mac.update(p);
     }
     mac.finalize().into_bytes().into()
+}
+
+/// A secret's HMAC-SHA256, keyed once (the secret decoded under its scheme's rule, the key's pads hashed): each
+/// signature clones the keyed state instead of decoding and keying again. Never shows the key.
+#[derive(Clone)]
+pub struct SigningKey(HmacSha256);
+
+impl SigningKey {
+    /// The key of `secret` under `scheme`'s rule (see [`signing_key`]).
+    pub fn new(scheme: SignatureScheme, secret: &str) -> Result<Self, SecretProblem> {
+        let key = signing_key(scheme, secret)?;
+        // Any length is a valid HMAC key (see `mac_of`); an empty one was refused above.
+        HmacSha256::new_from_slice(&key).map(Self).map_err(|_| SecretProblem::Empty)
+    }
+
+    fn mac(&self, parts: &[&[u8]]) -> [u8; MAC_LEN] {
+        finish_mac(self.0.clone(), parts)
+    }
+
+    /// Appends `v1,<base64>`: one entry of `webhook-signature`. `timestamp_s` is the decimal Unix seconds the
+    /// `webhook-timestamp` header carries.
+    pub fn push_standard(&self, out: &mut String, msg_id: &str, timestamp_s: &str, body: &[u8]) {
+        out.push_str("v1,");
+        B64.encode_string(self.mac(&[msg_id.as_bytes(), b".", timestamp_s.as_bytes(), b".", body]), out);
+    }
+
+    /// The hex HMAC of `"{t_ms}.{body}"` (Gauge); `t_ms` is the decimal epoch milliseconds.
+    pub fn gauge_hex(&self, t_ms: &str, body: &[u8]) -> String {
+        hex::encode(self.mac(&[t_ms.as_bytes(), b".", body]))
+    }
+}
+
+impl std::fmt::Debug for SigningKey {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("SigningKey(<redacted>)")
+    }
 }
 
 fn standard_mac(key: &[u8], msg_id: &str, timestamp_s: i64, body: &[u8]) -> [u8; MAC_LEN] {
@@ -222,16 +261,11 @@ fn macs_equal(computed: &[u8; MAC_LEN], candidate: &[u8]) -> bool {
 
 /// `v1,<base64>` for one secret: the value (or one entry of the value) of `webhook-signature`.
 pub fn standard_signature(secret: &str, msg_id: &str, timestamp_s: i64, body: &[u8]) -> Result<String, SignError> {
-    let key = signing_key(SignatureScheme::StandardWebhooks, secret)
+    let key = SigningKey::new(SignatureScheme::StandardWebhooks, secret)
         .map_err(|problem| SignError::BadSecret { position: 1, problem })?;
     let mut out = String::with_capacity(3 + 44);
-    push_standard_signature(&mut out, &key, msg_id, timestamp_s, body);
+    key.push_standard(&mut out, msg_id, &timestamp_s.to_string(), body);
     Ok(out)
-}
-
-pub(crate) fn push_standard_signature(out: &mut String, key: &[u8], msg_id: &str, timestamp_s: i64, body: &[u8]) {
-    out.push_str("v1,");
-    B64.encode_string(standard_mac(key, msg_id, timestamp_s, body), out);
 }
 
 /// The hex HMAC of `"{t_ms}.{body}"`: what follows `v1=` in `Gauge-Signature` and the `x-pulse-signature` value.
@@ -239,10 +273,6 @@ pub fn gauge_signature_hex(secret: &str, t_ms: i64, body: &[u8]) -> Result<Strin
     let key =
         signing_key(SignatureScheme::Gauge, secret).map_err(|problem| SignError::BadSecret { position: 1, problem })?;
     Ok(hex::encode(gauge_mac(&key, t_ms, body)))
-}
-
-pub(crate) fn gauge_hex_with_key(key: &[u8], t_ms: i64, body: &[u8]) -> String {
-    hex::encode(gauge_mac(key, t_ms, body))
 }
 
 // ---------------------------------------------------------------------------------------------------------------

@@ -207,9 +207,16 @@ pub async fn precheck(
     url: &str,
 ) -> Result<(Target, Vec<IpAddr>), PrecheckError> {
     let target = guard.check_url(url).map_err(PrecheckError::Refused)?;
-    let addrs = resolve_target(resolver, &target).await.map_err(PrecheckError::Resolve)?;
-    guard.check_resolved(&target, &addrs).map_err(PrecheckError::Refused)?;
+    let addrs = precheck_target(guard, resolver, &target).await?;
     Ok((target, addrs))
+}
+
+/// [`precheck`] for a target whose URL the guard already judged (a send plan's): resolve the host and judge
+/// every address, as before every attempt.
+pub async fn precheck_target(guard: &EgressGuard, resolver: &dyn Resolve, target: &Target) -> Result<Vec<IpAddr>, PrecheckError> {
+    let addrs = resolve_target(resolver, target).await.map_err(PrecheckError::Resolve)?;
+    guard.check_resolved(target, &addrs).map_err(PrecheckError::Refused)?;
+    Ok(addrs)
 }
 
 /// Wraps the guarded connector in TLS: rustls with the `ring` provider passed explicitly (no reliance on a

@@ -14,9 +14,9 @@ use hookline_core::model::{
     AttemptRecord, DeliveryTask, EndpointCondition, EndpointState, Event, OpsEvent, RetryEnvelope, TaskOrigin,
 };
 use hookline_core::policy::{ConcurrencyRule, DisableAction, InactiveAction, InFlightRule, Policy};
-use hookline_core::request::{self, HeaderContext};
+use hookline_core::request;
 use hookline_core::subscription::{activity, Activity};
-use hookline_core::{decide, due_at_ms, FinalState, Next, Progress, Verdict};
+use hookline_core::{decide, due_at_ms, FinalState, Next, Progress, UntriedOutcome, Verdict};
 use hookline_kafka::state::SubscriptionEntry;
 use hookline_kafka::topics::tier_for;
 use hookline_service::traces::Span;
@@ -24,7 +24,7 @@ use prost::Message;
 
 use crate::breakers::Pause;
 use crate::outcomes::Claim;
-use crate::records::{self, final_word, TryContext};
+use crate::records::{self, RecordState, TryContext, Untried, Words};
 use crate::{now_ms, Ctx};
 
 /// The delivery was not finished because the process is shutting down: its offset must not be committed.
@@ -80,7 +80,15 @@ pub async fn deliver(ctx: Arc<Ctx>, task: DeliveryTask, partition: i32) -> Resul
     let Some(entry) = ctx.subs.get(&task.subscription_id) else {
         // Deleted subscription: nothing to deliver to. Recorded so the delivery has a final state.
         return Box::pin(async {
-            let rec = records::closing_record(&task, "subscription_deleted", "the subscription was deleted".into(), "cancelled", "cancelled", now, "");
+            let rec = Untried {
+                task: &task,
+                outcome: UntriedOutcome::SubscriptionDeleted,
+                reason: "the subscription was deleted".into(),
+                state: RecordState::Final(FinalState::Cancelled),
+                words: Words::Own { policy_name: "" },
+                at_ms: now,
+            }
+            .record();
             conclude(&ctx, &task, rec).await?;
             metrics::counter!("hookline_deliveries_total", "outcome" => "cancelled").increment(1);
             Ok(())
@@ -92,8 +100,10 @@ pub async fn deliver(ctx: Arc<Ctx>, task: DeliveryTask, partition: i32) -> Resul
         Err(e) => {
             return Box::pin(async {
                 let detail = format!("the subscription's policy is invalid: {e}");
-                let rec = records::closing_record(&task, "invalid_policy", detail.clone(), "dead", "dead", now, &entry.sub.policy);
-                let dl = records::dead_letter(&task, DeadLetterReason::InvalidPolicy.as_str(), detail, "dead", "dead", task.attempts_made, String::new(), now);
+                let words = Words::Own { policy_name: &entry.sub.policy };
+                let (state, outcome) = (FinalState::Dead, UntriedOutcome::InvalidPolicy);
+                let rec = Untried { task: &task, outcome, reason: detail.clone(), state: RecordState::Final(state), words, at_ms: now }.record();
+                let dl = records::Dead { task: &task, reason: DeadLetterReason::InvalidPolicy, detail, state, words, attempts: task.attempts_made, last_outcome: String::new(), at_ms: now }.letter();
                 ctx.produce_dead_letter(&task.subscription_id, &dl).await?;
                 ctx.tracer.dead_letter(&dl, None);
                 conclude(&ctx, &task, rec).await?;
@@ -127,7 +137,7 @@ pub async fn deliver(ctx: Arc<Ctx>, task: DeliveryTask, partition: i32) -> Resul
 
 /// An attempt under a lease (`in_flight = "count"`): an attempt an earlier owner left in flight counts; otherwise
 /// the lease is written (acknowledged) before the attempt and removed after its outcome is written.
-async fn leased_attempt(ctx: &Ctx, task: DeliveryTask, entry: &SubscriptionEntry, policy: &Policy, partition: i32) -> Result<(), Aborted> {
+async fn leased_attempt(ctx: &Ctx, task: DeliveryTask, entry: &Arc<SubscriptionEntry>, policy: &Policy, partition: i32) -> Result<(), Aborted> {
     let attempt_no = task.attempts_made + 1;
     let absolute = task.prior_attempts + attempt_no;
     let topic = ctx.topics.inflight();
@@ -173,9 +183,9 @@ async fn lost_attempt(
         // `decide_lost_attempt` never asks for a micro-retry; were it to, waiting is the safe reading.
         Next::NextAttempt(wait) | Next::MicroRetry(wait) => {
             let due = due_at_ms(now, wait.ms);
-            let mut rec = records::closing_record(&task, "lease_expired", reason, "", &policy.status_words.pending, lease.started_at_ms, &policy.name);
+            let lost = Untried { task: &task, outcome: UntriedOutcome::LeaseExpired, reason, state: RecordState::Pending, words: Words::Policy(policy), at_ms: lease.started_at_ms };
+            let mut rec = lost.record_with(Verdict::Retry);
             rec.attempt = task.prior_attempts + attempt_no;
-            rec.verdict = "retry".into();
             rec.counts_toward_disable = true;
             rec.next_due_at_ms = due;
             rec.decided_by = decision.decided_by.to_wire();
@@ -189,17 +199,18 @@ async fn lost_attempt(
             rec
         }
         Next::Final(state) => {
-            let word = policy.status_word(state).to_owned();
-            let mut rec = records::closing_record(&task, "lease_expired", reason.clone(), final_word(state), &word, lease.started_at_ms, &policy.name);
+            let (outcome, words) = (UntriedOutcome::LeaseExpired, Words::Policy(policy));
+            let mut rec = Untried { task: &task, outcome, reason: reason.clone(), state: RecordState::Final(state), words, at_ms: lease.started_at_ms }.record();
             rec.attempt = task.prior_attempts + attempt_no;
             rec.counts_toward_disable = true;
             rec.decided_by = decision.decided_by.to_wire();
             let mut last = task.clone();
             last.attempts_made = attempt_no;
-            let dl = records::dead_letter(&last, DeadLetterReason::LeaseExpired.as_str(), reason.clone(), final_word(state), &word, task.prior_attempts + attempt_no, "lease_expired".into(), now);
+            let attempts = task.prior_attempts + attempt_no;
+            let dl = records::Dead { task: &last, reason: DeadLetterReason::LeaseExpired, detail: reason.clone(), state, words, attempts, last_outcome: outcome.as_str().into(), at_ms: now }.letter();
             ctx.produce_dead_letter(&task.subscription_id, &dl).await?;
             ctx.tracer.dead_letter(&dl, None);
-            metrics::counter!("hookline_deliveries_total", "outcome" => final_word(state)).increment(1);
+            metrics::counter!("hookline_deliveries_total", "outcome" => state.as_str()).increment(1);
             metrics::counter!("hookline_dead_lettered_total", "reason" => DeadLetterReason::LeaseExpired.as_str()).increment(1);
             if state == FinalState::Dead {
                 follow_ups(ctx, &task, policy, &reason, now).await?;
@@ -231,13 +242,14 @@ async fn inactive(
             metrics::counter!("hookline_deliveries_held_total").increment(1);
         }
         InactiveAction::Cancel => {
-            let word = policy.status_word(FinalState::Cancelled).to_owned();
-            let rec = records::closing_record(task, "inactive", why, "cancelled", &word, now, &policy.name);
+            let state = RecordState::Final(FinalState::Cancelled);
+            let rec = Untried { task, outcome: UntriedOutcome::Inactive, reason: why, state, words: Words::Policy(policy), at_ms: now }.record();
             conclude(ctx, task, rec).await?;
             metrics::counter!("hookline_deliveries_total", "outcome" => "cancelled").increment(1);
         }
         InactiveAction::Skip => {
-            let rec = records::closing_record(task, "inactive", why, "skipped", &policy.status_words.skipped, now, &policy.name);
+            let state = RecordState::Skipped;
+            let rec = Untried { task, outcome: UntriedOutcome::Inactive, reason: why, state, words: Words::Policy(policy), at_ms: now }.record();
             conclude(ctx, task, rec).await?;
             metrics::counter!("hookline_deliveries_total", "outcome" => "skipped").increment(1);
         }
@@ -413,7 +425,7 @@ enum AfterTry {
     Done,
 }
 
-async fn attempt(ctx: &Ctx, mut task: DeliveryTask, entry: &SubscriptionEntry, policy: &Policy, partition: i32) -> Result<(), Aborted> {
+async fn attempt(ctx: &Ctx, mut task: DeliveryTask, entry: &Arc<SubscriptionEntry>, policy: &Policy, partition: i32) -> Result<(), Aborted> {
     let attempt_no = task.attempts_made + 1;
     let event = task.event.as_ref();
     let body = match request::body(policy, event.unwrap_or(&Event::default())) {
@@ -421,9 +433,9 @@ async fn attempt(ctx: &Ctx, mut task: DeliveryTask, entry: &SubscriptionEntry, p
         Err(e) => {
             let now = now_ms();
             let detail = e.to_string();
-            let word = policy.status_word(FinalState::Dead).to_owned();
-            let rec = records::closing_record(&task, "oversize", detail.clone(), "dead", &word, now, &policy.name);
-            let dl = records::dead_letter(&task, DeadLetterReason::Oversize.as_str(), detail, "dead", &word, task.attempts_made, "oversize".into(), now);
+            let (state, outcome, words) = (FinalState::Dead, UntriedOutcome::Oversize, Words::Policy(policy));
+            let rec = Untried { task: &task, outcome, reason: detail.clone(), state: RecordState::Final(state), words, at_ms: now }.record();
+            let dl = records::Dead { task: &task, reason: DeadLetterReason::Oversize, detail, state, words, attempts: task.attempts_made, last_outcome: outcome.as_str().into(), at_ms: now }.letter();
             ctx.produce_dead_letter(&task.subscription_id, &dl).await?;
             ctx.tracer.dead_letter(&dl, None);
             conclude(ctx, &task, rec).await?;
@@ -514,14 +526,14 @@ async fn conclude_try(
 
     let rec = match decision.next {
         Next::MicroRetry(wait) => {
-            let mut rec = records::attempt_record(&cx, &mut result, &decision, due_at_ms(ended, wait.ms), &policy.status_words.pending);
+            let mut rec = records::attempt_record(&cx, &mut result, &decision, due_at_ms(ended, wait.ms));
             traced(&mut rec, span);
             ctx.produce(ctx.topics.attempts(), &task.subscription_id, &rec).await?;
             return Ok(AfterTry::TryAgain(wait.ms));
         }
         Next::NextAttempt(wait) => {
             let due = due_at_ms(ended, wait.ms);
-            let rec = records::attempt_record(&cx, &mut result, &decision, due, &policy.status_words.pending);
+            let rec = records::attempt_record(&cx, &mut result, &decision, due);
             let mut next = task.clone();
             next.attempts_made = attempt_no;
             next.due_at_ms = due;
@@ -532,9 +544,8 @@ async fn conclude_try(
             rec
         }
         Next::Final(state) => {
-            let word = policy.status_word(state).to_owned();
-            let rec = records::attempt_record(&cx, &mut result, &decision, 0, &word);
-            metrics::counter!("hookline_deliveries_total", "outcome" => final_word(state)).increment(1);
+            let rec = records::attempt_record(&cx, &mut result, &decision, 0);
+            metrics::counter!("hookline_deliveries_total", "outcome" => state.as_str()).increment(1);
             if state == FinalState::Succeeded {
                 if let Some(ev) = &task.event {
                     if ev.accepted_at_ms > 0 {
@@ -542,10 +553,12 @@ async fn conclude_try(
                     }
                 }
             } else {
-                let reason = if decision.verdict == Verdict::Terminal { DeadLetterReason::TerminalOutcome } else { DeadLetterReason::RetriesExhausted }.as_str();
+                let why = if decision.verdict == Verdict::Terminal { DeadLetterReason::TerminalOutcome } else { DeadLetterReason::RetriesExhausted };
+                let reason = why.as_str();
                 let mut last = task.clone();
                 last.attempts_made = attempt_no;
-                let dl = records::dead_letter(&last, reason, result.reason.clone(), final_word(state), &word, task.prior_attempts + attempt_no, result.outcome.token(), ended);
+                let (words, attempts) = (Words::Policy(policy), task.prior_attempts + attempt_no);
+                let dl = records::Dead { task: &last, reason: why, detail: result.reason.clone(), state, words, attempts, last_outcome: result.outcome.token(), at_ms: ended }.letter();
                 let dl = records::with_last_try(dl, &result);
                 ctx.produce_dead_letter(&task.subscription_id, &dl).await?;
                 ctx.tracer.dead_letter(&dl, span.as_ref());
@@ -615,7 +628,7 @@ async fn already_concluded(ctx: &Ctx, task: &DeliveryTask, partition: i32) -> Re
 async fn send_once(
     ctx: &Ctx,
     task: &DeliveryTask,
-    entry: &SubscriptionEntry,
+    entry: &Arc<SubscriptionEntry>,
     policy: &Policy,
     attempt_no: u32,
     body: Bytes,
@@ -623,37 +636,17 @@ async fn send_once(
     span: Option<&Span>,
 ) -> crate::sender::TryResult {
     let event = task.event.as_ref();
-    let secrets = entry.signing_secrets(now);
-    let hctx = HeaderContext {
+    let ids = request::AttemptIds {
         event_id: event.map(|e| e.id.as_str()).unwrap_or(""),
         event_type: event.map(|e| e.r#type.as_str()).unwrap_or(""),
         delivery_id: &task.delivery_id,
-        subscription_id: &task.subscription_id,
         attempt_number: task.prior_attempts + attempt_no,
         now_ms: now,
-        secrets: &secrets,
     };
-    let headers = match request::headers(policy, &hctx, &body) {
-        Ok(mut h) => {
-            if let Some((traceparent, tracestate)) = span.map(Span::headers) {
-                h.push_trace_context(traceparent, tracestate);
-            }
-            h
-        }
-        Err(e) => {
-            return crate::sender::TryResult {
-                outcome: hookline_core::Outcome::InvalidUrl,
-                reason: format!("cannot sign the request: {e}"),
-                response_excerpt: String::new(),
-                duration: Duration::ZERO,
-                request_headers: Vec::new(),
-                response_headers: Vec::new(),
-            }
-        }
-    };
-    drop(secrets);
-    // The headers move into the request; the attempt record shares their buffers (secrets left out).
-    ctx.sender.send_recorded(&entry.egress_key, policy, &entry.sub.url, headers, &entry.headers, &entry.logged_headers, body).await
+    // The subscription's plan (made when it was first sent to or changed): the headers move into the request; the
+    // attempt record shares their buffers (secrets left out).
+    let plan = ctx.sender.plan(entry, policy);
+    ctx.sender.send_planned(&plan, policy, &ids, span.map(Span::headers), body).await
 }
 
 async fn follow_ups(ctx: &Ctx, task: &DeliveryTask, policy: &Policy, reason: &str, now: i64) -> Result<(), Aborted> {
@@ -768,6 +761,12 @@ mod tests {
         // The request's own future (the pool's checkout and `send_request`, ~1 KB) is inlined in the send step: the
         // legacy client boxed it separately at 2.6 KB.
         assert!(std::mem::size_of_val(&send) <= 2_200, "send: {} bytes", std::mem::size_of_val(&send));
+        // The deliveries' own path, by the subscription's send plan.
+        let entry = Arc::new(SubscriptionEntry::new(hookline_core::model::Subscription { id: "s".into(), url: "http://127.0.0.1:1/".into(), ..Default::default() }));
+        let plan = sender.plan(&entry, &policy);
+        let ids = request::AttemptIds { event_id: "e", event_type: "t", delivery_id: "d", attempt_number: 1, now_ms: 0 };
+        let planned = sender.send_planned(&plan, &policy, &ids, None, Bytes::new());
+        assert!(std::mem::size_of_val(&planned) <= 2_200, "planned send: {} bytes", std::mem::size_of_val(&planned));
     }
 
     #[test]

@@ -1,5 +1,5 @@
 //! Forgetting deleted subscriptions: the per-endpoint maps (rate buckets, breakers and `Retry-After` holds,
-//! adaptive limits and lane caps) and the per-egress-rules routes are keyed by what was sent to, so without a sweep they would
+//! adaptive limits and lane caps, send plans) and the per-egress-rules routes are keyed by what was sent to, so without a sweep they would
 //! keep every subscription ever deleted. The endpoint-state map forgets on the tombstone itself
 //! (`hookline_kafka::state`); leases go with their revoked partition.
 
@@ -27,7 +27,8 @@ pub fn sweep(ctx: &Ctx, is_live: impl Fn(&str) -> bool, live_egress_keys: &HashS
     let endpoints = ctx.rates.retain(&is_live)
         + ctx.breakers.retain(&is_live)
         + ctx.limits.retain(&is_live)
-        + ctx.lanes.retain_caps(&is_live);
+        + ctx.lanes.retain_caps(&is_live)
+        + ctx.sender.retain_plans(&is_live);
     let routes = ctx.sender.retain_routes(|key| live_egress_keys.contains(key));
     Forgotten { endpoints, routes }
 }

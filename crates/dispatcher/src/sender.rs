@@ -1,6 +1,7 @@
 //! One HTTP try: egress check, connect (through the guarded connector), POST, read at most the response cap,
 //! all under the policy's single deadline. Never follows redirects, never uses a proxy.
 
+mod plan;
 mod pool;
 
 use std::collections::HashMap;
@@ -12,9 +13,12 @@ use hookline_core::egress::{EgressGuard, EgressSettings};
 use hookline_core::model::Header;
 use hookline_core::policy::Policy;
 use hookline_core::Outcome;
+use hookline_kafka::state::SubscriptionEntry;
 use http_body_util::{BodyExt, Full};
 
 use crate::connector::{self, GuardedConnector, PrecheckError, Resolve};
+
+pub use plan::SendPlan;
 
 /// What one try produced, for the engine and the attempt log.
 #[derive(Debug, Clone)]
@@ -46,8 +50,11 @@ struct Route {
 pub struct Sender {
     settings: EgressSettings,
     resolver: Arc<dyn Resolve>,
-    /// One guard and connection pool per distinct set of egress rules.
+    /// One guard and connection pool per distinct set of egress rules. Looked up when a plan is made (and by the
+    /// unplanned sends), not per attempt.
     routes: Mutex<HashMap<String, Arc<Route>>>,
+    /// The send plan of each subscription sent to (see `sender/plan.rs`).
+    plans: plan::Plans,
 }
 
 impl Sender {
@@ -55,7 +62,23 @@ impl Sender {
     /// judges its answers on every attempt and every connect all the same.
     pub fn new(settings: EgressSettings, resolver: Arc<dyn Resolve>) -> Self {
         let resolver = crate::connector::dns::cached(resolver, &settings);
-        Self { settings, resolver, routes: Mutex::new(HashMap::new()) }
+        Self { settings, resolver, routes: Mutex::new(HashMap::new()), plans: Default::default() }
+    }
+
+    /// The send plan for this version of the subscription (`policy` is its parsed policy): the one kept, or a new
+    /// one when the subscription is new to this process or changed since (URL, policy, headers, secrets).
+    pub fn plan(&self, entry: &Arc<SubscriptionEntry>, policy: &Policy) -> Arc<SendPlan> {
+        self.plans.get_or_build(entry, || SendPlan::build(entry, policy, self.route(&entry.egress_key, policy)))
+    }
+
+    /// Keeps the plans of the subscriptions `live` accepts (the others were deleted); returns how many were dropped.
+    pub fn retain_plans(&self, live: impl Fn(&str) -> bool) -> usize {
+        self.plans.retain(live)
+    }
+
+    /// How many plans are kept.
+    pub fn plans_kept(&self) -> usize {
+        self.plans.len()
     }
 
     /// Keeps the routes (guard + connection pool) whose egress rules a live subscription still uses; returns how
@@ -163,11 +186,57 @@ impl Sender {
         self.send_with(egress_key, policy, url, map, logged, body).await
     }
 
-    async fn send_with(
-        &self,
+    /// One attempt by its subscription's plan: the headers of `ids` (signed with the secrets in force at
+    /// `ids.now_ms`), then `trace` (the W3C context, tracing on), then the custom headers; kept for the attempt
+    /// record as [`Sender::send_recorded`] keeps them.
+    ///
+    /// Not an `async fn`: the headers are made before the exchange starts, and the exchange is the only future
+    /// (a delivery waiting on its endpoint holds it, so it stays small).
+    pub fn send_planned<'a>(
+        &'a self,
+        plan: &'a SendPlan,
+        policy: &'a Policy,
+        ids: &hookline_core::request::AttemptIds<'_>,
+        trace: Option<(String, String)>,
+        body: Bytes,
+    ) -> impl std::future::Future<Output = TryResult> + 'a {
+        let (headers, logged) = match plan.request_headers(ids, &body, trace) {
+            Ok(h) => h,
+            Err(e) => {
+                return futures::future::Either::Left(std::future::ready(TryResult {
+                    outcome: Outcome::InvalidUrl,
+                    reason: format!("cannot sign the request: {e}"),
+                    response_excerpt: String::new(),
+                    duration: Duration::ZERO,
+                    request_headers: Vec::new(),
+                    response_headers: Vec::new(),
+                }))
+            }
+        };
+        let destination = match &plan.destination {
+            Ok(d) => Ok((d.route.clone(), Destination::Planned(&d.target))),
+            Err(e) => Err(e.clone()),
+        };
+        futures::future::Either::Right(self.exchange(destination, policy, headers, logged, body))
+    }
+
+    fn send_with<'a>(
+        &'a self,
         egress_key: &str,
+        policy: &'a Policy,
+        url: &'a str,
+        headers: Result<http::HeaderMap, String>,
+        request_headers: Vec<Header>,
+        body: Bytes,
+    ) -> impl std::future::Future<Output = TryResult> + 'a {
+        let destination = self.route(egress_key, policy).map(|route| (route, Destination::Url(url)));
+        self.exchange(destination, policy, headers, request_headers, body)
+    }
+
+    async fn exchange(
+        &self,
+        destination: Result<(Arc<Route>, Destination<'_>), String>,
         policy: &Policy,
-        url: &str,
         headers: Result<http::HeaderMap, String>,
         request_headers: Vec<Header>,
         body: Bytes,
@@ -184,32 +253,48 @@ impl Sender {
             request_headers,
             response_headers,
         };
-        let route = match self.route(egress_key, policy) {
+        let (route, destination) = match destination {
             Ok(r) => r,
             Err(e) => return finish(Outcome::EgressRefused, format!("egress refused: {e}"), String::new(), Vec::new()),
         };
         let exchange = async {
-            // Resolve and judge the destination on every attempt, even when a pooled connection exists.
-            let target = match connector::precheck(&route.guard, self.resolver.as_ref(), url).await {
-                Ok((target, _)) => target,
-                Err(PrecheckError::Refused(r)) => {
-                    let reason = format!("egress refused: {}", r.reason);
-                    return (r.outcome(), reason, String::new(), Vec::new());
+            // A plan's URL was parsed and judged when the plan was made (its `Uri` too); a raw one is now. In a block:
+            // the judged URL is not kept while the request is out.
+            let uri = {
+                let fresh;
+                let (target, planned_uri) = match destination {
+                    Destination::Url(url) => match route.guard.check_url(url) {
+                        Ok(t) => {
+                            fresh = t;
+                            (&fresh, None)
+                        }
+                        Err(r) => return refused(&r),
+                    },
+                    Destination::Planned(Ok(planned)) => (&planned.target, Some(&planned.uri)),
+                    Destination::Planned(Err(r)) => return refused(r),
+                };
+                // Resolve and judge the destination on every attempt, even when a pooled connection exists.
+                match connector::precheck_target(&route.guard, self.resolver.as_ref(), target).await {
+                    Ok(_) => {}
+                    Err(PrecheckError::Refused(r)) => return refused(&r),
+                    Err(PrecheckError::Resolve(e)) => {
+                        return (Outcome::ConnectError, format!("DNS resolution failed: {e}"), String::new(), Vec::new())
+                    }
                 }
-                Err(PrecheckError::Resolve(e)) => {
-                    return (Outcome::ConnectError, format!("DNS resolution failed: {e}"), String::new(), Vec::new())
+                match planned_uri {
+                    Some(uri) => uri.clone(),
+                    // The parsed, normalised URL that was judged, never the raw string.
+                    None => http::Uri::try_from(target.url.as_str()).map_err(|e| http::Error::from(e).to_string()),
                 }
             };
-            // The parsed, normalised URL that was judged, never the raw string.
-            let uri = match http::Uri::try_from(target.url.as_str()) {
-                Ok(u) => u,
-                Err(e) => return (Outcome::InvalidUrl, format!("invalid request: {}", http::Error::from(e)), String::new(), Vec::new()),
+            let uri = match uri {
+                Ok(uri) => uri,
+                Err(e) => return (Outcome::InvalidUrl, format!("invalid request: {e}"), String::new(), Vec::new()),
             };
             let headers = match headers {
                 Ok(h) => h,
                 Err(e) => return (Outcome::InvalidUrl, format!("invalid request: {e}"), String::new(), Vec::new()),
             };
-            drop(target);
             let mut req = http::Request::new(Full::new(body));
             *req.method_mut() = http::Method::POST;
             *req.uri_mut() = uri;
@@ -244,6 +329,17 @@ impl Sender {
             Err(_) => finish(Outcome::Timeout, format!("Timed out after {}", hookline_core::sign::human_duration_ms(timeout.as_millis() as u64)), String::new(), Vec::new()),
         }
     }
+}
+
+fn refused(r: &hookline_core::egress::Refusal) -> (Outcome, String, String, Vec<Header>) {
+    (r.outcome(), format!("egress refused: {}", r.reason), String::new(), Vec::new())
+}
+
+/// Where a try goes: a URL judged now, or a plan's URL judged when the plan was made (its addresses are judged
+/// now all the same).
+enum Destination<'a> {
+    Url(&'a str),
+    Planned(&'a Result<plan::PlannedTarget, hookline_core::egress::Refusal>),
 }
 
 /// The request's header map, sized for the headers, `extra` more and the two hyper adds (`host`, `content-length`)
@@ -396,14 +492,22 @@ mod tests {
     /// A loopback receiver answering `200 ok` to every request; with `close_each`, it closes the connection after
     /// each answer without saying so (as a receiver's idle timeout does), else it keeps connections alive.
     async fn receiver(close_each: bool) -> (std::net::SocketAddr, Arc<AtomicUsize>, Arc<AtomicUsize>) {
+        let (addr, conns, requests, _) = receiver_with_heads(close_each).await;
+        (addr, conns, requests)
+    }
+
+    /// [`receiver`], also keeping each request's head (request line and headers) as received.
+    async fn receiver_with_heads(close_each: bool) -> (std::net::SocketAddr, Arc<AtomicUsize>, Arc<AtomicUsize>, Arc<Mutex<Vec<String>>>) {
         let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
         let addr = listener.local_addr().unwrap();
         let (conns, requests) = (Arc::new(AtomicUsize::new(0)), Arc::new(AtomicUsize::new(0)));
-        let (c, r) = (conns.clone(), requests.clone());
+        let heads = Arc::new(Mutex::new(Vec::new()));
+        let (c, r, hs) = (conns.clone(), requests.clone(), heads.clone());
         tokio::spawn(async move {
             while let Ok((mut sock, _)) = listener.accept().await {
                 c.fetch_add(1, Ordering::SeqCst);
                 let r = r.clone();
+                let hs = hs.clone();
                 tokio::spawn(async move {
                     let mut buf = Vec::new();
                     let mut chunk = [0u8; 4096];
@@ -418,6 +522,7 @@ mod tests {
                                 Ok(n) => buf.extend_from_slice(&chunk[..n]),
                             }
                         };
+                        hs.lock().unwrap().push(String::from_utf8_lossy(&buf[..head_end]).into_owned());
                         let head = String::from_utf8_lossy(&buf[..head_end]).to_ascii_lowercase();
                         let len: usize = head
                             .lines()
@@ -442,7 +547,7 @@ mod tests {
                 });
             }
         });
-        (addr, conns, requests)
+        (addr, conns, requests, heads)
     }
 
     fn loopback_sender() -> Sender {
@@ -490,5 +595,116 @@ mod tests {
         }
         assert_eq!(requests.load(Ordering::SeqCst), 5, "each request sent once");
         assert_eq!(conns.load(Ordering::SeqCst), 5);
+    }
+
+    fn entry(url: &str, policy: &str, secrets: &[(&str, i64)], headers: &[(&str, &str)]) -> Arc<SubscriptionEntry> {
+        Arc::new(SubscriptionEntry::new(hookline_core::model::Subscription {
+            id: "sub_1".into(),
+            url: url.into(),
+            policy: policy.into(),
+            secrets: secrets.iter().map(|(v, e)| hookline_core::model::Secret { value: (*v).into(), expires_at_ms: *e, ..Default::default() }).collect(),
+            headers: headers.iter().map(|(n, v)| ((*n).to_owned(), (*v).to_owned())).collect(),
+            enabled: true,
+            ..Default::default()
+        }))
+    }
+
+    fn ids(now_ms: i64) -> hookline_core::request::AttemptIds<'static> {
+        hookline_core::request::AttemptIds { event_id: "evt_1", event_type: "order.paid", delivery_id: "dlv_1", attempt_number: 2, now_ms }
+    }
+
+    /// The request line's path and the headers of a received head.
+    fn parse_head(head: &str) -> (String, Vec<(String, String)>) {
+        let mut lines = head.split("\r\n");
+        let path = lines.next().unwrap_or("").split(' ').nth(1).unwrap_or("").to_owned();
+        let headers = lines.filter_map(|l| l.split_once(':')).map(|(n, v)| (n.to_owned(), v.trim().to_owned())).collect();
+        (path, headers)
+    }
+
+    const SECRET_A: &str = "whsec_MfKQ9r8GKYqrTwjUPD8ILPZIo2LaLaSw";
+    const SECRET_B: &str = "whsec_aGVsbG8gd29ybGQ=";
+
+    /// One plan per version of a subscription: attempts reuse it; a changed URL or a rotated secret (a new version)
+    /// gets a new one, whose requests go to the new URL signed with the secrets now in force; a deleted
+    /// subscription's plan is forgotten.
+    #[tokio::test]
+    async fn a_changed_subscription_gets_a_new_plan_and_a_deleted_ones_plan_is_forgotten() {
+        let (addr, _, _, heads) = receiver_with_heads(false).await;
+        let sender = loopback_sender();
+        let policy = hookline_core::policy::builtin("standard").unwrap();
+        let now = crate::now_ms();
+        let body = Bytes::from_static(b"{\"a\":1}");
+
+        let v1 = entry(&format!("http://{addr}/one"), "standard", &[(SECRET_A, 0)], &[]);
+        let p1 = sender.plan(&v1, &policy);
+        assert!(Arc::ptr_eq(&p1, &sender.plan(&v1, &policy)), "the same version: the same plan");
+        let r = sender.send_planned(&p1, &policy, &ids(now), None, body.clone()).await;
+        assert_eq!(r.outcome, Outcome::http(200), "{}", r.reason);
+
+        // Rotation: B is the newest; A still signs for an hour. The URL changed too.
+        let v2 = entry(&format!("http://{addr}/two"), "standard", &[(SECRET_B, 0), (SECRET_A, now + 3_600_000)], &[]);
+        let p2 = sender.plan(&v2, &policy);
+        assert!(!Arc::ptr_eq(&p1, &p2), "a new version: a new plan");
+        assert!(p2.is_for(&v2) && !p2.is_for(&v1));
+        let r = sender.send_planned(&p2, &policy, &ids(now), None, body.clone()).await;
+        assert_eq!(r.outcome, Outcome::http(200), "{}", r.reason);
+        assert_eq!(sender.plans_kept(), 1, "one plan per subscription");
+
+        let heads = heads.lock().unwrap().clone();
+        assert_eq!(heads.len(), 2);
+        let (path, h1) = parse_head(&heads[0]);
+        assert_eq!(path, "/one");
+        hookline_core::sign::verify_standard(&[SECRET_A], h1.as_slice(), &body, now, 300).unwrap();
+        let (path, h2) = parse_head(&heads[1]);
+        assert_eq!(path, "/two");
+        let sig = h2.iter().find(|(n, _)| n == "webhook-signature").map(|(_, v)| v.clone()).unwrap();
+        assert_eq!(sig.split(' ').count(), 2, "both secrets sign during the overlap: {sig}");
+        hookline_core::sign::verify_standard(&[SECRET_B], h2.as_slice(), &body, now, 300).unwrap();
+        hookline_core::sign::verify_standard(&[SECRET_A], h2.as_slice(), &body, now, 300).unwrap();
+
+        // After the overlap the same plan signs with B alone: expiry is read per attempt, no new plan needed.
+        let later = sender.send_planned(&p2, &policy, &ids(now + 3_600_000), None, body.clone()).await;
+        let sig = later.request_headers.iter().find(|h| h.name == "webhook-signature").map(|h| h.value.clone());
+        assert_eq!(sig.as_deref(), Some(&b"<redacted>"[..]), "the record never keeps a signature");
+        assert!(Arc::ptr_eq(&p2, &sender.plan(&v2, &policy)));
+
+        assert_eq!(sender.retain_plans(|id| id != "sub_1"), 1, "the deleted subscription's plan goes");
+        assert_eq!(sender.plans_kept(), 0);
+        assert!(!Arc::ptr_eq(&p2, &sender.plan(&v2, &policy)), "were it sent to again, it would get a new one");
+    }
+
+    /// A plan's try is the unplanned try, header for header (the record's copy included), for a profile with
+    /// custom headers and trace context; and a refused URL is refused with the same outcome and reason.
+    #[tokio::test]
+    async fn a_planned_try_sends_and_records_what_an_unplanned_one_does() {
+        let sender = Sender::new(Default::default(), Arc::new(crate::connector::SystemResolver));
+        for profile in hookline_core::policy::BUILTIN_NAMES {
+            let policy = hookline_core::policy::builtin(profile).unwrap();
+            // Port 1 on loopback: refused by the default egress rules, after the headers were prepared.
+            let e = entry("https://127.0.0.1:1/hook", profile, &[(SECRET_A, 0), (SECRET_B, 0)], &[("X-Partner", "acme")]);
+            let plan = sender.plan(&e, &policy);
+            let (tp, ts) = ("00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01".to_owned(), "k=v".to_owned());
+            let trace = Some((tp.clone(), ts.clone()));
+            let planned = sender.send_planned(&plan, &policy, &ids(1_767_225_600_123), trace, Bytes::from_static(b"{}")).await;
+
+            let secrets = e.signing_secrets(1_767_225_600_123);
+            let hctx = hookline_core::request::HeaderContext {
+                event_id: "evt_1",
+                event_type: "order.paid",
+                delivery_id: "dlv_1",
+                subscription_id: "sub_1",
+                attempt_number: 2,
+                now_ms: 1_767_225_600_123,
+                secrets: &secrets,
+            };
+            let mut headers = hookline_core::request::headers(&policy, &hctx, b"{}").unwrap();
+            headers.push_trace_context(tp, ts);
+            let unplanned = sender.send_recorded(&e.egress_key, &policy, &e.sub.url, headers, &e.headers, &e.logged_headers, Bytes::from_static(b"{}")).await;
+
+            assert_eq!(planned.outcome, Outcome::EgressRefused, "{profile}");
+            assert_eq!((&planned.outcome, &planned.reason), (&unplanned.outcome, &unplanned.reason), "{profile}");
+            assert_eq!(planned.request_headers, unplanned.request_headers, "{profile}");
+            assert!(planned.request_headers.iter().any(|h| h.name == "X-Partner" || h.name == "x-partner"), "{profile}");
+        }
     }
 }

@@ -1,0 +1,213 @@
+//! A subscription's send plan: what every attempt to it needs that changes only when the subscription does,
+//! worked out once. Its route (egress guard + connection pool), its URL parsed and judged by that guard and
+//! converted to the request's `Uri`, its header names and fixed values ready to insert (with how attempt records
+//! keep them), and its secrets keyed for HMAC ([`HeaderPlan`]). An attempt then computes only its ids, clock and
+//! signatures; the guard still judges every resolved address on every attempt and every connect.
+//!
+//! Plans are kept per subscription id and belong to one version of the subscription: a changed subscription (new
+//! URL, policy, headers, or a rotated secret: each a new [`SubscriptionEntry`]) gets a new plan at its next
+//! attempt, and the sweep of deleted subscriptions (`forget.rs`) drops theirs.
+
+use std::collections::HashMap;
+use std::sync::{Arc, RwLock, Weak};
+
+use bytes::Bytes;
+use hookline_core::egress::{Refusal, Target};
+use hookline_core::model::Header;
+use hookline_core::policy::Policy;
+use hookline_core::request::{self, AttemptIds, HeaderPlan, HeaderSource};
+use hookline_kafka::state::SubscriptionEntry;
+
+use super::Route;
+
+pub struct SendPlan {
+    /// The version of the subscription this plan was made from. Weak: a plan does not keep an old version's
+    /// contents (secrets included) alive, and its allocation held by the `Weak` cannot be reused by a newer
+    /// version, so comparing addresses cannot mistake one for the other.
+    source: Weak<SubscriptionEntry>,
+    pub(super) destination: Result<Destination, String>,
+    headers: HeaderPlan,
+    /// One per entry of `headers`, in sending order.
+    slots: Box<[Slot]>,
+    /// The subscription's custom headers, after the platform's (shared buffers: cheap clones).
+    pub(super) custom: Box<[(http::HeaderName, http::HeaderValue)]>,
+    pub(super) logged_custom: Box<[Header]>,
+}
+
+/// Where a plan's requests go: its route, and its URL as that route's guard judged it (a refusal or an unusable
+/// URL is the outcome of every attempt, reported in the order a fresh check would).
+pub(super) struct Destination {
+    pub route: Arc<Route>,
+    pub target: Result<PlannedTarget, Refusal>,
+}
+
+pub(super) struct PlannedTarget {
+    /// Resolved (a name) and judged again on every attempt.
+    pub target: Target,
+    /// The parsed, normalised URL that was judged, as the request's `Uri` (parsed once, not per attempt).
+    pub uri: Result<http::Uri, String>,
+}
+
+struct Slot {
+    /// As the attempt record keeps it (the scheme's documented capitalisation).
+    logged_name: std::borrow::Cow<'static, str>,
+    name: Result<http::HeaderName, String>,
+    /// The record keeps `<redacted>` for it.
+    secret: bool,
+    /// For a [`HeaderSource::Fixed`] value: its bytes (shared by the request and the record) and the parsed value.
+    fixed: Option<(Bytes, Result<http::HeaderValue, String>)>,
+}
+
+fn http_error(e: impl Into<http::Error>) -> String {
+    e.into().to_string()
+}
+
+impl SendPlan {
+    pub(super) fn build(entry: &Arc<SubscriptionEntry>, policy: &Policy, route: Result<Arc<Route>, String>) -> Self {
+        let destination = route.map(|route| {
+            let target = route.guard.check_url(&entry.sub.url).map(|target| {
+                let uri = http::Uri::try_from(target.url.as_str()).map_err(http_error);
+                PlannedTarget { target, uri }
+            });
+            Destination { route, target }
+        });
+        let headers = HeaderPlan::new(policy, &entry.sub.id, &entry.sub.secrets);
+        let slots = headers
+            .entries()
+            .iter()
+            .map(|(name, source)| {
+                let fixed = match source {
+                    HeaderSource::Fixed(v) => {
+                        let bytes = match v {
+                            std::borrow::Cow::Borrowed(s) => Bytes::from_static(s.as_bytes()),
+                            std::borrow::Cow::Owned(s) => Bytes::copy_from_slice(s.as_bytes()),
+                        };
+                        let value = http::HeaderValue::from_maybe_shared(bytes.clone()).map_err(http_error);
+                        Some((bytes, value))
+                    }
+                    _ => None,
+                };
+                Slot {
+                    logged_name: name.clone(),
+                    name: http::HeaderName::from_bytes(name.as_bytes()).map_err(http_error),
+                    secret: request::is_secret_header(name),
+                    fixed,
+                }
+            })
+            .collect();
+        Self {
+            source: Arc::downgrade(entry),
+            destination,
+            headers,
+            slots,
+            custom: entry.headers.clone(),
+            logged_custom: entry.logged_headers.clone(),
+        }
+    }
+
+    /// Whether the plan was made from this version of the subscription.
+    pub fn is_for(&self, entry: &Arc<SubscriptionEntry>) -> bool {
+        std::ptr::eq(self.source.as_ptr(), Arc::as_ptr(entry))
+    }
+
+    /// One attempt's request headers and the record's copy of them (each value's buffer shared by both; a
+    /// secret's value never kept): the platform's, then `trace` (`traceparent`, `tracestate` when not empty),
+    /// then the custom ones. `Err` in the map: the first header that is not valid HTTP, as the request builder
+    /// words it. `Err` outside: the request cannot be signed.
+    #[allow(clippy::type_complexity)]
+    pub(super) fn request_headers(
+        &self,
+        ids: &AttemptIds<'_>,
+        body: &[u8],
+        trace: Option<(String, String)>,
+    ) -> Result<(Result<http::HeaderMap, String>, Vec<Header>), hookline_core::sign::SignError> {
+        let mut values = self.headers.values(ids, body)?.into_iter();
+        let n = self.slots.len() + 2 + self.custom.len();
+        // Two more for what hyper adds (`host`, `content-length`), so the map is allocated once.
+        let mut map = http::HeaderMap::with_capacity(n + 2);
+        let mut logged = Vec::with_capacity(n);
+        let mut bad = None;
+        let redacted = || Bytes::from_static(request::REDACTED.as_bytes());
+        for slot in self.slots.iter() {
+            let (bytes, value) = match &slot.fixed {
+                Some((bytes, value)) => (bytes.clone(), value.clone()),
+                None => {
+                    let bytes = Bytes::from(values.next().unwrap_or_default());
+                    let value = http::HeaderValue::from_maybe_shared(bytes.clone()).map_err(http_error);
+                    (bytes, value)
+                }
+            };
+            match (&slot.name, value) {
+                (Ok(name), Ok(value)) => {
+                    map.append(name.clone(), value);
+                }
+                (Err(e), _) => {
+                    bad.get_or_insert_with(|| e.clone());
+                }
+                (_, Err(e)) => {
+                    bad.get_or_insert(e);
+                }
+            }
+            logged.push(Header { name: slot.logged_name.as_ref().to_owned(), value: if slot.secret { redacted() } else { bytes } });
+        }
+        if let Some((traceparent, tracestate)) = trace {
+            let trace = [("traceparent", traceparent), ("tracestate", tracestate)];
+            for (name, value) in trace.into_iter().filter(|(n, v)| *n == "traceparent" || !v.is_empty()) {
+                let bytes = Bytes::from(value);
+                match http::HeaderValue::from_maybe_shared(bytes.clone()) {
+                    Ok(v) => {
+                        map.append(http::HeaderName::from_static(name), v);
+                    }
+                    Err(e) => {
+                        bad.get_or_insert_with(|| http_error(e));
+                    }
+                }
+                logged.push(Header { name: name.to_owned(), value: bytes });
+            }
+        }
+        for (name, value) in self.custom.iter() {
+            map.append(name.clone(), value.clone());
+        }
+        logged.extend(self.logged_custom.iter().cloned());
+        Ok((bad.map_or(Ok(map), Err), logged))
+    }
+}
+
+/// The plans of the subscriptions this process sends to, by subscription id.
+#[derive(Default)]
+pub(super) struct Plans {
+    by_id: RwLock<HashMap<Arc<str>, Arc<SendPlan>>>,
+}
+
+impl Plans {
+    /// The plan for this version of the subscription: the kept one, else one made by `build` and kept.
+    pub fn get_or_build(&self, entry: &Arc<SubscriptionEntry>, build: impl FnOnce() -> SendPlan) -> Arc<SendPlan> {
+        if let Some(plan) = self.by_id.read().expect("plans lock").get(entry.sub.id.as_str()) {
+            if plan.is_for(entry) {
+                return plan.clone();
+            }
+        }
+        // Built outside the lock: keying HMACs and judging the URL is the work a plan saves, not to be serialised.
+        let plan = Arc::new(build());
+        let mut plans = self.by_id.write().expect("plans lock");
+        match plans.get_mut(entry.sub.id.as_str()) {
+            Some(kept) => *kept = plan.clone(),
+            None => {
+                plans.insert(Arc::from(entry.sub.id.as_str()), plan.clone());
+            }
+        }
+        plan
+    }
+
+    /// Keeps the plans of subscriptions `live` accepts; returns how many were dropped.
+    pub fn retain(&self, live: impl Fn(&str) -> bool) -> usize {
+        let mut plans = self.by_id.write().expect("plans lock");
+        let before = plans.len();
+        plans.retain(|id, _| live(id));
+        before - plans.len()
+    }
+
+    pub fn len(&self) -> usize {
+        self.by_id.read().expect("plans lock").len()
+    }
+}
