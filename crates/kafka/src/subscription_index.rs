@@ -4,7 +4,9 @@
 //! Patterns are keyed by `hookline_core::filter::key`, the same function `matches` is defined by, so a lookup
 //! returns exactly what the linear filter (`filter::delivers` over every subscription) would.
 
+use std::borrow::Borrow;
 use std::collections::HashMap;
+use std::hash::{Hash, Hasher};
 use std::sync::Arc;
 
 use hookline_core::filter::{self, Key};
@@ -26,6 +28,7 @@ enum Bucket {
 
 struct Many {
     items: Vec<Arc<SubscriptionEntry>>,
+    /// Keyed by the entries' own ids.
     positions: Option<HashMap<Arc<str>, usize>>,
 }
 
@@ -36,7 +39,7 @@ impl Many {
     fn position(&self, id: &str) -> Option<usize> {
         match &self.positions {
             Some(p) => p.get(id).copied(),
-            None => self.items.iter().position(|e| e.sub.id == id),
+            None => self.items.iter().position(|e| *e.sub.id == *id),
         }
     }
 }
@@ -75,7 +78,7 @@ impl Bucket {
                         p.insert(id.clone(), last);
                     }
                     None if m.items.len() > INDEXED => {
-                        let p = m.items.iter().enumerate().map(|(i, e)| (Arc::from(e.sub.id.as_str()), i)).collect();
+                        let p = m.items.iter().enumerate().map(|(i, e)| (e.sub.id.clone(), i)).collect();
                         m.positions = Some(p);
                     }
                     None => {}
@@ -88,7 +91,7 @@ impl Bucket {
         match self {
             Bucket::Empty => {}
             Bucket::One(e) => {
-                if e.sub.id == id {
+                if *e.sub.id == *id {
                     *self = Bucket::Empty;
                 }
             }
@@ -98,7 +101,7 @@ impl Bucket {
                 if let Some(p) = &mut m.positions {
                     p.remove(id);
                     if let Some(moved) = m.items.get(i) {
-                        if let Some(slot) = p.get_mut(moved.sub.id.as_str()) {
+                        if let Some(slot) = p.get_mut(&*moved.sub.id) {
                             *slot = i;
                         }
                     }
@@ -114,11 +117,44 @@ impl Bucket {
     }
 }
 
+/// A `prefix.*` pattern as a key: the entry's own allocation of the pattern, hashed and compared as the prefix
+/// without its `*` (what a lookup probes with), so the index keeps no copy of the name.
+struct PrefixKey(Arc<str>);
+
+impl PrefixKey {
+    fn prefix(&self) -> &str {
+        self.0.strip_suffix('*').unwrap_or(&self.0)
+    }
+}
+
+impl Borrow<str> for PrefixKey {
+    fn borrow(&self) -> &str {
+        self.prefix()
+    }
+}
+
+// Hash and equality are the borrowed form's, as `HashMap` requires of a key looked up by it.
+impl Hash for PrefixKey {
+    fn hash<H: Hasher>(&self, state: &mut H) {
+        self.prefix().hash(state);
+    }
+}
+
+impl PartialEq for PrefixKey {
+    fn eq(&self, other: &Self) -> bool {
+        self.prefix() == other.prefix()
+    }
+}
+
+impl Eq for PrefixKey {}
+
 #[derive(Default)]
 struct TenantIndex {
-    exact: HashMap<Box<str>, Bucket>,
-    /// Keyed by the prefix including its final `.`.
-    prefix: HashMap<Box<str>, Bucket>,
+    /// Keyed by the entries' own pattern allocations (an exact pattern is the name); the first entry's stays the
+    /// key while the bucket lives (equal text: a later lookup finds the same bucket).
+    exact: HashMap<Arc<str>, Bucket>,
+    /// Keyed by the pattern, looked up by the prefix including its final `.`.
+    prefix: HashMap<PrefixKey, Bucket>,
     all: Bucket,
 }
 
@@ -131,32 +167,32 @@ impl TenantIndex {
 /// The index; the caller keeps it in step with the table (`insert` each new version, `remove` the old one).
 #[derive(Default)]
 pub struct SubscriptionIndex {
-    /// Keyed by tenant; `""` holds the subscriptions without one.
-    tenants: HashMap<Box<str>, TenantIndex>,
+    /// Keyed by tenant (the entries' one name per tenant); `""` holds the subscriptions without one.
+    tenants: HashMap<Arc<str>, TenantIndex>,
 }
 
 impl SubscriptionIndex {
     pub fn insert(&mut self, entry: &Arc<SubscriptionEntry>) {
-        let id: Arc<str> = Arc::from(entry.sub.id.as_str());
-        let t = self.tenants.entry(entry.sub.tenant.as_str().into()).or_default();
+        let id = &entry.sub.id;
+        let t = self.tenants.entry(entry.sub.tenant.clone()).or_default();
         for pattern in &entry.sub.event_types {
             let bucket = match filter::key(pattern) {
                 Key::All => &mut t.all,
-                Key::Exact(name) => t.exact.entry(name.into()).or_default(),
-                Key::Prefix(prefix) => t.prefix.entry(prefix.into()).or_default(),
+                Key::Exact(_) => t.exact.entry(pattern.clone()).or_default(),
+                Key::Prefix(_) => t.prefix.entry(PrefixKey(pattern.clone())).or_default(),
                 Key::Never => continue,
             };
-            bucket.insert(&id, entry);
+            bucket.insert(id, entry);
         }
         if t.is_empty() {
-            self.tenants.remove(entry.sub.tenant.as_str());
+            self.tenants.remove(&*entry.sub.tenant);
         }
     }
 
     /// Removes `entry` (the version that was inserted), dropping buckets and tenants that become empty.
     pub fn remove(&mut self, entry: &SubscriptionEntry) {
-        let id = entry.sub.id.as_str();
-        let Some(t) = self.tenants.get_mut(entry.sub.tenant.as_str()) else { return };
+        let id = &*entry.sub.id;
+        let Some(t) = self.tenants.get_mut(&*entry.sub.tenant) else { return };
         for pattern in &entry.sub.event_types {
             match filter::key(pattern) {
                 Key::All => {
@@ -168,7 +204,7 @@ impl SubscriptionIndex {
             }
         }
         if t.is_empty() {
-            self.tenants.remove(entry.sub.tenant.as_str());
+            self.tenants.remove(&*entry.sub.tenant);
         }
     }
 
@@ -198,7 +234,7 @@ impl SubscriptionIndex {
     }
 }
 
-fn remove_from(map: &mut HashMap<Box<str>, Bucket>, key: &str, id: &str) {
+fn remove_from<K: Borrow<str> + Hash + Eq>(map: &mut HashMap<K, Bucket>, key: &str, id: &str) {
     if let Some(b) = map.get_mut(key) {
         b.remove(id);
         if b.is_empty() {
