@@ -9,7 +9,6 @@ use axum::extract::{Path, State};
 use axum::Extension;
 use axum::http::StatusCode;
 use axum::Json;
-use hookline_core::subscription::activity;
 use hookline_log::{AttemptRow, Cursor, DeliveryRow, DeliveryState, ListQuery, Scope};
 use serde::Deserialize;
 use serde_json::{json, Value};
@@ -201,7 +200,7 @@ pub async fn replay_one(
         )
         .with_field("id"));
     };
-    if event.tenant != sub.sub.tenant {
+    if *event.tenant != *sub.sub.tenant {
         // Only a delivery made before tenant isolation can pair them; it is not sent again.
         return Err(ApiError::new(
             StatusCode::CONFLICT,
@@ -268,7 +267,7 @@ pub async fn redrive(
 }
 
 fn require_active(s: &ApiState, sub: &hookline_kafka::state::SubscriptionEntry) -> Result<(), ApiError> {
-    let act = activity(&sub.sub, s.states.get(&sub.sub.id).as_ref());
+    let act = sub.sub.activity(s.states.get(&sub.sub.id).as_ref());
     if act.is_active() {
         return Ok(());
     }

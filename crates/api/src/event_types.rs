@@ -272,13 +272,13 @@ async fn save(s: &ApiState, t: &EventType) -> Result<(), ApiError> {
 /// Subscriptions choose from the catalogue once it has any type: each exact type in `types` that `before` did not
 /// already have must be catalogued (a 422 naming `event_types[i]`); patterns (`*`, `order.*`) are always allowed.
 /// Types a subscription already had stay allowed, so deleting a type never makes its subscriptions unsavable.
-pub(crate) fn check_subscribed(s: &ApiState, types: &[String], before: &[String]) -> Result<(), ApiError> {
+pub(crate) fn check_subscribed<B: AsRef<str>>(s: &ApiState, types: &[String], before: &[B]) -> Result<(), ApiError> {
     if s.event_types.is_empty() {
         return Ok(());
     }
     for (i, t) in types.iter().enumerate() {
         let exact = matches!(hookline_core::filter::key(t), hookline_core::filter::Key::Exact(_));
-        if exact && !before.contains(t) && !s.event_types.contains(t) {
+        if exact && !before.iter().any(|b| b.as_ref() == t) && !s.event_types.contains(t) {
             return Err(ApiError::field(
                 &format!("event_types[{i}]"),
                 format!("{t:?} is not in the event-type catalogue (GET /v1/event-types); catalogue it first or use a pattern such as \"{}*\"", prefix_of(t)),
@@ -382,10 +382,10 @@ pub async fn test_event(
         id: format!("evt_test_{:016x}", rand::random::<u64>()),
         r#type: req.event_type,
         occurred_at_ms: now,
-        tenant: sub.sub.tenant.clone(),
+        tenant: sub.sub.tenant.to_string(),
         data_json: Bytes::from(data),
         accepted_at_ms: now,
-        only_subscription_id: sub.sub.id.clone(),
+        only_subscription_id: sub.sub.id.to_string(),
         ..Default::default()
     };
     let event_id = event.id.clone();

@@ -6,7 +6,6 @@ use std::sync::Arc;
 
 use axum::extract::State;
 use axum::{Extension, Json};
-use hookline_core::seal::needs_reseal;
 use serde_json::{json, Value};
 
 use crate::auth::Principal;
@@ -15,18 +14,18 @@ use crate::{subscriptions, ApiError, ApiState};
 pub async fn reseal(State(s): State<Arc<ApiState>>, Extension(who): Extension<Principal>) -> Result<Json<Value>, ApiError> {
     who.require_admin()?;
     let stale: Vec<String> =
-        s.subs.all().iter().filter(|e| needs_reseal(&e.sub, &s.keyring)).map(|e| e.sub.id.clone()).collect();
+        s.subs.all().iter().filter(|e| e.sub.needs_reseal(&s.keyring)).map(|e| e.sub.id.to_string()).collect();
     let mut resealed = 0u64;
     for id in stale {
         // Read again just before writing: the newest version is the one written (a PATCH may have landed), and
         // one a PATCH already re-sealed is skipped.
         let Some(entry) = s.subs.get(&id) else { continue };
-        if !needs_reseal(&entry.sub, &s.keyring) {
+        if !entry.sub.needs_reseal(&s.keyring) {
             continue;
         }
-        subscriptions::write(&s, &entry.sub).await?;
+        subscriptions::write(&s, &entry.sub.to_subscription()).await?;
         resealed += 1;
     }
-    let remaining = s.subs.all().iter().filter(|e| needs_reseal(&e.sub, &s.keyring)).count();
+    let remaining = s.subs.all().iter().filter(|e| e.sub.needs_reseal(&s.keyring)).count();
     Ok(Json(json!({"resealed": resealed, "remaining": remaining, "write_key": s.keyring.write_key_id()})))
 }

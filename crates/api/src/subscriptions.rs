@@ -195,7 +195,7 @@ pub async fn create(
         None => hookline_core::sign::generate_secret(&mut rand::rng()),
     };
     sub.secrets = vec![Secret { value: secret.clone(), expires_at_ms: 0, ..Default::default() }];
-    super::event_types::check_subscribed(&s, &sub.event_types, &[])?;
+    super::event_types::check_subscribed::<&str>(&s, &sub.event_types, &[])?;
     let pol = validate(&s, &sub).await?;
     // Written once, with the challenge's result: until then the subscription does not exist, so nothing is sent.
     if super::verify::needs_challenge(&mut sub, None, &pol) {
@@ -210,7 +210,7 @@ pub async fn create(
 
 /// A create retried with the Idempotency-Key of an existing subscription.
 fn replayed(s: &ApiState, existing: &SubscriptionEntry, fingerprint: &str) -> Result<Response, ApiError> {
-    if existing.sub.create_fingerprint != fingerprint {
+    if existing.sub.create_fingerprint() != fingerprint {
         return Err(ApiError::new(
             StatusCode::CONFLICT,
             "idempotency_conflict",
@@ -220,7 +220,7 @@ fn replayed(s: &ApiState, existing: &SubscriptionEntry, fingerprint: &str) -> Re
     let mut view = view(s, existing);
     // The secret that signs now: a rotation puts the new one first, without an expiry.
     let current = existing.sub.secrets.iter().find(|x| x.expires_at_ms == 0).or(existing.sub.secrets.first());
-    view["secret"] = json!(current.map(|x| x.value.as_str()).unwrap_or(""));
+    view["secret"] = json!(current.map(|x| &*x.value).unwrap_or(""));
     let mut resp = (StatusCode::OK, Json(view)).into_response();
     resp.headers_mut().insert("idempotent-replayed", axum::http::HeaderValue::from_static("true"));
     Ok(resp)
@@ -255,7 +255,7 @@ pub async fn list(
     if q.include == Some(Include::Success24h) {
         add_success_24h(&s, &mut items, &page.items).await;
     }
-    let next = if page.more { page.items.last().map(|e| e.sub.id.clone()) } else { None };
+    let next = if page.more { page.items.last().map(|e| e.sub.id.to_string()) } else { None };
     Ok(Json(json!({"items": items, "next_after": next})))
 }
 
@@ -265,7 +265,7 @@ const SUCCESS_WINDOW_MS: i64 = 24 * 3_600_000;
 /// Each item's `success_24h`: its deliveries first attempted in the last 24 h by outcome, from the delivery log
 /// store in one query for the page. `null` when the store did not answer: the list stays usable without it.
 async fn add_success_24h(s: &ApiState, items: &mut [Value], page: &[Arc<SubscriptionEntry>]) {
-    let ids: Vec<String> = page.iter().map(|e| e.sub.id.clone()).collect();
+    let ids: Vec<String> = page.iter().map(|e| e.sub.id.to_string()).collect();
     let now = crate::now_ms();
     let stats = match s.log.stats_of_subscriptions(&ids, now.saturating_sub(SUCCESS_WINDOW_MS), now.saturating_add(1)).await {
         Ok(stats) => Some(stats),
@@ -301,7 +301,7 @@ pub async fn update(
 ) -> Result<Json<Value>, ApiError> {
     who.require_write()?;
     let entry = find(&s, &who, &id)?;
-    let mut sub = entry.sub.clone();
+    let mut sub = entry.sub.to_subscription();
     if let Some(v) = req.url {
         sub.url = v;
     }
@@ -346,10 +346,10 @@ pub async fn update(
         sub.ordering_key = v;
     }
     // A key's head and parked deliveries are found by the key they were given: the keying may not change under them.
-    if (sub.ordering, &sub.ordering_key) != (entry.sub.ordering, &entry.sub.ordering_key) {
+    if (sub.ordering, sub.ordering_key.as_str()) != (entry.sub.ordering(), entry.sub.ordering_key()) {
         let out = s.states.get(&id).map_or(0, |st| st.ordering_heads.len());
         if out > 0 {
-            let field = if sub.ordering != entry.sub.ordering { "ordering" } else { "ordering_key" };
+            let field = if sub.ordering != entry.sub.ordering() { "ordering" } else { "ordering_key" };
             return Err(ApiError::field(field, format!("cannot change while {out} keys hold deliveries (`ordering_keys_out`); retry once it is 0")));
         }
     }
@@ -365,7 +365,7 @@ pub async fn update(
     super::event_types::check_subscribed(&s, &sub.event_types, &entry.sub.event_types)?;
     let pol = validate(&s, &sub).await?;
     // A new URL is challenged before it is saved: until it passes, deliveries wait (held) rather than reach it.
-    if super::verify::needs_challenge(&mut sub, Some(&entry.sub), &pol) {
+    if super::verify::needs_challenge(&mut sub, Some(&entry.sub.to_subscription()), &pol) {
         super::verify::challenge(&s, &mut sub, &pol).await;
     }
     write(&s, &sub).await?;
@@ -382,7 +382,7 @@ pub async fn delete(State(s): State<Arc<ApiState>>, Extension(who): Extension<Pr
 
 pub async fn pause(State(s): State<Arc<ApiState>>, Extension(who): Extension<Principal>, Path(id): Path<String>) -> Result<Json<Value>, ApiError> {
     who.require_write()?;
-    let mut sub = find(&s, &who, &id)?.sub.clone();
+    let mut sub = find(&s, &who, &id)?.sub.to_subscription();
     sub.paused = true;
     sub.updated_at_ms = crate::now_ms();
     write(&s, &sub).await?;
@@ -392,7 +392,7 @@ pub async fn pause(State(s): State<Arc<ApiState>>, Extension(who): Extension<Pri
 /// Resumes a paused subscription, including one the policy paused automatically (LuciBook's auto-pause).
 pub async fn resume(State(s): State<Arc<ApiState>>, Extension(who): Extension<Principal>, Path(id): Path<String>) -> Result<Json<Value>, ApiError> {
     who.require_write()?;
-    let mut sub = find(&s, &who, &id)?.sub.clone();
+    let mut sub = find(&s, &who, &id)?.sub.to_subscription();
     if !sub.enabled {
         return Err(ApiError::new(StatusCode::CONFLICT, "subscription_disabled", "the subscription is disabled; enable it with PATCH {\"enabled\": true}").with_field("id"));
     }
@@ -432,7 +432,7 @@ pub async fn rotate_secret(
     if overlap_s > 30 * 86_400 {
         return Err(ApiError::field("overlap_s", "at most 30 days (2592000 s)"));
     }
-    let mut sub = find(&s, &who, &id)?.sub.clone();
+    let mut sub = find(&s, &who, &id)?.sub.to_subscription();
     let now = crate::now_ms();
     let secret = match req.secret {
         Some(secret) => {
@@ -596,7 +596,8 @@ async fn produce(s: &ApiState, id: &str, value: Option<Vec<u8>>) -> Result<(i32,
 
 /// The API's view: never the secret.
 pub(super) fn view(s: &ApiState, e: &SubscriptionEntry) -> Value {
-    let sub = &e.sub;
+    // The API's reads are not the delivery path: the record is rebuilt from its held form for the view.
+    let sub = &e.sub.to_subscription();
     let state = s.states.get(&sub.id);
     let act = activity(sub, state.as_ref());
     let st = state.unwrap_or_default();

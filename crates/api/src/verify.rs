@@ -110,7 +110,7 @@ pub async fn verify(
         )
         .with_field("id"));
     }
-    let mut sub = entry.sub.clone();
+    let mut sub = entry.sub.to_subscription();
     challenge(&s, &mut sub, &policy).await;
     sub.updated_at_ms = crate::now_ms();
     super::subscriptions::write(&s, &sub).await?;

@@ -570,9 +570,14 @@ impl HeaderPlan {
     /// The plan for a subscription's stored secrets (newest first): the newest always signs, an older one until
     /// its `expires_at_ms` (0: never expires); one that is not open (empty value) never signs.
     pub fn new(policy: &Policy, subscription_id: &str, secrets: &[crate::model::Secret]) -> Self {
-        let in_force = secrets.iter().enumerate().filter(|(_, s)| !s.value.is_empty()).map(|(i, s)| {
-            let until = (i != 0 && s.expires_at_ms != 0).then_some(s.expires_at_ms);
-            (s.value.as_str(), until)
+        Self::with_secrets(policy, subscription_id, secrets.iter().map(|s| (s.value.as_str(), s.expires_at_ms)))
+    }
+
+    /// [`HeaderPlan::new`] over the secrets as (value, `expires_at_ms`) pairs, newest first, however they are held.
+    pub fn with_secrets<'s>(policy: &Policy, subscription_id: &str, secrets: impl Iterator<Item = (&'s str, i64)>) -> Self {
+        let in_force = secrets.enumerate().filter(|(_, (value, _))| !value.is_empty()).map(|(i, (value, expires_at_ms))| {
+            let until = (i != 0 && expires_at_ms != 0).then_some(expires_at_ms);
+            (value, until)
         });
         Self::build(policy, subscription_id, in_force)
     }

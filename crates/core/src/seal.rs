@@ -162,7 +162,12 @@ pub fn open_secrets(sub: &mut Subscription, keyring: &Keyring) -> Result<(), Sea
 /// Whether any secret of `sub` is stored in the clear, or sealed with another key than the keyring's write key
 /// (such a record is sealed again when it is rewritten).
 pub fn needs_reseal(sub: &Subscription, keyring: &Keyring) -> bool {
-    sub.secrets.iter().any(|s| s.key_id.is_empty() || s.key_id != keyring.write_key_id())
+    sub.secrets.iter().any(|s| key_needs_reseal(&s.key_id, keyring))
+}
+
+/// [`needs_reseal`] for one secret, by the id of the key that sealed it (empty: stored in the clear).
+pub fn key_needs_reseal(key_id: &str, keyring: &Keyring) -> bool {
+    key_id.is_empty() || key_id != keyring.write_key_id()
 }
 
 #[cfg(test)]

@@ -47,6 +47,29 @@ impl Activity {
 }
 
 pub fn activity(sub: &Subscription, state: Option<&EndpointState>) -> Activity {
+    activity_of(
+        Switches {
+            enabled: sub.enabled,
+            paused: sub.paused,
+            verification: sub.verification,
+            resume_generation: sub.resume_generation,
+        },
+        state,
+    )
+}
+
+/// The owner's side of [`activity`]: what a process that holds subscriptions in another form passes.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Switches {
+    pub enabled: bool,
+    pub paused: bool,
+    /// A `VerificationState`.
+    pub verification: i32,
+    pub resume_generation: u64,
+}
+
+/// [`activity`] from the subscription's switches.
+pub fn activity_of(sub: Switches, state: Option<&EndpointState>) -> Activity {
     if !sub.enabled {
         return Activity::Disabled;
     }

@@ -15,7 +15,7 @@ use hookline_core::model::{
 };
 use hookline_core::policy::{ConcurrencyRule, DisableAction, InactiveAction, InFlightRule, Policy};
 use hookline_core::request;
-use hookline_core::subscription::{activity, Activity};
+use hookline_core::subscription::Activity;
 use hookline_core::{decide, due_at_ms, FinalState, Next, Progress, UntriedOutcome, Verdict};
 use hookline_kafka::state::SubscriptionEntry;
 use hookline_kafka::topics::tier_for;
@@ -116,7 +116,7 @@ pub async fn deliver(ctx: Arc<Ctx>, task: DeliveryTask, partition: i32) -> Resul
     };
 
     let state = ctx.states.get(&task.subscription_id);
-    let act = activity(&entry.sub, state.as_ref());
+    let act = entry.sub.activity(state.as_ref());
     if !act.is_active() {
         return Box::pin(inactive(&ctx, &task, &entry, &policy, &act, now)).await;
     }
@@ -707,12 +707,12 @@ async fn update_health(
         let condition = EndpointCondition::try_from(snapshot.condition).unwrap_or(EndpointCondition::Unspecified);
         let ev = OpsEvent {
             kind: kind.to_owned(),
-            subscription_id: id.clone(),
+            subscription_id: id.to_string(),
             reason,
             detail: format!("policy {}; {} consecutive counted failures; condition {:?}", policy.name, snapshot.consecutive_failures, condition),
             at_ms: now,
-            owner_email: entry.sub.owner_email.clone(),
-            url: entry.sub.url.clone(),
+            owner_email: entry.sub.owner_email().to_owned(),
+            url: entry.sub.url.to_string(),
         };
         ctx.produce(ctx.topics.ops(), id, &ev).await?;
     }

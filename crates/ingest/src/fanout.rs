@@ -167,7 +167,7 @@ fn fan_out(f: &Fanout, ev: Event) -> Vec<Pending> {
     let mut targets = f.subs.matching(&ev.tenant, &ev.r#type);
     if !ev.only_subscription_id.is_empty() {
         // A test event: the one subscription it was sent for, if it still matches; its filter is not asked.
-        targets.retain(|e| e.sub.id == ev.only_subscription_id);
+        targets.retain(|e| *e.sub.id == *ev.only_subscription_id);
     } else if targets.iter().any(|e| !matches!(e.filter, Ok(None))) {
         // Payload filters after the type match; the data is parsed once per event, and only if some target filters.
         let data = Data::parse(&ev.data_json);
@@ -184,11 +184,11 @@ fn fan_out(f: &Fanout, ev: Event) -> Vec<Pending> {
         .map(|entry| {
             let task = DeliveryTask {
                 delivery_id: delivery_id(&ev.id, &entry.sub.id),
-                subscription_id: entry.sub.id.clone(),
+                subscription_id: entry.sub.id.to_string(),
                 origin: TaskOrigin::Fanout as i32,
                 ..Default::default()
             };
-            enqueue(&f.producer, deliveries, entry.sub.id.clone(), event.task_bytes(&task))
+            enqueue(&f.producer, deliveries, entry.sub.id.to_string(), event.task_bytes(&task))
         })
         .collect()
 }

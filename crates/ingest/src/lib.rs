@@ -168,7 +168,7 @@ pub async fn run(config: Config, shutdown: CancellationToken, options: Options) 
     }
     tracing::info!(subscriptions = tables.subs.len(), "ingest tables loaded");
     // Said once at start, so a rotation's last step (removing the old key) is not taken too early.
-    let stale = tables.subs.all().iter().filter(|e| hookline_core::seal::needs_reseal(&e.sub, &keyring_for_check)).count();
+    let stale = tables.subs.all().iter().filter(|e| e.sub.needs_reseal(&keyring_for_check)).count();
     if stale > 0 {
         tracing::warn!(
             subscriptions = stale,

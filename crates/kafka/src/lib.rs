@@ -5,6 +5,8 @@
 pub mod budget;
 pub mod client;
 pub mod dead_letters;
+pub mod held;
+mod listing;
 pub mod mock;
 pub mod oauth;
 pub mod produce;

@@ -1,7 +1,7 @@
 //! In-memory views of the two compacted state topics: subscriptions (written by ingest's API) and endpoint
 //! state (written by the dispatcher that owns the subscription's partition).
 
-use std::collections::{BTreeMap, BTreeSet, HashMap};
+use std::collections::{BTreeMap, BTreeSet, HashMap, HashSet};
 use std::sync::{Arc, LazyLock, Mutex, RwLock};
 
 use hookline_core::model::{EndpointState, Subscription};
@@ -12,6 +12,8 @@ use prost::Message;
 use tokio::sync::watch;
 use tokio_util::sync::CancellationToken;
 
+use crate::held::HeldSubscription;
+use crate::listing::{ById, ByTenant, Probe, TenantOrder};
 use crate::settings::KafkaSettings;
 use crate::subscription_index::SubscriptionIndex;
 use crate::table::{self, TableError, TableHandle};
@@ -105,7 +107,9 @@ pub struct SecretsUnreadable {
 /// A subscription with its policy parsed once.
 #[derive(Debug)]
 pub struct SubscriptionEntry {
-    pub sub: Subscription,
+    /// The record in the compact form a process holds it in (`held::HeldSubscription`; the record itself:
+    /// [`HeldSubscription::to_subscription`]).
+    pub sub: HeldSubscription,
     /// The parsed policy, or why it could not be used (deliveries then dead-letter with `invalid_policy`).
     pub policy: Result<Arc<Policy>, String>,
     /// Identifies the policy's egress rules, so HTTP clients can be shared between subscriptions with equal rules
@@ -145,13 +149,7 @@ impl Drop for SubscriptionEntry {
 }
 
 impl SubscriptionEntry {
-    pub fn new(mut sub: Subscription) -> Self {
-        // Held for as long as the subscription exists, in every process: no spare capacity (decoding grows the
-        // lists as it goes, a list of 3 types has room for 4).
-        sub.event_types.shrink_to_fit();
-        sub.secrets.shrink_to_fit();
-        sub.metadata.shrink_to_fit();
-        sub.headers.shrink_to_fit();
+    pub fn new(sub: Subscription) -> Self {
         let policy = shared_policy(&sub.policy, &sub.policy_toml);
         let egress_key = match &policy {
             Ok(p) => shared_egress_key(format!("{:?}", p.egress)),
@@ -178,6 +176,8 @@ impl SubscriptionEntry {
         if ordering.is_some() {
             ORDERED_ENTRIES.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
         }
+        // Held for as long as the subscription exists, in every process: the compact form, not the record.
+        let sub = HeldSubscription::from_record(sub);
         Self { sub, policy, egress_key, headers, logged_headers, filter, rate_limit, ordering }
     }
 
@@ -199,7 +199,7 @@ impl SubscriptionEntry {
             .filter(|(i, s)| *i == 0 || s.expires_at_ms == 0 || s.expires_at_ms > now_ms)
             // A secret that is not open (sealed, without its key) never signs: nothing is signed with garbage.
             .filter(|(_, s)| !s.value.is_empty())
-            .map(|(_, s)| s.value.clone())
+            .map(|(_, s)| s.value.to_string())
             .collect()
     }
 }
@@ -297,12 +297,12 @@ pub struct SubscriptionTable {
 
 #[derive(Default)]
 struct Inner {
-    /// Keyed by the same allocation of the id as `ids` and `by_tenant` hold.
-    by_id: HashMap<Arc<str>, Arc<SubscriptionEntry>>,
+    /// Keyed by the entry's own id (`HeldSubscription::id`), as `ids`, `by_tenant` and the index hold it.
+    by_id: HashSet<ById>,
     index: SubscriptionIndex,
     /// Listing order: by id, and by (tenant, id) for one tenant's page, so a page is a range walk.
-    ids: BTreeSet<Arc<str>>,
-    by_tenant: BTreeSet<(Arc<str>, Arc<str>)>,
+    ids: BTreeSet<ById>,
+    by_tenant: BTreeSet<ByTenant>,
     /// Subscriptions whose current record has a secret that did not open.
     secret_failures: BTreeMap<String, SealError>,
 }
@@ -310,24 +310,15 @@ struct Inner {
 impl Inner {
     fn unlist(&mut self, old: &SubscriptionEntry) {
         self.index.remove(old);
-        self.ids.remove(old.sub.id.as_str());
-        self.by_tenant.remove(&(Arc::from(old.sub.tenant.as_str()), Arc::from(old.sub.id.as_str())));
+        self.ids.remove(&*old.sub.id);
+        self.by_tenant.remove(&Probe(&old.sub.tenant, &old.sub.id) as &dyn TenantOrder);
     }
 
-    fn list(&mut self, id: Arc<str>, entry: &Arc<SubscriptionEntry>) {
+    /// Lists the entry under the allocations it holds (its id, its tenant's one name per process).
+    fn list(&mut self, entry: &Arc<SubscriptionEntry>) {
         self.index.insert(entry);
-        let tenant = self.tenant_name(&entry.sub.tenant);
-        self.ids.insert(id.clone());
-        self.by_tenant.insert((tenant, id));
-    }
-
-    /// The tenant's name as the listing already holds it (one allocation per tenant, not per subscription).
-    fn tenant_name(&self, tenant: &str) -> Arc<str> {
-        let probe: (Arc<str>, Arc<str>) = (Arc::from(tenant), Arc::from(""));
-        match self.by_tenant.range(&probe..).next() {
-            Some((t, _)) if **t == *tenant => t.clone(),
-            _ => probe.0,
-        }
+        self.ids.insert(ById(entry.clone()));
+        self.by_tenant.insert(ByTenant(entry.clone()));
     }
 }
 
@@ -360,8 +351,8 @@ impl SubscriptionTable {
         match decoded {
             None => {
                 inner.secret_failures.remove(&id);
-                if let Some(old) = inner.by_id.remove(id.as_str()) {
-                    inner.unlist(&old);
+                if let Some(old) = inner.by_id.take(id.as_str()) {
+                    inner.unlist(&old.0);
                 }
             }
             Some(Ok((sub, failure))) => {
@@ -375,12 +366,11 @@ impl SubscriptionTable {
                     }
                 }
                 let entry = Arc::new(SubscriptionEntry::new(sub));
-                if let Some(old) = inner.by_id.remove(id.as_str()) {
-                    inner.unlist(&old);
+                if let Some(old) = inner.by_id.take(id.as_str()) {
+                    inner.unlist(&old.0);
                 }
-                let key: Arc<str> = Arc::from(id.as_str());
-                inner.by_id.insert(key.clone(), entry.clone());
-                inner.list(key, &entry);
+                inner.by_id.insert(ById(entry.clone()));
+                inner.list(&entry);
             }
             Some(Err(e)) => tracing::warn!(subscription = %id, error = %e, "undecodable subscription record ignored"),
         }
@@ -407,37 +397,33 @@ impl SubscriptionTable {
     /// Up to `limit` subscriptions ordered by id, after the id `after`; of one tenant (`Some("")`: those without
     /// one) or of all. A range walk of an ordered index: the cost does not grow with the table.
     pub fn page(&self, tenant: Option<&str>, after: Option<&str>, limit: usize) -> Page {
-        use std::ops::Bound::{Excluded, Unbounded};
+        use std::ops::Bound::{Excluded, Included, Unbounded};
         let inner = self.inner.read().expect("subscription table lock");
         let mut items = Vec::with_capacity(limit.min(1024));
         let mut more = false;
-        let mut take = |id: &str| {
+        let mut take = |e: &Arc<SubscriptionEntry>| {
             if items.len() == limit {
                 more = true;
                 return false;
             }
-            if let Some(e) = inner.by_id.get(id) {
-                items.push(e.clone());
-            }
+            items.push(e.clone());
             true
         };
         match tenant {
             None => {
-                let start = after.map_or(Unbounded, |a| Excluded(Arc::<str>::from(a)));
-                for id in inner.ids.range::<Arc<str>, _>((start, Unbounded)) {
-                    if !take(id) {
+                let start = after.map_or(Unbounded, Excluded);
+                for k in inner.ids.range::<str, _>((start, Unbounded)) {
+                    if !take(&k.0) {
                         break;
                     }
                 }
             }
             Some(t) => {
-                let t: Arc<str> = Arc::from(t);
-                let start = match after {
-                    Some(a) => Excluded((t.clone(), Arc::from(a))),
-                    None => std::ops::Bound::Included((t.clone(), Arc::from(""))),
-                };
-                for (tenant, id) in inner.by_tenant.range((start, Unbounded)) {
-                    if *tenant != t || !take(id) {
+                let probe = Probe(t, after.unwrap_or(""));
+                let probe: &dyn TenantOrder = &probe;
+                let start = if after.is_some() { Excluded(probe) } else { Included(probe) };
+                for k in inner.by_tenant.range::<dyn TenantOrder, _>((start, Unbounded)) {
+                    if *k.0.sub.tenant != *t || !take(&k.0) {
                         break;
                     }
                 }
@@ -452,7 +438,7 @@ impl SubscriptionTable {
         let mut after: Option<String> = None;
         loop {
             let page = self.page(Some(tenant), after.as_deref(), 1000);
-            out.extend(page.items.iter().map(|e| e.sub.id.clone()));
+            out.extend(page.items.iter().map(|e| e.sub.id.to_string()));
             if !page.more {
                 return out;
             }
@@ -461,11 +447,11 @@ impl SubscriptionTable {
     }
 
     pub fn get(&self, id: &str) -> Option<Arc<SubscriptionEntry>> {
-        self.inner.read().expect("subscription table lock").by_id.get(id).cloned()
+        self.inner.read().expect("subscription table lock").by_id.get(id).map(|k| k.0.clone())
     }
 
     pub fn all(&self) -> Vec<Arc<SubscriptionEntry>> {
-        let mut v: Vec<_> = self.inner.read().expect("subscription table lock").by_id.values().cloned().collect();
+        let mut v: Vec<_> = self.inner.read().expect("subscription table lock").by_id.iter().map(|k| k.0.clone()).collect();
         v.sort_by(|a, b| a.sub.created_at_ms.cmp(&b.sub.created_at_ms).then_with(|| a.sub.id.cmp(&b.sub.id)));
         v
     }
@@ -485,9 +471,9 @@ impl SubscriptionTable {
             .read()
             .expect("subscription table lock")
             .by_id
-            .values()
-            .filter(|e| hookline_core::filter::delivers(&e.sub.tenant, &e.sub.event_types, tenant, event_type))
-            .cloned()
+            .iter()
+            .filter(|k| hookline_core::filter::delivers(&k.0.sub.tenant, &k.0.sub.event_types, tenant, event_type))
+            .map(|k| k.0.clone())
             .collect();
         v.sort_unstable_by(|a, b| a.sub.id.cmp(&b.sub.id));
         v

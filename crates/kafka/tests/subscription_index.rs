@@ -16,7 +16,7 @@ const PATTERNS: &[&str] = &[
 const EVENT_TYPES: &[&str] = &["a", "a.b", "a.b.c", "a.bc", "a.", ".", "..", "a..b", "b", "b.x", "x", "a.*.c", "*.b", "*", "", "a.b.c.d"];
 
 fn ids(v: &[std::sync::Arc<hookline_kafka::state::SubscriptionEntry>]) -> Vec<String> {
-    v.iter().map(|e| e.sub.id.clone()).collect()
+    v.iter().map(|e| e.sub.id.to_string()).collect()
 }
 
 fn record(id: &str, tenant: &str, types: &[&str]) -> Vec<u8> {
@@ -114,7 +114,7 @@ fn check(ops: &[Op]) -> Result<(), TestCaseError> {
             .all()
             .iter()
             .filter(|e| e.sub.event_types.iter().any(|p| hookline_core::filter::key(p) != hookline_core::filter::Key::Never))
-            .map(|e| e.sub.tenant.clone())
+            .map(|e| e.sub.tenant.to_string())
             .collect();
         prop_assert_eq!(table.indexed_tenants(), live.len());
     }

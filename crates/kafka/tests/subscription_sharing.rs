@@ -76,3 +76,40 @@ fn a_policy_that_does_not_resolve_is_still_the_entrys_error() {
     let again = put(&t, "b2", "", "this is = = not toml");
     assert_eq!(broken.policy.as_ref().unwrap_err(), again.policy.as_ref().unwrap_err());
 }
+
+/// What a table holds per subscription is the compact form, and what subscriptions share is one allocation per
+/// process: a tenant's name, a policy's name. A record with more than the held fields keeps the rest, and the
+/// API's read of the record (`to_subscription`) is the record that was written, after a change as before it.
+#[test]
+fn a_table_holds_the_compact_form_with_tenant_and_policy_names_shared_and_gives_back_the_record() {
+    let t = SubscriptionTable::default();
+    let record = |id: &str, description: &str| Subscription {
+        id: id.into(),
+        url: "http://127.0.0.1:1/".into(),
+        tenant: "acme".into(),
+        event_types: vec!["a.b".into(), "c.*".into()],
+        policy: "standard".into(),
+        description: description.into(),
+        enabled: true,
+        ..Default::default()
+    };
+    for (id, d) in [("a", ""), ("b", "")] {
+        t.apply(id.as_bytes(), Some(&record(id, d).encode_to_vec()));
+    }
+    let (a, b) = (t.get("a").unwrap(), t.get("b").unwrap());
+    assert!(Arc::ptr_eq(&a.sub.tenant, &b.sub.tenant), "one copy of the tenant's name");
+    assert!(Arc::ptr_eq(&a.sub.policy, &b.sub.policy), "one copy of the policy's name");
+    assert!(!a.sub.keeps_rest(), "nothing beyond the held fields is set, so nothing else is kept");
+    assert_eq!(a.sub.to_subscription(), record("a", ""));
+    // A change that sets a field outside the held ones: kept, and given back.
+    t.apply(b"a", Some(&record("a", "billing hook").encode_to_vec()));
+    let a = t.get("a").unwrap();
+    assert!(a.sub.keeps_rest());
+    assert_eq!(a.sub.description(), "billing hook");
+    assert_eq!(a.sub.to_subscription(), record("a", "billing hook"));
+    // The index found it before and finds it after, by exact type and by prefix.
+    assert_eq!(t.matching("acme", "a.b").len(), 2);
+    assert_eq!(t.matching("acme", "c.d").iter().map(|e| e.sub.id.to_string()).collect::<Vec<_>>(), ["a", "b"]);
+    t.apply(b"b", None);
+    assert_eq!(t.matching("acme", "c.d").iter().map(|e| e.sub.id.to_string()).collect::<Vec<_>>(), ["a"]);
+}

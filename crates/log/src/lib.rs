@@ -35,6 +35,8 @@ pub enum StoreError {
     Corrupt(String),
     #[error("the store's worker thread failed: {0}")]
     Join(#[from] tokio::task::JoinError),
+    #[error("the store's writer thread failed: {0}")]
+    Writer(&'static str),
     #[error("{0}")]
     Target(String),
 }

@@ -1,5 +1,6 @@
 //! The embedded backend: one SQLite file in WAL mode, a writer connection and a reader connection (readers are not
-//! blocked by the indexer's transactions), every call on tokio's blocking pool.
+//! blocked by the indexer's transactions). Writes run on a thread of their own (`log-writer`: its CPU is told apart
+//! from the fan-out's in a process that runs both), reads on tokio's blocking pool.
 
 use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex};
@@ -15,8 +16,15 @@ use crate::schema;
 use crate::sql::{self, Dialect, Param, RowGet};
 use crate::{Retention, StoreError};
 
+/// A write, run on the writer thread with its connection.
+type Job = Box<dyn FnOnce(&mut Connection) + Send>;
+
+/// The thread's name (at most 15 bytes: Linux truncates longer ones), as `/proc/<pid>/task/*/comm` shows it.
+pub const WRITER_THREAD: &str = "log-writer";
+
 pub struct SqliteStore {
-    writer: Arc<Mutex<Connection>>,
+    /// To the writer thread, which owns the writer connection; it ends when the store is dropped.
+    writer: Mutex<std::sync::mpsc::Sender<Job>>,
     reader: Arc<Mutex<Connection>>,
     path: PathBuf,
     pub(crate) applied: Vec<u32>,
@@ -68,7 +76,18 @@ impl SqliteStore {
         let applied = migrate(&mut writer)?;
         let reader = Connection::open_with_flags(&path, OpenFlags::SQLITE_OPEN_READ_ONLY | OpenFlags::SQLITE_OPEN_NO_MUTEX)?;
         reader.busy_timeout(Duration::from_secs(10))?;
-        Ok(Self { writer: Arc::new(Mutex::new(writer)), reader: Arc::new(Mutex::new(reader)), path, applied })
+        let (jobs, queue) = std::sync::mpsc::channel::<Job>();
+        std::thread::Builder::new()
+            .name(WRITER_THREAD.into())
+            .spawn(move || {
+                let mut c = writer;
+                for job in queue {
+                    // A panicking write drops its reply (the caller gets an error); the thread goes on.
+                    let _ = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| job(&mut c)));
+                }
+            })
+            .map_err(|e| StoreError::Open(format!("starting the writer thread: {e}")))?;
+        Ok(Self { writer: Mutex::new(jobs), reader: Arc::new(Mutex::new(reader)), path, applied })
     }
 
     pub fn path(&self) -> &Path {
@@ -87,8 +106,12 @@ impl SqliteStore {
         &self,
         f: impl FnOnce(&mut Connection) -> Result<T, StoreError> + Send + 'static,
     ) -> Result<T, StoreError> {
-        let c = self.writer.clone();
-        tokio::task::spawn_blocking(move || f(&mut lock(&c))).await?
+        let (tx, rx) = tokio::sync::oneshot::channel();
+        let job: Job = Box::new(move |c| {
+            let _ = tx.send(f(c));
+        });
+        self.writer.lock().unwrap_or_else(|e| e.into_inner()).send(job).map_err(|_| StoreError::Writer("it has stopped"))?;
+        rx.await.map_err(|_| StoreError::Writer("a write panicked"))?
     }
 
     pub async fn schema_version(&self) -> Result<u32, StoreError> {

@@ -13,7 +13,6 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use hookline_core::model::{DeliveryTask, RetryEnvelope, TaskOrigin};
-use hookline_core::subscription::activity;
 use hookline_kafka::client::producer;
 use hookline_kafka::rebalance::RebalanceEvent;
 use hookline_kafka::state::{EndpointStates, StateTables, SubscriptionTable};
@@ -383,7 +382,7 @@ fn set_partition_paused(ctl: &Control<'_>, topic: &str, partition: i32, pause: b
 fn may_release(subs: &SubscriptionTable, states: &EndpointStates, id: &str) -> bool {
     match subs.get(id) {
         None => true,
-        Some(e) => activity(&e.sub, states.get(id).as_ref()).is_active(),
+        Some(e) => e.sub.activity(states.get(id).as_ref()).is_active(),
     }
 }
 

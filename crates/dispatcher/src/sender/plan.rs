@@ -71,7 +71,7 @@ impl SendPlan {
             });
             Destination { route, target }
         });
-        let headers = HeaderPlan::new(policy, &entry.sub.id, &entry.sub.secrets);
+        let headers = HeaderPlan::with_secrets(policy, &entry.sub.id, entry.sub.secrets.iter().map(|s| (&*s.value, s.expires_at_ms)));
         let slots = headers
             .entries()
             .iter()
@@ -182,7 +182,7 @@ pub(super) struct Plans {
 impl Plans {
     /// The plan for this version of the subscription: the kept one, else one made by `build` and kept.
     pub fn get_or_build(&self, entry: &Arc<SubscriptionEntry>, build: impl FnOnce() -> SendPlan) -> Arc<SendPlan> {
-        if let Some(plan) = self.by_id.read().expect("plans lock").get(entry.sub.id.as_str()) {
+        if let Some(plan) = self.by_id.read().expect("plans lock").get(&*entry.sub.id) {
             if plan.is_for(entry) {
                 return plan.clone();
             }
@@ -190,10 +190,10 @@ impl Plans {
         // Built outside the lock: keying HMACs and judging the URL is the work a plan saves, not to be serialised.
         let plan = Arc::new(build());
         let mut plans = self.by_id.write().expect("plans lock");
-        match plans.get_mut(entry.sub.id.as_str()) {
+        match plans.get_mut(&*entry.sub.id) {
             Some(kept) => *kept = plan.clone(),
             None => {
-                plans.insert(Arc::from(entry.sub.id.as_str()), plan.clone());
+                plans.insert(Arc::from(&*entry.sub.id), plan.clone());
             }
         }
         plan

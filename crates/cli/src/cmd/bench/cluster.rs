@@ -166,6 +166,15 @@ impl Proc {
         (rdk, other)
     }
 
+    /// CPU seconds of the child's threads named `name` (as `/proc/<pid>/task/*/comm` shows it).
+    pub fn thread_cpu_s(&self, name: &str) -> f64 {
+        let Ok(dir) = std::fs::read_dir(format!("/proc/{}/task", self.pid)) else { return 0.0 };
+        dir.flatten()
+            .filter(|e| std::fs::read_to_string(e.path().join("comm")).unwrap_or_default().trim_end() == name)
+            .map(|e| proc_cpu_s(&e.path().join("stat").to_string_lossy()))
+            .sum()
+    }
+
     /// (VmHWM, VmRSS) in MiB.
     pub fn rss_mb(&self) -> (f64, f64) {
         let status = std::fs::read_to_string(format!("/proc/{}/status", self.pid)).unwrap_or_default();

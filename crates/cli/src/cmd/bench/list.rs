@@ -67,7 +67,7 @@ fn measure(n: usize) -> (Map<String, Value>, bool) {
         .iter()
         .map(|p| {
             let tenant = format!("tenant_{p}");
-            let after = t.page(Some(&tenant), None, 1).items.first().map(|e| e.sub.id.clone()).unwrap_or_default();
+            let after = t.page(Some(&tenant), None, 1).items.first().map(|e| e.sub.id.to_string()).unwrap_or_default();
             (tenant, after)
         })
         .collect();
@@ -81,7 +81,7 @@ fn measure(n: usize) -> (Map<String, Value>, bool) {
         let mut all = t.all();
         all.sort_by(|a, b| a.sub.id.cmp(&b.sub.id));
         let tenant = format!("tenant_{}", picks[old.len()]);
-        let page: Vec<_> = all.iter().filter(|e| e.sub.tenant == tenant).take(LIMIT).collect();
+        let page: Vec<_> = all.iter().filter(|e| *e.sub.tenant == *tenant).take(LIMIT).collect();
         std::hint::black_box(page);
         old.push(s.elapsed().as_secs_f64() * 1e6);
     }

@@ -164,8 +164,26 @@ async fn wait_rss_settled(p: &super::cluster::Proc, quiet: Duration, limit: Dura
     last
 }
 
+/// Ingest's CPU per event in one round, µs, by part of the process.
+#[derive(Clone, Copy, Default)]
+struct RoundCpu {
+    /// The whole process.
+    all: f64,
+    /// librdkafka's threads (`rdk:*`).
+    rdk: f64,
+    /// The delivery log's SQLite writes (its `log-writer` thread): the log, not the fan-out.
+    log_writer: f64,
+    /// Everything else.
+    other: f64,
+    /// The whole process without the log's writes: the fan-out (with the log indexer's reading and folding of
+    /// the records, which do not depend on the table).
+    fanout: f64,
+    events_per_s: f64,
+}
+
 /// One round: `count` events, each for one random subscription of `0..n`, published at once; ingest's CPU seconds
-/// (whole process, librdkafka threads, the others) from the first publish until the receiver has them all.
+/// (whole process, librdkafka threads, the log writer, the others) from the first publish until the receiver has
+/// them all.
 #[allow(clippy::too_many_arguments)]
 async fn round_cpu(
     cluster: &Cluster,
@@ -176,13 +194,13 @@ async fn round_cpu(
     count: u64,
     tag: &str,
     rng: &mut impl Rng,
-) -> anyhow::Result<(f64, f64, f64, f64)> {
+) -> anyhow::Result<RoundCpu> {
     let ok_before = recv.state.ok.load(Ordering::Relaxed);
     let cpu = |c: &Cluster| {
-        let (rdk, other) = c.ingest.split_cpu_s();
-        (c.ingest.cpu_s(), rdk, other)
+        let (rdk, _) = c.ingest.split_cpu_s();
+        (c.ingest.cpu_s(), rdk, c.ingest.thread_cpu_s(hookline_log::sqlite::WRITER_THREAD))
     };
-    let (a, a_rdk, a_other) = cpu(cluster);
+    let (a, a_rdk, a_log) = cpu(cluster);
     let start = Instant::now();
     for k in 0..count {
         let i = rng.random_range(0..n);
@@ -211,9 +229,17 @@ async fn round_cpu(
         tokio::time::sleep(Duration::from_millis(20)).await;
     }
     let wall = start.elapsed().as_secs_f64();
-    let (b, b_rdk, b_other) = cpu(cluster);
+    let (b, b_rdk, b_log) = cpu(cluster);
     let per = |x: f64| x / count as f64 * 1e6;
-    Ok((per(b - a), per(b_rdk - a_rdk), per(b_other - a_other), count as f64 / wall))
+    let (all, rdk, log_writer) = (per(b - a), per(b_rdk - a_rdk), per(b_log - a_log));
+    Ok(RoundCpu {
+        all,
+        rdk,
+        log_writer,
+        other: all - rdk - log_writer,
+        fanout: all - log_writer,
+        events_per_s: count as f64 / wall,
+    })
 }
 
 pub async fn run(args: &BenchArgs) -> anyhow::Result<(Map<String, Value>, bool)> {
@@ -230,16 +256,13 @@ pub async fn run(args: &BenchArgs) -> anyhow::Result<(Map<String, Value>, bool)>
     // 16 subscriptions.
     let small_written = load(&cluster, &recv, 0, SMALL, tenants, 1, false).await?;
     wait_sentinels(&publisher, &recv, 1, partitions, Duration::from_secs(90)).await?;
-    let (mut small_us, mut small_rdk, mut small_other, mut small_rate) = (Vec::new(), Vec::new(), Vec::new(), Vec::new());
+    let mut small: Vec<RoundCpu> = Vec::new();
     // A first round warms every path (connections, allocator pools) and is not counted.
     round_cpu(&cluster, &publisher, &recv, SMALL, tenants, per_round.min(2_000), "w1", &mut rng).await?;
     for r in 0..ROUNDS {
-        let (us, rdk, other, rate) = round_cpu(&cluster, &publisher, &recv, SMALL, tenants, per_round, &format!("s{r}"), &mut rng).await?;
-        eprintln!("  16 subscriptions, round {r}: ingest {us:.1} µs CPU per event ({rate:.0} events/s)");
-        small_us.push(us);
-        small_rdk.push(rdk);
-        small_other.push(other);
-        small_rate.push(rate);
+        let c = round_cpu(&cluster, &publisher, &recv, SMALL, tenants, per_round, &format!("s{r}"), &mut rng).await?;
+        eprintln!("  16 subscriptions, round {r}: ingest {:.1} µs CPU per event, {:.1} without the log's writes ({:.0} events/s)", c.all, c.fanout, c.events_per_s);
+        small.push(c);
     }
     tokio::time::sleep(Duration::from_secs(1)).await;
     let mut rss_small = Vec::new();
@@ -258,15 +281,12 @@ pub async fn run(args: &BenchArgs) -> anyhow::Result<(Map<String, Value>, bool)>
     for (_, p) in procs(&cluster) {
         rss_large.push(wait_rss_settled(p, Duration::from_secs(3), Duration::from_secs(120)).await);
     }
-    let (mut large_us, mut large_rdk, mut large_other, mut large_rate) = (Vec::new(), Vec::new(), Vec::new(), Vec::new());
+    let mut large_rounds: Vec<RoundCpu> = Vec::new();
     round_cpu(&cluster, &publisher, &recv, large, tenants, per_round.min(2_000), "w2", &mut rng).await?;
     for r in 0..ROUNDS {
-        let (us, rdk, other, rate) = round_cpu(&cluster, &publisher, &recv, large, tenants, per_round, &format!("l{r}"), &mut rng).await?;
-        eprintln!("  {large} subscriptions, round {r}: ingest {us:.1} µs CPU per event ({rate:.0} events/s)");
-        large_us.push(us);
-        large_rdk.push(rdk);
-        large_other.push(other);
-        large_rate.push(rate);
+        let c = round_cpu(&cluster, &publisher, &recv, large, tenants, per_round, &format!("l{r}"), &mut rng).await?;
+        eprintln!("  {large} subscriptions, round {r}: ingest {:.1} µs CPU per event, {:.1} without the log's writes ({:.0} events/s)", c.all, c.fanout, c.events_per_s);
+        large_rounds.push(c);
     }
     // After traffic to ~`ROUNDS × --events` distinct subscriptions: what the services keep per subscription that
     // has had deliveries (lanes, limits, endpoint states), beside the table. Reported, no target.
@@ -276,11 +296,11 @@ pub async fn run(args: &BenchArgs) -> anyhow::Result<(Map<String, Value>, bool)>
     // (the delivery log's store in ingest has grown, caches are warmer) shows here, not as the table's.
     load(&cluster, &recv, SMALL, large, tenants, 3, true).await?;
     wait_sentinels(&publisher, &recv, 3, 3 * partitions, Duration::from_secs(600)).await?;
-    let mut after_us = Vec::new();
+    let mut after: Vec<RoundCpu> = Vec::new();
     for r in 0..ROUNDS {
-        let (us, _, _, rate) = round_cpu(&cluster, &publisher, &recv, SMALL, tenants, per_round, &format!("a{r}"), &mut rng).await?;
-        eprintln!("  16 subscriptions again, round {r}: ingest {us:.1} µs CPU per event ({rate:.0} events/s)");
-        after_us.push(us);
+        let c = round_cpu(&cluster, &publisher, &recv, SMALL, tenants, per_round, &format!("a{r}"), &mut rng).await?;
+        eprintln!("  16 subscriptions again, round {r}: ingest {:.1} µs CPU per event, {:.1} without the log's writes ({:.0} events/s)", c.all, c.fanout, c.events_per_s);
+        after.push(c);
     }
     let failures = publisher.failed.load(Ordering::Relaxed);
     let cluster = Arc::try_unwrap(cluster).map_err(|_| anyhow::anyhow!("cluster still shared"))?;
@@ -288,9 +308,17 @@ pub async fn run(args: &BenchArgs) -> anyhow::Result<(Map<String, Value>, bool)>
     drop(recv);
 
     let median = |v: &[f64]| pct(&sorted(v.to_vec()), 50.0);
-    let ratios: Vec<f64> = small_us.iter().zip(&large_us).map(|(s, l)| if *s > 0.0 { l / s } else { f64::NAN }).collect();
-    let small_all: Vec<f64> = small_us.iter().chain(&after_us).copied().collect();
-    let ratio = median(&large_us) / median(&small_all).max(f64::MIN_POSITIVE);
+    let part = |v: &[RoundCpu], f: fn(&RoundCpu) -> f64| v.iter().map(f).collect::<Vec<f64>>();
+    // The ratio of one part: the large rounds' median ÷ the median of both 16 sets; and per round, ÷ the first 16.
+    let ratio_of = |f: fn(&RoundCpu) -> f64| {
+        let both: Vec<f64> = part(&small, f).into_iter().chain(part(&after, f)).collect();
+        let per_round: Vec<f64> =
+            small.iter().zip(&large_rounds).map(|(s, l)| if f(s) > 0.0 { f(l) / f(s) } else { f64::NAN }).collect();
+        (median(&part(&large_rounds, f)) / median(&both).max(f64::MIN_POSITIVE), per_round, median(&both))
+    };
+    let (ratio, ratios, fanout_small) = ratio_of(|c| c.fanout);
+    let (ingest_ratio, ingest_ratios, ingest_small) = ratio_of(|c| c.all);
+    let (log_ratio, _, _) = ratio_of(|c| c.log_writer);
     let added = large_written as f64;
     let mut rss = Map::new();
     let mut per_sub = Map::new();
@@ -305,8 +333,11 @@ pub async fn run(args: &BenchArgs) -> anyhow::Result<(Map<String, Value>, bool)>
     let ratio_met = ratio <= RATIO_TARGET;
     let rss_met = worst <= BYTES_TARGET;
     let mut rows = vec![
-        row("ingest CPU/event, 16 (median)", format!("{:.1} µs", median(&small_all)), "", None),
-        row("ingest CPU/event, large (median)", format!("{:.1} µs", median(&large_us)), "", None),
+        row("ingest CPU/event, 16 (median)", format!("{ingest_small:.1} µs"), "", None),
+        row("ingest CPU/event, large (median)", format!("{:.1} µs", median(&part(&large_rounds, |c| c.all))), "", None),
+        row("ingest_cpu_ratio (with the log's writes)", format!("{ingest_ratio:.2}"), "", None),
+        row("fan-out CPU/event, 16 (median)", format!("{fanout_small:.1} µs"), "", None),
+        row("fan-out CPU/event, large (median)", format!("{:.1} µs", median(&part(&large_rounds, |c| c.fanout))), "", None),
         row("fanout_cpu_ratio", format!("{ratio:.2}"), format!("≤ {RATIO_TARGET}"), Some(ratio_met)),
     ];
     for (k, name) in ["RSS/subscription, ingest (B)", "RSS/subscription, dispatcher (B)", "RSS/subscription, retry-sch. (B)"]
@@ -327,12 +358,20 @@ pub async fn run(args: &BenchArgs) -> anyhow::Result<(Map<String, Value>, bool)>
     o.insert("rounds".into(), json!(ROUNDS));
     o.insert("fanout_cpu_ratio".into(), json!(round(ratio, 3)));
     o.insert("fanout_cpu_ratios".into(), json!(ratios.iter().map(|v| round(*v, 3)).collect::<Vec<_>>()));
-    o.insert("ingest_cpu_us_per_event_small".into(), json!(r1(&small_us)));
-    o.insert("ingest_cpu_us_per_event_large".into(), json!(r1(&large_us)));
-    o.insert("ingest_cpu_us_per_event_small_again".into(), json!(r1(&after_us)));
-    o.insert("ingest_librdkafka_us_per_event".into(), json!({"small": r1(&small_rdk), "large": r1(&large_rdk)}));
-    o.insert("ingest_other_us_per_event".into(), json!({"small": r1(&small_other), "large": r1(&large_other)}));
-    o.insert("events_per_s".into(), json!({"small": r1(&small_rate), "large": r1(&large_rate)}));
+    o.insert("ingest_cpu_ratio".into(), json!(round(ingest_ratio, 3)));
+    o.insert("ingest_cpu_ratios".into(), json!(ingest_ratios.iter().map(|v| round(*v, 3)).collect::<Vec<_>>()));
+    o.insert("log_writer_cpu_ratio".into(), json!(round(log_ratio, 3)));
+    let by_size = |f: fn(&RoundCpu) -> f64| {
+        json!({"small": r1(&part(&small, f)), "large": r1(&part(&large_rounds, f)), "small_again": r1(&part(&after, f))})
+    };
+    o.insert("fanout_cpu_us_per_event".into(), by_size(|c| c.fanout));
+    o.insert("ingest_cpu_us_per_event_small".into(), json!(r1(&part(&small, |c| c.all))));
+    o.insert("ingest_cpu_us_per_event_large".into(), json!(r1(&part(&large_rounds, |c| c.all))));
+    o.insert("ingest_cpu_us_per_event_small_again".into(), json!(r1(&part(&after, |c| c.all))));
+    o.insert("ingest_librdkafka_us_per_event".into(), by_size(|c| c.rdk));
+    o.insert("ingest_log_writer_us_per_event".into(), by_size(|c| c.log_writer));
+    o.insert("ingest_other_us_per_event".into(), by_size(|c| c.other));
+    o.insert("events_per_s".into(), by_size(|c| c.events_per_s));
     o.insert("rss_mb".into(), Value::Object(rss));
     o.insert("rss_bytes_per_subscription".into(), Value::Object(per_sub));
     o.insert("rss_bytes_per_subscription_max".into(), json!(round(worst, 0)));
