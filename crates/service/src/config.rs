@@ -302,7 +302,8 @@ pub struct DispatcherSettings {
     /// ones, and those it had queued beyond it, are parked on the retry ladder (not an attempt), so a slow or
     /// hanging endpoint cannot use up `max_in_flight`. Parked tasks of a lane that still finishes work (1/s or more)
     /// come back one by one at its pace; those of a hanging one after 4 s, 15 s, then each minute (or its estimated
-    /// drain time, at most 1 min). Not judged while the broker or the process stalls, nor for 5 s after.
+    /// drain time, at most 1 min). Not judged while the broker or the process stalls, nor for 5 s after. A lane
+    /// finishing work at ≥ ¼ of the mean pace of all lanes (and ≥ 1/s) is not judged stuck until 4 × this.
     pub max_queued_per_subscription: usize,
     /// On SIGTERM, how long in-flight deliveries may take to finish before the rest is handed back uncommitted.
     pub drain_timeout_ms: u64,
