@@ -193,7 +193,7 @@ impl Plans {
         match plans.get_mut(&*entry.sub.id) {
             Some(kept) => *kept = plan.clone(),
             None => {
-                plans.insert(Arc::from(&*entry.sub.id), plan.clone());
+                plans.insert(entry.sub.id.clone(), plan.clone());
             }
         }
         plan
