@@ -79,6 +79,15 @@ impl rdkafka::ClientContext for QuietEof {
 
 impl rdkafka::consumer::ConsumerContext for QuietEof {}
 
+/// Client-wide transport errors, which librdkafka hands to the error callback as well as to the poll.
+pub(crate) fn reported_by_client(error: &KafkaError) -> bool {
+    use rdkafka::types::RDKafkaErrorCode as C;
+    matches!(
+        error.rdkafka_error_code(),
+        Some(C::AllBrokersDown | C::BrokerTransportFailure | C::Resolve | C::BrokerNotAvailable | C::NetworkException)
+    )
+}
+
 /// Why [`fetch_metadata`] failed.
 pub(crate) enum MetadataError {
     Kafka(KafkaError),
@@ -233,6 +242,12 @@ where
                         tracing::debug!(%topic, "table caught up");
                         let _ = caught_tx.send(true);
                     }
+                }
+                // Broker connectivity is already logged by the client's error callback (`QuietEof::error`), and
+                // librdkafka reconnects by itself: warn only of what that callback does not report.
+                Err(e) if reported_by_client(&e) => {
+                    tracing::debug!(%topic, error = %e, "table reader: broker connectivity; librdkafka reconnects");
+                    tokio::time::sleep(Duration::from_millis(200)).await;
                 }
                 Err(e) => {
                     tracing::warn!(%topic, error = %e, "table reader error; retrying");
