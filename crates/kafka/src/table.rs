@@ -168,11 +168,6 @@ impl TableHandle {
     }
 }
 
-/// What a table reader fetches ahead of `apply` (librdkafka's `queued.max.messages.kbytes`; its default, 64 MiB,
-/// is far more than applying needs to keep busy). Reading a large table, the prefetched records' buffers are freed as
-/// they are applied, but the allocator keeps the pages: the bound is that much less resident per process.
-const TABLE_PREFETCH_KIB: u32 = 4 * 1024;
-
 /// Starts reading `topic`. `apply(partition, key, value)` runs for every record in order; `value` is `None` for a
 /// tombstone. The reader stops when `cancel` fires.
 pub async fn spawn<F>(
@@ -187,9 +182,8 @@ where
 {
     let topic = topic.to_owned();
     let kafka = |source| TableError::Kafka { topic: topic.clone(), source };
-    let mut config = table_consumer_config(settings, client_id).map_err(kafka)?;
-    config.set("queued.max.messages.kbytes", TABLE_PREFETCH_KIB.to_string());
-    let consumer: StreamConsumer<QuietEof> = config.create_with_context(QuietEof::default()).map_err(kafka)?;
+    let consumer: StreamConsumer<QuietEof> =
+        table_consumer_config(settings, client_id).map_err(kafka)?.create_with_context(QuietEof::default()).map_err(kafka)?;
     let consumer = Arc::new(consumer);
     let partitions = {
         let (c, t) = (consumer.clone(), topic.clone());
