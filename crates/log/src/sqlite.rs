@@ -23,7 +23,7 @@ type Job = Box<dyn FnOnce(&mut Connection) + Send>;
 pub const WRITER_THREAD: &str = "log-writer";
 
 /// The writer connection's page cache (`PRAGMA cache_size`, KiB).
-pub const WRITER_CACHE_KIB: i64 = 64 * 1024;
+pub const WRITER_CACHE_KIB: i64 = 16 * 1024;
 /// WAL pages between automatic checkpoints (`PRAGMA wal_autocheckpoint`; SQLite's default is 1,000).
 const WAL_CHECKPOINT_PAGES: i64 = 8_000;
 
