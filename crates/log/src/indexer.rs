@@ -180,9 +180,12 @@ fn conclude(
 /// Writes a batch, retrying with backoff until it is stored (true) or shutdown (false).
 async fn write(store: &LogStore, batch: Batch, retention_days: u32, shutdown: &CancellationToken) -> bool {
     let mut wait = RETRY_MIN;
+    let records = batch.len();
+    // Folded once (the cutoff is the first try's: a retry within the hour keeps the same rows).
+    let folded = Arc::new(crate::fold(batch, retention_days, hookline_service::now_ms()));
     loop {
         let started = std::time::Instant::now();
-        match store.index(batch.clone(), retention_days, hookline_service::now_ms()).await {
+        match store.index_folded(folded.clone()).await {
             Ok(s) => {
                 metrics::histogram!("hookline_log_index_batch_ms").record(started.elapsed().as_secs_f64() * 1_000.0);
                 for (kind, n) in [("attempt", s.attempts), ("delivery", s.deliveries), ("event", s.events), ("skipped", s.skipped)] {
@@ -192,7 +195,7 @@ async fn write(store: &LogStore, batch: Batch, retention_days: u32, shutdown: &C
             }
             Err(e) => {
                 metrics::counter!("hookline_log_index_errors_total").increment(1);
-                tracing::warn!(error = %e, records = batch.len(), retry_in_ms = wait.as_millis() as u64, "delivery log write failed; retrying the batch");
+                tracing::warn!(error = %e, records, retry_in_ms = wait.as_millis() as u64, "delivery log write failed; retrying the batch");
                 tokio::select! {
                     _ = shutdown.cancelled() => return false,
                     _ = tokio::time::sleep(wait) => {}

@@ -12,6 +12,7 @@ pub mod sql;
 pub mod sqlite;
 
 use std::path::PathBuf;
+use std::sync::Arc;
 
 use hookline_core::model::Event;
 use hookline_service::config::{LogSettings, LogStoreKind};
@@ -170,11 +171,14 @@ impl LogStore {
     /// re-read anything it had not committed offsets for. Records older than `retention_days` before `now_ms`
     /// are skipped.
     pub async fn index(&self, batch: Batch, retention_days: u32, now_ms: i64) -> Result<IndexSummary, StoreError> {
-        let cutoff = cutoff_ms(retention_days, now_ms);
-        let folded = model::fold(batch, cutoff);
+        self.index_folded(Arc::new(fold(batch, retention_days, now_ms))).await
+    }
+
+    /// Writes rows [`fold`] made (the indexer folds a batch once and retries a refused write with the same rows).
+    pub async fn index_folded(&self, folded: Arc<model::Folded>) -> Result<IndexSummary, StoreError> {
         match self {
             Self::Sqlite(s) => s.index(folded).await,
-            Self::Postgres(s) => s.index(folded).await,
+            Self::Postgres(s) => s.index(&folded).await,
         }
     }
 
@@ -290,6 +294,11 @@ impl LogStore {
             Self::Postgres(s) => s.apply_retention(cutoff, now_ms).await,
         }
     }
+}
+
+/// A batch's rows, each key once; records older than `retention_days` before `now_ms` skipped.
+pub fn fold(batch: Batch, retention_days: u32, now_ms: i64) -> model::Folded {
+    model::fold(batch, cutoff_ms(retention_days, now_ms))
 }
 
 /// Everything before this is outside the retention. PostgreSQL drops whole days, so it keeps up to a day more.

@@ -305,39 +305,40 @@ fn clamp_u16(v: u32) -> u16 {
     u16::try_from(v).unwrap_or(0)
 }
 
-pub fn attempt_row(rec: &AttemptRecord) -> AttemptRow {
+/// The stored row of an attempt record, its strings moved out of the record (which is not used again).
+pub fn attempt_row(rec: AttemptRecord) -> AttemptRow {
     AttemptRow {
-        delivery_id: rec.delivery_id.clone(),
-        run_id: rec.run_id.clone(),
+        body_ref: if rec.event_id.is_empty() { String::new() } else { format!("event:{}", rec.event_id) },
+        delivery_id: rec.delivery_id,
+        run_id: rec.run_id,
         attempt: rec.attempt,
         try_no: rec.r#try,
-        subscription_id: rec.subscription_id.clone(),
+        subscription_id: rec.subscription_id,
         started_at_ms: rec.started_at_ms,
         duration_ms: rec.duration_ms.max(0),
-        outcome: rec.outcome.clone(),
+        outcome: rec.outcome,
         http_status: clamp_u16(rec.http_status),
-        reason: rec.reason.clone(),
-        request_headers: header_pairs(&rec.request_headers),
-        body_ref: if rec.event_id.is_empty() { String::new() } else { format!("event:{}", rec.event_id) },
-        response_headers: header_pairs(&rec.response_headers),
-        response_excerpt: rec.response_excerpt.clone(),
-        verdict: rec.verdict.clone(),
+        reason: rec.reason,
+        request_headers: header_pairs(rec.request_headers),
+        response_headers: header_pairs(rec.response_headers),
+        response_excerpt: rec.response_excerpt,
+        verdict: rec.verdict,
         counts_toward_disable: rec.counts_toward_disable,
         next_due_at_ms: rec.next_due_at_ms,
-        final_state: rec.final_state.clone(),
-        status_word: rec.status_word.clone(),
-        policy: rec.policy.clone(),
+        final_state: rec.final_state,
+        status_word: rec.status_word,
+        policy: rec.policy,
         concludes_attempt: rec.concludes_attempt,
-        traceparent: rec.traceparent.clone(),
+        traceparent: rec.traceparent,
         decided_by: hookline_core::DecidedBy::from_wire(rec.decided_by),
         rule: rec.rule,
-        rule_when: rec.rule_when.clone(),
+        rule_when: rec.rule_when,
     }
 }
 
 /// A record's headers as text pairs (a value that is not UTF-8 is read lossily: the log is for people).
-fn header_pairs(headers: &[hookline_core::model::Header]) -> Vec<(String, String)> {
-    headers.iter().map(|h| (h.name.clone(), String::from_utf8_lossy(&h.value).into_owned())).collect()
+fn header_pairs(headers: Vec<hookline_core::model::Header>) -> Vec<(String, String)> {
+    headers.into_iter().map(|h| (h.name, String::from_utf8_lossy(&h.value).into_owned())).collect()
 }
 
 /// Merges `new` into `old` the way the backends merge into a stored row (kept in one place: the SQL of both
@@ -389,21 +390,24 @@ pub fn fold(batch: Batch, cutoff_ms: i64) -> Folded {
             out.skipped += 1;
             continue;
         }
-        let row = attempt_row(&rec);
+        let mut rec = rec;
+        let tenant = tenants.get(&rec.event_id).cloned().unwrap_or_default();
+        let (event_id, event_type) = (rec.event_id.clone(), std::mem::take(&mut rec.event_type));
+        let row = attempt_row(rec);
         let delivery = DeliveryRow {
-            delivery_id: rec.delivery_id.clone(),
-            subscription_id: rec.subscription_id.clone(),
-            tenant: tenants.get(&rec.event_id).cloned().unwrap_or_default(),
-            event_id: rec.event_id.clone(),
-            event_type: rec.event_type.clone(),
-            state: DeliveryState::from_final(&rec.final_state),
-            status_word: rec.status_word.clone(),
-            first_at_ms: rec.started_at_ms,
-            last_at_ms: rec.started_at_ms,
-            attempts_made: rec.attempt,
+            delivery_id: row.delivery_id.clone(),
+            subscription_id: row.subscription_id.clone(),
+            tenant,
+            event_id,
+            event_type,
+            state: DeliveryState::from_final(&row.final_state),
+            status_word: row.status_word.clone(),
+            first_at_ms: row.started_at_ms,
+            last_at_ms: row.started_at_ms,
+            attempts_made: row.attempt,
             last_http_status: row.http_status,
-            last_outcome: rec.outcome.clone(),
-            run_id: rec.run_id.clone(),
+            last_outcome: row.outcome.clone(),
+            run_id: row.run_id.clone(),
             dead_letter_reason: String::new(),
         };
         upsert(&mut deliveries, delivery);

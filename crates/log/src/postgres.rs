@@ -170,7 +170,7 @@ impl PgStore {
         current_version(&r).await
     }
 
-    pub async fn index(&self, f: Folded) -> Result<IndexSummary, StoreError> {
+    pub async fn index(&self, f: &Folded) -> Result<IndexSummary, StoreError> {
         let mut w = self.writer().await?;
         let days: BTreeSet<i64> = f
             .attempts

@@ -80,6 +80,7 @@ conformance!(
     a_delivery_comes_back_with_its_attempts_and_its_event,
     indexing_the_same_records_again_changes_nothing,
     records_read_out_of_order_make_the_same_delivery,
+    a_delivery_indexed_after_its_event_learns_the_tenant,
     lists_page_newest_first_without_gaps_or_repeats,
     filters_combine_and_scope_by_tenant,
     search_by_event_id_finds_every_subscription,
@@ -227,6 +228,32 @@ async fn records_read_out_of_order_make_the_same_delivery(target: Target) {
     assert_eq!(d.event.unwrap().tenant, "globex");
     let page = store.list(&ListQuery::new(Scope::Tenant("globex".into()))).await.unwrap();
     assert_eq!(page.items.len(), 1);
+}
+
+async fn a_delivery_indexed_after_its_event_learns_the_tenant(target: Target) {
+    let store = open(&target).await;
+    // The usual order: the event in one batch, its deliveries' attempts in later ones (the tenant is looked up
+    // from the stored event as the delivery is written).
+    index(&store, Batch { events: vec![(event("evt_5", "initech", "order.created"), T0 + 10)], ..Default::default() }).await;
+    index(&store, Batch { attempts: vec![attempt("dlv_5", "sub_a", "evt_5", 1, T0 + 100, 503, "")], ..Default::default() }).await;
+    assert_eq!(store.delivery("dlv_5").await.unwrap().unwrap().delivery.tenant, "initech");
+    // A later attempt (no tenant in its batch either) keeps it; another delivery of an unknown event has none yet.
+    index(
+        &store,
+        Batch {
+            attempts: vec![
+                attempt("dlv_5", "sub_a", "evt_5", 2, T0 + 200, 200, "succeeded"),
+                attempt("dlv_6", "sub_b", "evt_6", 1, T0 + 200, 200, "succeeded"),
+            ],
+            ..Default::default()
+        },
+    )
+    .await;
+    let d = store.delivery("dlv_5").await.unwrap().unwrap().delivery;
+    assert_eq!((d.tenant.as_str(), d.state, d.attempts_made), ("initech", DeliveryState::Succeeded, 2));
+    assert_eq!(store.delivery("dlv_6").await.unwrap().unwrap().delivery.tenant, "");
+    let page = store.list(&ListQuery::new(Scope::Tenant("initech".into()))).await.unwrap();
+    assert_eq!(page.items.iter().map(|d| d.delivery_id.as_str()).collect::<Vec<_>>(), ["dlv_5"]);
 }
 
 /// 25 deliveries of sub_a, some sharing a millisecond, plus other subscriptions' noise.
