@@ -452,7 +452,9 @@ async fn attempt(ctx: &Ctx, mut task: DeliveryTask, entry: &Arc<SubscriptionEntr
         if try_no > 1 {
             Box::pin(rate_turn(ctx, &task.subscription_id, entry)).await?;
         }
-        let started = now_ms();
+        // To the µs for the latency split (AttemptRecord.started_at_us); the ms is the same instant.
+        let started_us = hookline_service::now_us();
+        let started = started_us.div_euclid(1000);
         if task.first_attempt_at_ms == 0 {
             task.first_attempt_at_ms = started;
         }
@@ -480,7 +482,7 @@ async fn attempt(ctx: &Ctx, mut task: DeliveryTask, entry: &Arc<SubscriptionEntr
                 Box::pin(breaker_changed(ctx, partition, &task.subscription_id, change)).await?;
             }
         }
-        match Box::pin(conclude_try(ctx, partition, &task, entry, policy, attempt_no, try_no, started, result, span)).await? {
+        match Box::pin(conclude_try(ctx, partition, &task, entry, policy, attempt_no, try_no, started_us, result, span)).await? {
             AfterTry::TryAgain(wait_ms) => {
                 tokio::select! {
                     _ = tokio::time::sleep(Duration::from_millis(wait_ms)) => {}
@@ -505,7 +507,7 @@ async fn conclude_try(
     policy: &Policy,
     attempt_no: u32,
     try_no: u32,
-    started: i64,
+    started_us: i64,
     result: crate::sender::TryResult,
     span: Option<Span>,
 ) -> Result<AfterTry, Aborted> {
@@ -521,7 +523,8 @@ async fn conclude_try(
     metrics::counter!("hookline_attempts_total", "outcome" => outcome_class(&result.outcome)).increment(1);
     metrics::histogram!("hookline_attempt_duration_ms").record(result.duration.as_secs_f64() * 1000.0);
     // Records count attempts across replays (as the attempt header does); the engine counts this run's.
-    let cx = TryContext { task, attempt: task.prior_attempts + attempt_no, try_no, started_at_ms: started, policy };
+    let started_at_ms = started_us.div_euclid(1000);
+    let cx = TryContext { task, attempt: task.prior_attempts + attempt_no, try_no, started_at_ms, started_at_us: started_us, policy };
     let mut result = result;
 
     let rec = match decision.next {
