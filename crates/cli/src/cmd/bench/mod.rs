@@ -105,7 +105,7 @@ pub struct BenchArgs {
     /// throughput: the dispatcher's `egress.dns_cache_ttl_s` (0 resolves on every attempt; default: the config's).
     #[arg(long, value_parser = clap::value_parser!(u64).range(0..=86_400))]
     dns_cache_ttl_s: Option<u64>,
-    /// latency: leave out the split (its three probe consumers fetch from the same broker, which loads it).
+    /// latency: leave out the split (its readers of `deliveries` and `attempts` fetch from the same broker, which loads it).
     #[arg(long)]
     no_split: bool,
     /// throughput: seconds the raw HTTP baseline runs.
