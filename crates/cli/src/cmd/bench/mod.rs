@@ -111,6 +111,10 @@ pub struct BenchArgs {
     /// throughput: seconds the raw HTTP baseline runs.
     #[arg(long, default_value_t = 10, value_parser = clap::value_parser!(u64).range(1..=3600))]
     raw_s: u64,
+    /// throughput: records of the Kafka floor (a consumer and producer with the services' settings, no hookline
+    /// logic) after the raw baseline; 0 leaves it out.
+    #[arg(long, default_value_t = 16_000, value_parser = clap::value_parser!(u64).range(0..=10_000_000))]
+    kafka_floor_records: u64,
     /// throughput, isolation: deliveries published but not yet received, at most (keeps the mock broker's
     /// ~5 MiB partitions from evicting unread records).
     #[arg(long, value_parser = clap::value_parser!(u64).range(1..=10_000_000))]

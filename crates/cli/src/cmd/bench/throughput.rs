@@ -1,6 +1,7 @@
 //! `throughput`: events fanned out to subscriptions on the `standard` profile, receiver answering 204, as fast as
 //! the pipeline goes; then the raw baseline, a plain hyper client with the dispatcher's connection settings and
-//! the same concurrency POSTing the same bodies to the same receiver.
+//! the same concurrency POSTing the same bodies to the same receiver; then the Kafka floor (see [`kafka_floor`]),
+//! what librdkafka and the broker alone cost per delivery.
 
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::Arc;
@@ -158,8 +159,15 @@ pub async fn run(args: &BenchArgs) -> anyhow::Result<(Map<String, Value>, bool)>
     let deliveries_per_s = f.deliveries as f64 / f.seconds;
     let cpu = cpu_per_1k(&f.cpu_before, &f.cpu_after, f.deliveries as f64, PROCS);
     let publish_failures = publisher.failed.load(Ordering::Relaxed);
-    let cluster = Arc::try_unwrap(cluster).map_err(|_| anyhow::anyhow!("cluster still shared"))?;
-    cluster.stop().await;
+    // The Kafka floor below measures this process's new Kafka clients: the event producer goes first.
+    drop(publisher);
+    let mut cluster = Arc::try_unwrap(cluster).map_err(|_| anyhow::anyhow!("cluster still shared"))?;
+    // The services stop; the broker stays up, idle, for the Kafka floor after the raw baseline.
+    tokio::task::block_in_place(|| {
+        for p in [&mut cluster.ingest, &mut cluster.dispatcher, &mut cluster.scheduler] {
+            p.stop(Duration::from_secs(8));
+        }
+    });
 
     // The raw baseline, on its own runtime (threads `bench-raw`), against the same receiver.
     eprintln!("  raw baseline: {concurrency} concurrent POSTs of the same body for {} s", args.raw_s);
@@ -170,6 +178,8 @@ pub async fn run(args: &BenchArgs) -> anyhow::Result<(Map<String, Value>, bool)>
     let raw_s = args.raw_s;
     let raw = tokio::task::spawn_blocking(move || raw_baseline(urls, body, concurrency, Duration::from_secs(raw_s))).await??;
     drop(recv);
+    let floor = if args.kafka_floor_records == 0 { None } else { Some(run_floor(args, &cluster).await?) };
+    cluster.stop().await;
 
     let ratio = deliveries_per_s / raw.per_s;
     let mut out = Map::new();
@@ -188,8 +198,28 @@ pub async fn run(args: &BenchArgs) -> anyhow::Result<(Map<String, Value>, bool)>
     out.insert("named_host".into(), json!(args.named_host));
     out.insert("receiver_host".into(), json!(host));
     out.insert("dns_cache_ttl_s".into(), json!(dns_cache_ttl_s));
-    let met = ratio >= 0.5 && f.complete;
     let c = |k: &str| cpu.get(k).and_then(Value::as_f64).unwrap_or(f64::NAN);
+    let fc = |k: &str| floor.as_ref().and_then(|f| f.cpu.get(k)).and_then(Value::as_f64).unwrap_or(f64::NAN);
+    if let Some(f) = &floor {
+        out.insert("kafka_floor_records".into(), json!(f.records));
+        out.insert("kafka_floor_per_s".into(), json!(round(f.per_s, 1)));
+        out.insert("kafka_floor_record_bytes".into(), json!({"task": f.task_bytes, "attempt": f.attempt_bytes}));
+        out.insert("kafka_floor_cpu_s_per_1k".into(), Value::Object(f.cpu.clone()));
+        // The floor against one delivery's Kafka work in each service: a dispatcher consumes a task and produces
+        // (at least) an attempt record, as the floor does per record.
+        out.insert("dispatcher_over_kafka_floor".into(), json!(round(c("dispatcher") / fc("total"), 2)));
+        out.insert("dispatcher_librdkafka_over_kafka_floor_librdkafka".into(), json!(round(c("dispatcher_librdkafka") / fc("librdkafka"), 2)));
+    }
+    let met = ratio >= 0.5 && f.complete;
+    let floor_rows = [
+        row("kafka floor: records/s", format!("{:.0}", floor.as_ref().map_or(f64::NAN, |f| f.per_s)), "", None),
+        row("kafka floor cpu s/1k: total", format!("{:.3}", fc("total")), "", None),
+        row("  librdkafka threads", format!("{:.3}", fc("librdkafka")), "", None),
+        row("  rust-rdkafka polling thread", format!("{:.3}", fc("client_other")), "", None),
+        row("  the loop (bench-kfloor)", format!("{:.3}", fc("loop")), "", None),
+        row("kafka floor cpu s/1k: broker", format!("{:.3}", fc("broker")), "", None),
+        row("dispatcher ÷ kafka floor", format!("{:.2}", c("dispatcher") / fc("total")), "", None),
+    ];
     print_table(
         "throughput",
         &[
@@ -220,7 +250,10 @@ pub async fn run(args: &BenchArgs) -> anyhow::Result<(Map<String, Value>, bool)>
                 "",
                 None,
             ),
-        ],
+        ]
+        .into_iter()
+        .chain(floor_rows.into_iter().filter(|_| floor.is_some()))
+        .collect::<Vec<_>>(),
     );
     Ok((out, met))
 }
@@ -284,4 +317,266 @@ pub fn raw_baseline(urls: Vec<String>, body: Bytes, concurrency: usize, duration
     let snap = |m: std::collections::HashMap<&'static str, f64>| CpuSnapshot(m);
     let cpu = cpu_per_1k(&snap(cpu_a), &snap(cpu_b), got as f64, &["raw_client", "receiver"]);
     Ok(Raw { per_s: got as f64 / secs, cpu })
+}
+
+/// The Kafka floor on the run's broker: its topics (made by the broker child on the embedded broker, here on
+/// `--brokers`, then deleted), `--kafka-floor-records` of them (on the embedded broker at most what keeps each
+/// partition under 3 MiB, below the mock broker's ~5 MiB).
+async fn run_floor(args: &BenchArgs, cluster: &Cluster) -> anyhow::Result<Floor> {
+    let kafka = cluster.config.kafka.clone();
+    let topics = floor_topics(&kafka.topic_prefix);
+    let (task, _) = floor_records()?;
+    let mut records = args.kafka_floor_records;
+    if args.brokers.is_some() {
+        use rdkafka::admin::{AdminOptions, NewTopic, TopicReplication};
+        let admin = hookline_kafka::client::admin(&kafka, "hookline-bench-admin")?;
+        let new: Vec<_> = topics.iter().map(|t| NewTopic::new(t, kafka.partitions, TopicReplication::Fixed(kafka.replication_factor))).collect();
+        for r in admin.create_topics(&new, &AdminOptions::new().operation_timeout(Some(Duration::from_secs(30)))).await? {
+            if let Err((name, code)) = r {
+                anyhow::bail!("creating topic {name}: {code}");
+            }
+        }
+    } else {
+        let cap = (i64::from(kafka.partitions.max(1)) as u64).saturating_mul(3 << 20) / (task.len() as u64).max(1);
+        if records > cap {
+            eprintln!("  kafka floor: {records} records would overfill the embedded broker's partitions; {cap} instead");
+            records = cap;
+        }
+    }
+    eprintln!("  kafka floor: {records} task records ({} bytes) consumed, one attempt record ({} bytes) produced each", task.len(), floor_records()?.1.len());
+    let broker_pid = cluster.broker.as_ref().map(|b| b.pid);
+    let (k, t) = (kafka.clone(), topics.clone());
+    let floor = tokio::task::spawn_blocking(move || kafka_floor(k, t, records, broker_pid)).await?;
+    if args.brokers.is_some() {
+        let admin = hookline_kafka::client::admin(&kafka, "hookline-bench-admin")?;
+        let refs: Vec<&str> = topics.iter().map(String::as_str).collect();
+        let _ = admin.delete_topics(&refs, &rdkafka::admin::AdminOptions::new()).await;
+    }
+    floor
+}
+
+/// The Kafka floor's topics: tasks in, attempt-sized records out (partitioned like `deliveries`).
+pub fn floor_topics(prefix: &str) -> [String; 2] {
+    [format!("{prefix}bench-kfloor-in"), format!("{prefix}bench-kfloor-out")]
+}
+
+/// The floor's records: a delivery task of the bench's event, and the attempt record of its successful try
+/// (the headers the dispatcher records, the signature redacted), encoded as the services encode them.
+pub fn floor_records() -> anyhow::Result<(Vec<u8>, Vec<u8>)> {
+    use hookline_core::model::{AttemptPhase, AttemptRecord, DeliveryTask, Header, TaskOrigin};
+    use prost::Message as _;
+    let event = hookline_core::event_decode::decode(&event_json("t0", "tp.0", 0), 1 << 20, false).map_err(|e| anyhow::anyhow!("{e}"))?;
+    let sub = "sub_01JBENCHKFLOOR0000000000";
+    let delivery_id = hookline_core::model::delivery_id(&event.id, sub);
+    let header = |n: &str, v: &str| Header { name: n.into(), value: bytes::Bytes::copy_from_slice(v.as_bytes()) };
+    let attempt = AttemptRecord {
+        delivery_id: delivery_id.clone(),
+        subscription_id: sub.into(),
+        event_id: event.id.clone(),
+        event_type: event.r#type.clone(),
+        attempt: 1,
+        r#try: 1,
+        started_at_ms: 1_796_060_753_682,
+        duration_ms: 1,
+        outcome: "204".into(),
+        http_status: 204,
+        reason: "HTTP 204".into(),
+        verdict: "success".into(),
+        final_state: "succeeded".into(),
+        status_word: "delivered".into(),
+        phase: AttemptPhase::Finished as i32,
+        policy: "standard".into(),
+        concludes_attempt: 1,
+        request_headers: vec![
+            header("content-type", "application/json"),
+            header("user-agent", "hookline/0.1"),
+            header("webhook-id", &delivery_id),
+            header("webhook-timestamp", "1796060753"),
+            header("webhook-signature", "<redacted>"),
+        ],
+        response_headers: vec![header("date", "Wed, 02 Dec 2026 00:00:00 GMT"), header("content-length", "0")],
+        decided_by: 1,
+        rule: 1,
+        rule_when: "2xx".into(),
+        received_at_us: 1_796_060_753_681_000,
+        started_at_us: 1_796_060_753_682_000,
+        ..Default::default()
+    };
+    let task = DeliveryTask {
+        delivery_id,
+        subscription_id: sub.into(),
+        event: Some(event),
+        origin: TaskOrigin::Fanout as i32,
+        fanout_received_at_us: 1_796_060_753_680_000,
+        fanout_produced_at_us: 1_796_060_753_680_100,
+        ..Default::default()
+    };
+    Ok((task.encode_to_vec(), attempt.encode_to_vec()))
+}
+
+/// What the Kafka floor measured.
+pub struct Floor {
+    pub records: u64,
+    pub per_s: f64,
+    /// CPU s per 1k records: `librdkafka` (its `rdk:*` threads), `client_other` (rust-rdkafka's producer polling
+    /// thread), `loop` (the `bench-kfloor` thread), `total` (those three) and `broker`.
+    pub cpu: Map<String, Value>,
+    pub task_bytes: usize,
+    pub attempt_bytes: usize,
+}
+
+/// CPU seconds of this process's threads, by thread id, with their names.
+fn threads_cpu() -> std::collections::HashMap<u32, (String, f64)> {
+    let mut out = std::collections::HashMap::new();
+    let Ok(dir) = std::fs::read_dir("/proc/self/task") else { return out };
+    for e in dir.flatten() {
+        let Some(tid) = e.file_name().to_str().and_then(|s| s.parse::<u32>().ok()) else { continue };
+        let comm = std::fs::read_to_string(e.path().join("comm")).unwrap_or_default().trim_end().to_owned();
+        out.insert(tid, (comm, super::cluster::proc_cpu_s(&e.path().join("stat").to_string_lossy())));
+    }
+    out
+}
+
+/// The floor's CPU now, by group: threads that did not exist in `before` (the floor's clients), and this thread.
+fn floor_cpu(before: &std::collections::HashSet<u32>, broker_pid: Option<u32>) -> [f64; 4] {
+    let me = std::thread::current().name().map(str::to_owned).unwrap_or_default();
+    let (mut rdk, mut other, mut lp) = (0.0, 0.0, 0.0);
+    for (tid, (comm, cpu)) in threads_cpu() {
+        if comm == me {
+            lp += cpu;
+        } else if !before.contains(&tid) {
+            if comm.starts_with("rdk:") {
+                rdk += cpu;
+            } else {
+                other += cpu;
+            }
+        }
+    }
+    let broker = broker_pid.map_or(0.0, |pid| super::cluster::proc_cpu_s(&format!("/proc/{pid}/stat")));
+    [rdk, other, lp, broker]
+}
+
+/// The Kafka-only floor under the services' CPU: on a thread of its own (`bench-kfloor`, a current-thread
+/// runtime), a group consumer with the services' consumer settings reads `records` task-sized records and, per
+/// record, produces one attempt-sized record with the services' producer settings (acks=all, idempotence) and
+/// stores the partition's contiguous completed offset once it is acknowledged, as the consume loop does. What a
+/// delivery costs in librdkafka and the broker with no hookline logic at all. The topic is filled first (not
+/// measured); the measurement runs from the first record received to the last acknowledgement.
+pub fn kafka_floor(kafka: hookline_kafka::KafkaSettings, topics: [String; 2], records: u64, broker_pid: Option<u32>) -> anyhow::Result<Floor> {
+    std::thread::Builder::new()
+        .name("bench-kfloor".into())
+        .spawn(move || {
+            let rt = tokio::runtime::Builder::new_current_thread().enable_all().build()?;
+            rt.block_on(floor_loop(kafka, topics, records, broker_pid))
+        })?
+        .join()
+        .map_err(|_| anyhow::anyhow!("the Kafka floor's thread panicked"))?
+}
+
+async fn floor_loop(kafka: hookline_kafka::KafkaSettings, [input, output]: [String; 2], records: u64, broker_pid: Option<u32>) -> anyhow::Result<Floor> {
+    use futures::stream::{FuturesUnordered, StreamExt};
+    use rdkafka::consumer::{Consumer, StreamConsumer};
+    use rdkafka::producer::FutureRecord;
+    use rdkafka::Message as _;
+    use std::collections::{BTreeSet, HashMap, HashSet};
+
+    // One future type for a first produce and a produce again.
+    async fn tracked(p: i32, o: i64, key: String, fut: rdkafka::producer::DeliveryFuture) -> (i32, i64, String, bool) {
+        let acked = matches!(fut.await, Ok(Ok(_)));
+        (p, o, key, acked)
+    }
+    let (task, attempt) = floor_records()?;
+    let keys: Vec<String> = (0..64).map(|k| format!("sub_kfloor_{k:02}")).collect();
+    {
+        let fill = hookline_kafka::client::producer(&kafka, "hookline-bench-kfloor-fill")?;
+        let mut acks = FuturesUnordered::new();
+        for i in 0..records {
+            let key = &keys[(i % keys.len() as u64) as usize];
+            let fut = fill.send_result(FutureRecord::to(&input).key(key).payload(&task)).map_err(|(e, _)| anyhow::anyhow!("filling the floor's topic: {e}"))?;
+            acks.push(fut);
+            while acks.len() >= 10_000 {
+                if let Some(Ok(Err((e, _)))) = acks.next().await {
+                    anyhow::bail!("filling the floor's topic: {e}");
+                }
+            }
+        }
+        while let Some(r) = acks.next().await {
+            if let Ok(Err((e, _))) = r {
+                anyhow::bail!("filling the floor's topic: {e}");
+            }
+        }
+    }
+    // Every thread now is someone else's (the fill producer's are gone): what appears next is the floor's.
+    let before: HashSet<u32> = threads_cpu().into_keys().collect();
+    let consumer: StreamConsumer = hookline_kafka::client::group_consumer_config(&kafka, "hookline-bench-kfloor", "hookline-bench-kfloor")?.create()?;
+    consumer.subscribe(&[input.as_str()])?;
+    let producer = hookline_kafka::client::producer(&kafka, "hookline-bench-kfloor")?;
+    // As the dispatcher's loop: a bound on records in flight, the contiguous completed offset stored per partition.
+    const IN_FLIGHT: usize = 8_000;
+    let mut acks = FuturesUnordered::new();
+    let mut pending: HashMap<i32, BTreeSet<i64>> = HashMap::new();
+    let mut high: HashMap<i32, i64> = HashMap::new();
+    let mut stored: HashMap<i32, i64> = HashMap::new();
+    let (mut received, mut done, mut resent) = (0u64, 0u64, 0u64);
+    let mut start: Option<(std::time::Instant, [f64; 4])> = None;
+    let mut last_progress = std::time::Instant::now();
+    while done < records {
+        anyhow::ensure!(
+            last_progress.elapsed() < Duration::from_secs(60),
+            "the Kafka floor stalled: {done} of {records} records done ({received} received)"
+        );
+        tokio::select! {
+            m = consumer.recv(), if acks.len() < IN_FLIGHT && received < records => {
+                // A consumer error is logged by the client and the loop goes on, as the services' loop does.
+                let Ok(m) = m else { continue };
+                if start.is_none() {
+                    start = Some((std::time::Instant::now(), floor_cpu(&before, broker_pid)));
+                }
+                received += 1;
+                last_progress = std::time::Instant::now();
+                let (p, o) = (m.partition(), m.offset());
+                let key = String::from_utf8_lossy(m.key().unwrap_or_default()).into_owned();
+                pending.entry(p).or_default().insert(o);
+                let fut = producer.send_result(FutureRecord::to(&output).key(&key).payload(&attempt)).map_err(|(e, _)| anyhow::anyhow!("{e}"))?;
+                acks.push(tracked(p, o, key, fut));
+            }
+            Some((p, o, key, r)) = acks.next(), if !acks.is_empty() => {
+                last_progress = std::time::Instant::now();
+                if !r {
+                    // Not acknowledged: produced again, as the services do until it lands.
+                    resent += 1;
+                    let fut = producer.send_result(FutureRecord::to(&output).key(&key).payload(&attempt)).map_err(|(e, _)| anyhow::anyhow!("{e}"))?;
+                    acks.push(tracked(p, o, key, fut));
+                    continue;
+                }
+                done += 1;
+                let waiting = pending.entry(p).or_default();
+                waiting.remove(&o);
+                let h = high.entry(p).or_insert(0);
+                *h = (*h).max(o.saturating_add(1));
+                let mark = waiting.first().copied().unwrap_or(*h);
+                if stored.get(&p).is_none_or(|s| mark > *s) {
+                    stored.insert(p, mark);
+                    hookline_kafka::watermark::store(&consumer, &input, p, mark);
+                }
+            }
+        }
+    }
+    let after = floor_cpu(&before, broker_pid);
+    let (t0, cpu0) = start.unwrap_or((std::time::Instant::now(), after));
+    let secs = t0.elapsed().as_secs_f64();
+    let per_1k = |i: usize| round((after[i] - cpu0[i]) / records as f64 * 1000.0, 4);
+    let mut cpu = Map::new();
+    cpu.insert("librdkafka".into(), json!(per_1k(0)));
+    cpu.insert("client_other".into(), json!(per_1k(1)));
+    cpu.insert("loop".into(), json!(per_1k(2)));
+    let total: f64 = (0..3).map(|i| after[i] - cpu0[i]).sum();
+    cpu.insert("total".into(), json!(round(total / records as f64 * 1000.0, 4)));
+    cpu.insert("broker".into(), json!(per_1k(3)));
+    if resent > 0 {
+        eprintln!("  kafka floor: {resent} records produced again (not acknowledged the first time)");
+    }
+    hookline_kafka::client::close_consumer(consumer, Duration::from_secs(5), "bench-kfloor").await;
+    drop(producer);
+    Ok(Floor { records, per_s: records as f64 / secs.max(1e-9), cpu, task_bytes: task.len(), attempt_bytes: attempt.len() })
 }
