@@ -39,7 +39,7 @@ pub fn serve(role: &str, config_toml: &str) -> anyhow::Result<ExitCode> {
     if role == "broker" {
         let topics = Topics::new(config.kafka.topic_prefix.clone());
         let broker = DevBroker::start(&topics, config.kafka.partitions, config.kafka.event_partitions)?;
-        for name in super::throughput::floor_topics(&config.kafka.topic_prefix) {
+        for name in super::throughput::FLOOR_MODES.iter().flat_map(|m| super::throughput::floor_topics(&config.kafka.topic_prefix, m)) {
             broker.cluster().create_topic(&name, config.kafka.partitions, 1)?;
         }
         println!("{}", json!({"bootstrap_servers": broker.bootstrap_servers()}));
@@ -200,7 +200,7 @@ impl Drop for Proc {
 }
 
 /// utime + stime of a `/proc/.../stat` file, in seconds (USER_HZ is 100 on Linux).
-pub(super) fn proc_cpu_s(path: &str) -> f64 {
+fn proc_cpu_s(path: &str) -> f64 {
     let Ok(stat) = std::fs::read_to_string(path) else { return 0.0 };
     let Some((_, rest)) = stat.rsplit_once(')') else { return 0.0 };
     let f: Vec<&str> = rest.split_whitespace().collect();

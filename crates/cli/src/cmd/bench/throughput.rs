@@ -178,7 +178,8 @@ pub async fn run(args: &BenchArgs) -> anyhow::Result<(Map<String, Value>, bool)>
     let raw_s = args.raw_s;
     let raw = tokio::task::spawn_blocking(move || raw_baseline(urls, body, concurrency, Duration::from_secs(raw_s))).await??;
     drop(recv);
-    let floor = if args.kafka_floor_records == 0 { None } else { Some(run_floor(args, &cluster).await?) };
+    // Paced at the deliveries' own rate, and batched (all of it at once, the cheapest Kafka can be).
+    let floors = if args.kafka_floor_records == 0 { None } else { Some(run_floor(args, &cluster, deliveries_per_s).await?) };
     cluster.stop().await;
 
     let ratio = deliveries_per_s / raw.per_s;
@@ -199,26 +200,35 @@ pub async fn run(args: &BenchArgs) -> anyhow::Result<(Map<String, Value>, bool)>
     out.insert("receiver_host".into(), json!(host));
     out.insert("dns_cache_ttl_s".into(), json!(dns_cache_ttl_s));
     let c = |k: &str| cpu.get(k).and_then(Value::as_f64).unwrap_or(f64::NAN);
-    let fc = |k: &str| floor.as_ref().and_then(|f| f.cpu.get(k)).and_then(Value::as_f64).unwrap_or(f64::NAN);
-    if let Some(f) = &floor {
-        out.insert("kafka_floor_records".into(), json!(f.records));
-        out.insert("kafka_floor_per_s".into(), json!(round(f.per_s, 1)));
-        out.insert("kafka_floor_record_bytes".into(), json!({"task": f.task_bytes, "attempt": f.attempt_bytes}));
-        out.insert("kafka_floor_cpu_s_per_1k".into(), Value::Object(f.cpu.clone()));
-        // The floor against one delivery's Kafka work in each service: a dispatcher consumes a task and produces
-        // (at least) an attempt record, as the floor does per record.
-        out.insert("dispatcher_over_kafka_floor".into(), json!(round(c("dispatcher") / fc("total"), 2)));
-        out.insert("dispatcher_librdkafka_over_kafka_floor_librdkafka".into(), json!(round(c("dispatcher_librdkafka") / fc("librdkafka"), 2)));
+    let (batched, paced) = match &floors {
+        Some([b, p]) => (Some(b), Some(p)),
+        None => (None, None),
+    };
+    let fc = |f: Option<&Floor>, k: &str| f.and_then(|f| f.cpu.get(k)).and_then(Value::as_f64).unwrap_or(f64::NAN);
+    if let (Some(b), Some(p)) = (batched, paced) {
+        out.insert("kafka_floor_records".into(), json!(p.records));
+        out.insert("kafka_floor_record_bytes".into(), json!({"task": p.task_bytes, "attempt": p.attempt_bytes}));
+        out.insert("kafka_floor_per_s".into(), json!(round(p.per_s, 1)));
+        out.insert("kafka_floor_cpu_s_per_1k".into(), Value::Object(p.cpu.clone()));
+        out.insert("kafka_floor_batched_per_s".into(), json!(round(b.per_s, 1)));
+        out.insert("kafka_floor_batched_join_s".into(), json!(round(b.join_s, 2)));
+        out.insert("kafka_floor_batched_cpu_s_per_1k".into(), Value::Object(b.cpu.clone()));
+        // Per delivery the dispatcher does at least the floor's Kafka work (consume a task, produce an attempt
+        // record, store the offset), at the same pace: what is above it is hookline's.
+        out.insert("dispatcher_over_kafka_floor".into(), json!(round(c("dispatcher") / fc(paced, "total"), 2)));
+        out.insert("dispatcher_librdkafka_over_kafka_floor_librdkafka".into(), json!(round(c("dispatcher_librdkafka") / fc(paced, "librdkafka"), 2)));
     }
     let met = ratio >= 0.5 && f.complete;
+    let pair = |k: &str| format!("{:.4} / {:.4}", fc(paced, k), fc(batched, k));
     let floor_rows = [
-        row("kafka floor: records/s", format!("{:.0}", floor.as_ref().map_or(f64::NAN, |f| f.per_s)), "", None),
-        row("kafka floor cpu s/1k: total", format!("{:.3}", fc("total")), "", None),
-        row("  librdkafka threads", format!("{:.3}", fc("librdkafka")), "", None),
-        row("  rust-rdkafka polling thread", format!("{:.3}", fc("client_other")), "", None),
-        row("  the loop (bench-kfloor)", format!("{:.3}", fc("loop")), "", None),
-        row("kafka floor cpu s/1k: broker", format!("{:.3}", fc("broker")), "", None),
-        row("dispatcher ÷ kafka floor", format!("{:.2}", c("dispatcher") / fc("total")), "", None),
+        row("kafka floor, paced / batched:", "", "", None),
+        row("  records/s", format!("{:.0} / {:.0}", paced.map_or(f64::NAN, |f| f.per_s), batched.map_or(f64::NAN, |f| f.per_s)), "", None),
+        row("  cpu s/1k: client, total", pair("total"), "", None),
+        row("    librdkafka threads", pair("librdkafka"), "", None),
+        row("    rust-rdkafka polling thread", pair("client_other"), "", None),
+        row("    the loop (bench-kfloor)", pair("loop"), "", None),
+        row("  cpu s/1k: broker", pair("broker"), "", None),
+        row("dispatcher ÷ paced floor", format!("{:.2}", c("dispatcher") / fc(paced, "total")), "", None),
     ];
     print_table(
         "throughput",
@@ -252,7 +262,7 @@ pub async fn run(args: &BenchArgs) -> anyhow::Result<(Map<String, Value>, bool)>
             ),
         ]
         .into_iter()
-        .chain(floor_rows.into_iter().filter(|_| floor.is_some()))
+        .chain(floor_rows.into_iter().filter(|_| floors.is_some()))
         .collect::<Vec<_>>(),
     );
     Ok((out, met))
@@ -322,10 +332,10 @@ pub fn raw_baseline(urls: Vec<String>, body: Bytes, concurrency: usize, duration
 /// The Kafka floor on the run's broker: its topics (made by the broker child on the embedded broker, here on
 /// `--brokers`, then deleted), `--kafka-floor-records` of them (on the embedded broker at most what keeps each
 /// partition under 3 MiB, below the mock broker's ~5 MiB).
-async fn run_floor(args: &BenchArgs, cluster: &Cluster) -> anyhow::Result<Floor> {
+async fn run_floor(args: &BenchArgs, cluster: &Cluster, rate: f64) -> anyhow::Result<[Floor; 2]> {
     let kafka = cluster.config.kafka.clone();
-    let topics = floor_topics(&kafka.topic_prefix);
-    let (task, _) = floor_records()?;
+    let topics: Vec<String> = FLOOR_MODES.iter().flat_map(|m| floor_topics(&kafka.topic_prefix, m)).collect();
+    let (task, attempt) = floor_records()?;
     let mut records = args.kafka_floor_records;
     if args.brokers.is_some() {
         use rdkafka::admin::{AdminOptions, NewTopic, TopicReplication};
@@ -343,22 +353,33 @@ async fn run_floor(args: &BenchArgs, cluster: &Cluster) -> anyhow::Result<Floor>
             records = cap;
         }
     }
-    eprintln!("  kafka floor: {records} task records ({} bytes) consumed, one attempt record ({} bytes) produced each", task.len(), floor_records()?.1.len());
     let broker_pid = cluster.broker.as_ref().map(|b| b.pid);
-    let (k, t) = (kafka.clone(), topics.clone());
-    let floor = tokio::task::spawn_blocking(move || kafka_floor(k, t, records, broker_pid)).await?;
+    let mut floors = Vec::new();
+    for (mode, pace) in FLOOR_MODES.into_iter().zip([None, Some(rate)]) {
+        eprintln!(
+            "  kafka floor ({mode}{}): {records} task records ({} bytes) consumed, one attempt record ({} bytes) produced each",
+            pace.map(|r| format!(", {r:.0}/s")).unwrap_or_default(),
+            task.len(),
+            attempt.len()
+        );
+        let (k, t) = (kafka.clone(), floor_topics(&kafka.topic_prefix, mode));
+        floors.push(tokio::task::spawn_blocking(move || kafka_floor(k, t, records, pace, broker_pid)).await??);
+    }
     if args.brokers.is_some() {
         let admin = hookline_kafka::client::admin(&kafka, "hookline-bench-admin")?;
         let refs: Vec<&str> = topics.iter().map(String::as_str).collect();
         let _ = admin.delete_topics(&refs, &rdkafka::admin::AdminOptions::new()).await;
     }
-    floor
+    floors.try_into().map_err(|_| anyhow::anyhow!("two floors"))
 }
 
-/// The Kafka floor's topics: tasks in, attempt-sized records out (partitioned like `deliveries`).
-pub fn floor_topics(prefix: &str) -> [String; 2] {
-    [format!("{prefix}bench-kfloor-in"), format!("{prefix}bench-kfloor-out")]
+/// The Kafka floor's topics, per mode (`batched`, `paced`): tasks in, attempt-sized records out (partitioned like
+/// `deliveries`).
+pub fn floor_topics(prefix: &str, mode: &str) -> [String; 2] {
+    [format!("{prefix}bench-kfloor-{mode}-in"), format!("{prefix}bench-kfloor-{mode}-out")]
 }
+
+pub const FLOOR_MODES: [&str; 2] = ["batched", "paced"];
 
 /// The floor's records: a delivery task of the bench's event, and the attempt record of its successful try
 /// (the headers the dispatcher records, the signature redacted), encoded as the services encode them.
@@ -418,6 +439,8 @@ pub fn floor_records() -> anyhow::Result<(Vec<u8>, Vec<u8>)> {
 pub struct Floor {
     pub records: u64,
     pub per_s: f64,
+    /// From subscribing to the first record (the group join, the first fetch).
+    pub join_s: f64,
     /// CPU s per 1k records: `librdkafka` (its `rdk:*` threads), `client_other` (rust-rdkafka's producer polling
     /// thread), `loop` (the `bench-kfloor` thread), `total` (those three) and `broker`.
     pub cpu: Map<String, Value>,
@@ -425,16 +448,27 @@ pub struct Floor {
     pub attempt_bytes: usize,
 }
 
-/// CPU seconds of this process's threads, by thread id, with their names.
-fn threads_cpu() -> std::collections::HashMap<u32, (String, f64)> {
+/// CPU seconds a thread ran (`/proc/.../task/<tid>/schedstat`, in ns: the floor is short, the 10 ms ticks of
+/// `stat` too coarse for it).
+fn run_s(task_dir: &std::path::Path) -> f64 {
+    let text = std::fs::read_to_string(task_dir.join("schedstat")).unwrap_or_default();
+    text.split_whitespace().next().and_then(|ns| ns.parse::<f64>().ok()).map_or(0.0, |ns| ns / 1e9)
+}
+
+/// CPU seconds of a process's threads (`/proc/<pid or self>/task`), by thread id, with their names.
+fn threads_cpu_of(pid: &str) -> std::collections::HashMap<u32, (String, f64)> {
     let mut out = std::collections::HashMap::new();
-    let Ok(dir) = std::fs::read_dir("/proc/self/task") else { return out };
+    let Ok(dir) = std::fs::read_dir(format!("/proc/{pid}/task")) else { return out };
     for e in dir.flatten() {
         let Some(tid) = e.file_name().to_str().and_then(|s| s.parse::<u32>().ok()) else { continue };
         let comm = std::fs::read_to_string(e.path().join("comm")).unwrap_or_default().trim_end().to_owned();
-        out.insert(tid, (comm, super::cluster::proc_cpu_s(&e.path().join("stat").to_string_lossy())));
+        out.insert(tid, (comm, run_s(&e.path())));
     }
     out
+}
+
+fn threads_cpu() -> std::collections::HashMap<u32, (String, f64)> {
+    threads_cpu_of("self")
 }
 
 /// The floor's CPU now, by group: threads that did not exist in `before` (the floor's clients), and this thread.
@@ -452,7 +486,7 @@ fn floor_cpu(before: &std::collections::HashSet<u32>, broker_pid: Option<u32>) -
             }
         }
     }
-    let broker = broker_pid.map_or(0.0, |pid| super::cluster::proc_cpu_s(&format!("/proc/{pid}/stat")));
+    let broker = broker_pid.map_or(0.0, |pid| threads_cpu_of(&pid.to_string()).into_values().map(|(_, s)| s).sum());
     [rdk, other, lp, broker]
 }
 
@@ -461,19 +495,20 @@ fn floor_cpu(before: &std::collections::HashSet<u32>, broker_pid: Option<u32>) -
 /// record, produces one attempt-sized record with the services' producer settings (acks=all, idempotence) and
 /// stores the partition's contiguous completed offset once it is acknowledged, as the consume loop does. What a
 /// delivery costs in librdkafka and the broker with no hookline logic at all. The topic is filled first (not
-/// measured); the measurement runs from the first record received to the last acknowledgement.
-pub fn kafka_floor(kafka: hookline_kafka::KafkaSettings, topics: [String; 2], records: u64, broker_pid: Option<u32>) -> anyhow::Result<Floor> {
+/// measured); the CPU is measured from creating the clients to the last acknowledgement, the rate from the first
+/// record received.
+pub fn kafka_floor(kafka: hookline_kafka::KafkaSettings, topics: [String; 2], records: u64, rate: Option<f64>, broker_pid: Option<u32>) -> anyhow::Result<Floor> {
     std::thread::Builder::new()
         .name("bench-kfloor".into())
         .spawn(move || {
             let rt = tokio::runtime::Builder::new_current_thread().enable_all().build()?;
-            rt.block_on(floor_loop(kafka, topics, records, broker_pid))
+            rt.block_on(floor_loop(kafka, topics, records, rate, broker_pid))
         })?
         .join()
         .map_err(|_| anyhow::anyhow!("the Kafka floor's thread panicked"))?
 }
 
-async fn floor_loop(kafka: hookline_kafka::KafkaSettings, [input, output]: [String; 2], records: u64, broker_pid: Option<u32>) -> anyhow::Result<Floor> {
+async fn floor_loop(kafka: hookline_kafka::KafkaSettings, [input, output]: [String; 2], records: u64, rate: Option<f64>, broker_pid: Option<u32>) -> anyhow::Result<Floor> {
     use futures::stream::{FuturesUnordered, StreamExt};
     use rdkafka::consumer::{Consumer, StreamConsumer};
     use rdkafka::producer::FutureRecord;
@@ -486,28 +521,26 @@ async fn floor_loop(kafka: hookline_kafka::KafkaSettings, [input, output]: [Stri
         (p, o, key, acked)
     }
     let (task, attempt) = floor_records()?;
-    let keys: Vec<String> = (0..64).map(|k| format!("sub_kfloor_{k:02}")).collect();
-    {
-        let fill = hookline_kafka::client::producer(&kafka, "hookline-bench-kfloor-fill")?;
-        let mut acks = FuturesUnordered::new();
-        for i in 0..records {
-            let key = &keys[(i % keys.len() as u64) as usize];
-            let fut = fill.send_result(FutureRecord::to(&input).key(key).payload(&task)).map_err(|(e, _)| anyhow::anyhow!("filling the floor's topic: {e}"))?;
-            acks.push(fut);
-            while acks.len() >= 10_000 {
-                if let Some(Ok(Err((e, _)))) = acks.next().await {
-                    anyhow::bail!("filling the floor's topic: {e}");
-                }
-            }
-        }
-        while let Some(r) = acks.next().await {
-            if let Ok(Err((e, _))) = r {
-                anyhow::bail!("filling the floor's topic: {e}");
-            }
-        }
-    }
-    // Every thread now is someone else's (the fill producer's are gone): what appears next is the floor's.
+    // The input comes from a producer with the services' settings on a thread of its own (`bench-kfill`, not
+    // measured): all of it first (batched), or one record, then the rest at `rate` once the first arrived (paced).
+    let pre = if rate.is_some() { 1.min(records) } else { records };
+    let (filled_tx, filled_rx) = std::sync::mpsc::channel::<anyhow::Result<()>>();
+    let (go_tx, go_rx) = tokio::sync::oneshot::channel::<()>();
+    let fill = {
+        let (kafka, input, task) = (kafka.clone(), input.clone(), task.clone());
+        std::thread::Builder::new().name("bench-kfill".into()).spawn(move || -> anyhow::Result<()> {
+            let rt = tokio::runtime::Builder::new_current_thread().enable_all().build()?;
+            rt.block_on(fill_input(kafka, input, task, records, pre, rate, filled_tx, go_rx))
+        })?
+    };
+    filled_rx.recv().map_err(|_| anyhow::anyhow!("the Kafka floor's fill stopped"))??;
+    // Every thread now is someone else's (the fill's included): what appears next is the floor's. Batched, measured
+    // from here (the group join included: librdkafka fetches ahead, so the first record received comes after
+    // much of the fetching); paced, from the first record. To the last acknowledgement.
     let before: HashSet<u32> = threads_cpu().into_keys().collect();
+    let mut cpu0 = floor_cpu(&before, broker_pid);
+    let mut t0 = std::time::Instant::now();
+    let mut go = Some(go_tx);
     let consumer: StreamConsumer = hookline_kafka::client::group_consumer_config(&kafka, "hookline-bench-kfloor", "hookline-bench-kfloor")?.create()?;
     consumer.subscribe(&[input.as_str()])?;
     let producer = hookline_kafka::client::producer(&kafka, "hookline-bench-kfloor")?;
@@ -518,7 +551,7 @@ async fn floor_loop(kafka: hookline_kafka::KafkaSettings, [input, output]: [Stri
     let mut high: HashMap<i32, i64> = HashMap::new();
     let mut stored: HashMap<i32, i64> = HashMap::new();
     let (mut received, mut done, mut resent) = (0u64, 0u64, 0u64);
-    let mut start: Option<(std::time::Instant, [f64; 4])> = None;
+    let mut first_at: Option<Duration> = None;
     let mut last_progress = std::time::Instant::now();
     while done < records {
         anyhow::ensure!(
@@ -529,8 +562,15 @@ async fn floor_loop(kafka: hookline_kafka::KafkaSettings, [input, output]: [Stri
             m = consumer.recv(), if acks.len() < IN_FLIGHT && received < records => {
                 // A consumer error is logged by the client and the loop goes on, as the services' loop does.
                 let Ok(m) = m else { continue };
-                if start.is_none() {
-                    start = Some((std::time::Instant::now(), floor_cpu(&before, broker_pid)));
+                if first_at.is_none() {
+                    first_at = Some(t0.elapsed());
+                    if rate.is_some() {
+                        (cpu0, t0) = (floor_cpu(&before, broker_pid), std::time::Instant::now());
+                        first_at = Some(Duration::ZERO);
+                    }
+                    if let Some(go) = go.take() {
+                        let _ = go.send(());
+                    }
                 }
                 received += 1;
                 last_progress = std::time::Instant::now();
@@ -563,8 +603,9 @@ async fn floor_loop(kafka: hookline_kafka::KafkaSettings, [input, output]: [Stri
         }
     }
     let after = floor_cpu(&before, broker_pid);
-    let (t0, cpu0) = start.unwrap_or((std::time::Instant::now(), after));
-    let secs = t0.elapsed().as_secs_f64();
+    let join_s = first_at.unwrap_or_default().as_secs_f64();
+    // The rate from the first record on (the join is not the loop's pace).
+    let secs = (t0.elapsed().as_secs_f64() - join_s).max(1e-9);
     let per_1k = |i: usize| round((after[i] - cpu0[i]) / records as f64 * 1000.0, 4);
     let mut cpu = Map::new();
     cpu.insert("librdkafka".into(), json!(per_1k(0)));
@@ -578,5 +619,70 @@ async fn floor_loop(kafka: hookline_kafka::KafkaSettings, [input, output]: [Stri
     }
     hookline_kafka::client::close_consumer(consumer, Duration::from_secs(5), "bench-kfloor").await;
     drop(producer);
-    Ok(Floor { records, per_s: records as f64 / secs.max(1e-9), cpu, task_bytes: task.len(), attempt_bytes: attempt.len() })
+    fill.join().map_err(|_| anyhow::anyhow!("the Kafka floor's fill panicked"))??;
+    Ok(Floor { records, per_s: records as f64 / secs, join_s, cpu, task_bytes: task.len(), attempt_bytes: attempt.len() })
+}
+
+/// Produces the floor's input: `pre` records, says so on `filled`, then (after `go`) the rest at `rate` per second.
+#[allow(clippy::too_many_arguments)]
+async fn fill_input(
+    kafka: hookline_kafka::KafkaSettings,
+    input: String,
+    task: Vec<u8>,
+    records: u64,
+    pre: u64,
+    rate: Option<f64>,
+    filled: std::sync::mpsc::Sender<anyhow::Result<()>>,
+    go: tokio::sync::oneshot::Receiver<()>,
+) -> anyhow::Result<()> {
+    use futures::stream::{FuturesUnordered, StreamExt};
+    use rdkafka::producer::FutureRecord;
+    let producer = match hookline_kafka::client::producer(&kafka, "hookline-bench-kfloor-fill") {
+        Ok(p) => p,
+        Err(e) => {
+            let _ = filled.send(Err(anyhow::anyhow!("the floor's fill producer: {e}")));
+            return Ok(());
+        }
+    };
+    let keys: Vec<String> = (0..64).map(|k| format!("sub_kfloor_{k:02}")).collect();
+    let mut acks = FuturesUnordered::new();
+    let mut failed = 0u64;
+    let mut send = |i: u64, acks: &mut FuturesUnordered<_>| {
+        let key = &keys[(i % keys.len() as u64) as usize];
+        match producer.send_result(FutureRecord::to(&input).key(key).payload(&task)) {
+            Ok(fut) => acks.push(fut),
+            Err(_) => failed += 1,
+        }
+    };
+    for i in 0..pre {
+        send(i, &mut acks);
+        while acks.len() >= 10_000 {
+            acks.next().await;
+        }
+    }
+    while acks.next().await.is_some() {}
+    let _ = filled.send(Ok(()));
+    if pre < records {
+        let Ok(()) = go.await else { return Ok(()) };
+        let rate = rate.unwrap_or(1.0).max(1.0);
+        let start = std::time::Instant::now();
+        let mut tick = tokio::time::interval(Duration::from_millis(1));
+        let mut sent = pre;
+        while sent < records {
+            tokio::select! {
+                _ = tick.tick() => {
+                    let due = ((start.elapsed().as_secs_f64() * rate) as u64).saturating_add(pre);
+                    while sent < due.min(records) {
+                        send(sent, &mut acks);
+                        sent += 1;
+                    }
+                }
+                Some(_) = acks.next(), if !acks.is_empty() => {}
+            }
+        }
+        while acks.next().await.is_some() {}
+    }
+    drop(send);
+    anyhow::ensure!(failed == 0, "the Kafka floor's fill could not enqueue {failed} records");
+    Ok(())
 }
