@@ -754,10 +754,11 @@ mod tests {
 
     /// A delivery's future lives as long as the delivery (10k of them with 10k in flight): every branch and step
     /// that is not waiting on the endpoint is boxed, so it stays small. It was 8.6 KB before; 1,232 bytes after the
-    /// task's event (held by value across the steps) gained `only_subscription_id` and the try its recorded headers.
+    /// task's event (held by value across the steps) gained `only_subscription_id` and the try its recorded headers;
+    /// 1,312 with the latency split's three stamps on the task and the try's start in µs.
     #[tokio::test]
     async fn a_delivery_future_stays_small() {
-        assert!(output_size(&deliver) <= 1_280, "deliver: {} bytes", output_size(&deliver));
+        assert!(output_size(&deliver) <= 1_312, "deliver: {} bytes", output_size(&deliver));
         let sender = crate::sender::Sender::new(Default::default(), Arc::new(crate::connector::SystemResolver));
         let policy = hookline_core::policy::builtin("standard").unwrap();
         let send = sender.send_owned("k", &policy, "http://127.0.0.1:1/", Default::default(), &[], Bytes::new());
