@@ -43,6 +43,7 @@ fn flags() -> Vec<(Vec<&'static str>, &'static str, Vec<&'static str>, bool)> {
         (vec!["bench", "throughput"], "--fanout", parse_only(), false),
         (vec!["bench", "throughput"], "--concurrency", parse_only(), false),
         (vec!["bench", "throughput"], "--raw-s", parse_only(), false),
+        (vec!["bench", "throughput"], "--kafka-floor-records", parse_only(), false),
         (vec!["bench", "throughput"], "--dns-cache-ttl-s", parse_only(), false),
         (vec!["bench", "throughput"], "--window", parse_only(), false),
         (vec!["bench", "throughput"], "--rate", parse_only(), false),

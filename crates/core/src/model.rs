@@ -50,4 +50,36 @@ mod tests {
         // The separator keeps ("ab","c") and ("a","bc") apart.
         assert_ne!(delivery_id("ab", "c"), delivery_id("a", "bc"));
     }
+
+    #[test]
+    fn the_latency_stamps_round_trip_and_are_zero_on_records_written_without_them() {
+        use prost::Message;
+        let task = DeliveryTask {
+            delivery_id: "dlv_1".into(),
+            fanout_received_at_us: 1_796_060_753_680_123,
+            fanout_produced_at_us: 1_796_060_753_680_456,
+            received_at_us: 1_796_060_753_690_000,
+            ..Default::default()
+        };
+        assert_eq!(DeliveryTask::decode(task.encode_to_vec().as_slice()).unwrap(), task);
+        let rec = AttemptRecord { delivery_id: "dlv_1".into(), received_at_us: 10, started_at_us: 25, started_at_ms: 0, ..Default::default() };
+        assert_eq!(AttemptRecord::decode(rec.encode_to_vec().as_slice()).unwrap(), rec);
+        // A record from before the fields (or from a writer that does not stamp) reads as "not stamped".
+        let old = DeliveryTask { delivery_id: "dlv_1".into(), attempts_made: 2, ..Default::default() }.encode_to_vec();
+        let t = DeliveryTask::decode(old.as_slice()).unwrap();
+        assert_eq!((t.fanout_received_at_us, t.fanout_produced_at_us, t.received_at_us), (0, 0, 0));
+        // Unset stamps cost nothing on the wire (proto3 defaults are not written).
+        assert_eq!(DeliveryTask { delivery_id: "dlv_1".into(), attempts_made: 2, ..Default::default() }.encoded_len(), old.len());
+        // A reader built before the fields skips them: the fields before and after are read unchanged.
+        #[derive(Clone, PartialEq, prost::Message)]
+        struct OldAttempt {
+            #[prost(string, tag = "1")]
+            delivery_id: String,
+            #[prost(string, tag = "27")]
+            rule_when: String,
+        }
+        let rec = AttemptRecord { delivery_id: "dlv_2".into(), rule_when: "2xx".into(), received_at_us: 1, started_at_us: 2, ..Default::default() };
+        let old = OldAttempt::decode(rec.encode_to_vec().as_slice()).unwrap();
+        assert_eq!((old.delivery_id.as_str(), old.rule_when.as_str()), ("dlv_2", "2xx"));
+    }
 }

@@ -292,13 +292,15 @@ impl Handler for Dispatch {
     }
 
     fn record(&mut self, m: &BorrowedMessage<'_>, done: Done, ctl: &Control<'_>) {
+        // The latency split's receive stamp, copied to the task's attempt records (proto: received_at_us).
+        let received_us = hookline_service::now_us();
         let ctx = &self.ctx;
         let (p, o) = (done.partition(), done.offset());
         metrics::gauge!("hookline_dispatcher_in_flight").set(ctl.in_flight() as f64);
         // Kept (one copy; the task's byte fields are slices of it) for the dead letter of a panic.
         let raw = Bytes::copy_from_slice(m.payload().unwrap_or_default());
         let task = match m.payload().map(|_| DeliveryTask::decode(raw.clone())) {
-            Some(Ok(t)) => t,
+            Some(Ok(t)) => DeliveryTask { received_at_us: received_us, ..t },
             other => {
                 let detail = match other { Some(Err(e)) => e.to_string(), _ => "empty record".into() };
                 let ctx = ctx.clone();

@@ -62,6 +62,8 @@ pub struct TryContext<'a> {
     pub attempt: u32,
     pub try_no: u32,
     pub started_at_ms: i64,
+    /// The same instant to the µs (`AttemptRecord.started_at_us`).
+    pub started_at_us: i64,
     pub policy: &'a hookline_core::Policy,
 }
 
@@ -105,6 +107,8 @@ pub fn attempt_record(cx: &TryContext<'_>, result: &mut TryResult, decision: &De
         run_id: String::new(),
         // Set by `deliver` when tracing is on.
         traceparent: String::new(),
+        received_at_us: cx.task.received_at_us,
+        started_at_us: cx.started_at_us,
     }
 }
 
@@ -323,7 +327,7 @@ mod tests {
     fn a_tries_record_reads_its_state_from_the_decision() {
         let t = task();
         let fynapse = hookline_core::policy::builtin("fynapse").unwrap();
-        let cx = TryContext { task: &t, attempt: 3, try_no: 1, started_at_ms: 7, policy: &fynapse };
+        let cx = TryContext { task: &t, attempt: 3, try_no: 1, started_at_ms: 7, started_at_us: 7_000, policy: &fynapse };
         let mut result = TryResult {
             outcome: hookline_core::Outcome::http(503),
             reason: "HTTP 503".into(),

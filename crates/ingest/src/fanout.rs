@@ -71,6 +71,8 @@ impl Handler for FanoutHandler {
     }
 
     fn record(&mut self, m: &BorrowedMessage<'_>, mut done: Done, _: &Control<'_>) {
+        // The latency split's receive stamp (proto: DeliveryTask.fanout_received_at_us).
+        let received_us = hookline_service::now_us();
         let f = &self.0;
         let events = f.topics.events();
         let (p, o) = (done.partition(), done.offset());
@@ -83,7 +85,7 @@ impl Handler for FanoutHandler {
                 // Headers are looked at only when tracing is on.
                 let (tp, ts) = if f.tracer.is_on() { trace_headers(m) } else { (None, None) };
                 span = f.tracer.fanout(&mut ev, tp, ts);
-                let work = fan_out(f, ev);
+                let work = fan_out(f, ev, received_us);
                 if let Some(s) = &mut span { s.set_i64("hookline.deliveries", work.len() as i64); }
                 work
             }
@@ -162,7 +164,7 @@ fn enqueue_with_headers(producer: &FutureProducer, topic: &str, key: String, pay
     Pending { topic: topic.to_owned(), key, payload, headers, future }
 }
 
-fn fan_out(f: &Fanout, ev: Event) -> Vec<Pending> {
+fn fan_out(f: &Fanout, ev: Event, received_us: i64) -> Vec<Pending> {
     // Only the event's own tenant's subscriptions (none of another tenant's, even for the same type).
     let mut targets = f.subs.matching(&ev.tenant, &ev.r#type);
     if !ev.only_subscription_id.is_empty() {
@@ -186,6 +188,8 @@ fn fan_out(f: &Fanout, ev: Event) -> Vec<Pending> {
                 delivery_id: delivery_id(&ev.id, &entry.sub.id),
                 subscription_id: entry.sub.id.to_string(),
                 origin: TaskOrigin::Fanout as i32,
+                fanout_received_at_us: received_us,
+                fanout_produced_at_us: hookline_service::now_us(),
                 ..Default::default()
             };
             enqueue(&f.producer, deliveries, entry.sub.id.to_string(), event.task_bytes(&task))

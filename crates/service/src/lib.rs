@@ -14,4 +14,9 @@ pub use config::Config;
 pub fn now_ms() -> i64 {
     std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map_or(0, |d| d.as_millis() as i64)
 }
+
+/// Wall-clock microseconds since the Unix epoch: the `*_at_us` receive stamps of the latency split.
+pub fn now_us() -> i64 {
+    std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map_or(0, |d| i64::try_from(d.as_micros()).unwrap_or(i64::MAX))
+}
 pub use health::Readiness;

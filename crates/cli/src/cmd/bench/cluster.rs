@@ -39,6 +39,9 @@ pub fn serve(role: &str, config_toml: &str) -> anyhow::Result<ExitCode> {
     if role == "broker" {
         let topics = Topics::new(config.kafka.topic_prefix.clone());
         let broker = DevBroker::start(&topics, config.kafka.partitions, config.kafka.event_partitions)?;
+        for name in super::throughput::FLOOR_MODES.iter().flat_map(|m| super::throughput::floor_topics(&config.kafka.topic_prefix, m)) {
+            broker.cluster().create_topic(&name, config.kafka.partitions, 1)?;
+        }
         println!("{}", json!({"bootstrap_servers": broker.bootstrap_servers()}));
         wait_stdin_eof();
         drop(broker);

@@ -105,12 +105,16 @@ pub struct BenchArgs {
     /// throughput: the dispatcher's `egress.dns_cache_ttl_s` (0 resolves on every attempt; default: the config's).
     #[arg(long, value_parser = clap::value_parser!(u64).range(0..=86_400))]
     dns_cache_ttl_s: Option<u64>,
-    /// latency: leave out the split (its three probe consumers fetch from the same broker, which loads it).
+    /// latency: leave out the split (its readers of `deliveries` and `attempts` fetch from the same broker, which loads it).
     #[arg(long)]
     no_split: bool,
     /// throughput: seconds the raw HTTP baseline runs.
     #[arg(long, default_value_t = 10, value_parser = clap::value_parser!(u64).range(1..=3600))]
     raw_s: u64,
+    /// throughput: records of the Kafka floor (a consumer and producer with the services' settings, no hookline
+    /// logic) after the raw baseline; 0 leaves it out.
+    #[arg(long, default_value_t = 16_000, value_parser = clap::value_parser!(u64).range(0..=10_000_000))]
+    kafka_floor_records: u64,
     /// throughput, isolation: deliveries published but not yet received, at most (keeps the mock broker's
     /// ~5 MiB partitions from evicting unread records).
     #[arg(long, value_parser = clap::value_parser!(u64).range(1..=10_000_000))]

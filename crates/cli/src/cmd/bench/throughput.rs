@@ -1,6 +1,7 @@
 //! `throughput`: events fanned out to subscriptions on the `standard` profile, receiver answering 204, as fast as
 //! the pipeline goes; then the raw baseline, a plain hyper client with the dispatcher's connection settings and
-//! the same concurrency POSTing the same bodies to the same receiver.
+//! the same concurrency POSTing the same bodies to the same receiver; then the Kafka floor (see [`kafka_floor`]),
+//! what librdkafka and the broker alone cost per delivery.
 
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::Arc;
@@ -158,8 +159,15 @@ pub async fn run(args: &BenchArgs) -> anyhow::Result<(Map<String, Value>, bool)>
     let deliveries_per_s = f.deliveries as f64 / f.seconds;
     let cpu = cpu_per_1k(&f.cpu_before, &f.cpu_after, f.deliveries as f64, PROCS);
     let publish_failures = publisher.failed.load(Ordering::Relaxed);
-    let cluster = Arc::try_unwrap(cluster).map_err(|_| anyhow::anyhow!("cluster still shared"))?;
-    cluster.stop().await;
+    // The Kafka floor below measures this process's new Kafka clients: the event producer goes first.
+    drop(publisher);
+    let mut cluster = Arc::try_unwrap(cluster).map_err(|_| anyhow::anyhow!("cluster still shared"))?;
+    // The services stop; the broker stays up, idle, for the Kafka floor after the raw baseline.
+    tokio::task::block_in_place(|| {
+        for p in [&mut cluster.ingest, &mut cluster.dispatcher, &mut cluster.scheduler] {
+            p.stop(Duration::from_secs(8));
+        }
+    });
 
     // The raw baseline, on its own runtime (threads `bench-raw`), against the same receiver.
     eprintln!("  raw baseline: {concurrency} concurrent POSTs of the same body for {} s", args.raw_s);
@@ -170,6 +178,9 @@ pub async fn run(args: &BenchArgs) -> anyhow::Result<(Map<String, Value>, bool)>
     let raw_s = args.raw_s;
     let raw = tokio::task::spawn_blocking(move || raw_baseline(urls, body, concurrency, Duration::from_secs(raw_s))).await??;
     drop(recv);
+    // Paced at the deliveries' own rate, and batched (all of it at once, the cheapest Kafka can be).
+    let floors = if args.kafka_floor_records == 0 { None } else { Some(run_floor(args, &cluster, deliveries_per_s).await?) };
+    cluster.stop().await;
 
     let ratio = deliveries_per_s / raw.per_s;
     let mut out = Map::new();
@@ -188,8 +199,37 @@ pub async fn run(args: &BenchArgs) -> anyhow::Result<(Map<String, Value>, bool)>
     out.insert("named_host".into(), json!(args.named_host));
     out.insert("receiver_host".into(), json!(host));
     out.insert("dns_cache_ttl_s".into(), json!(dns_cache_ttl_s));
-    let met = ratio >= 0.5 && f.complete;
     let c = |k: &str| cpu.get(k).and_then(Value::as_f64).unwrap_or(f64::NAN);
+    let (batched, paced) = match &floors {
+        Some([b, p]) => (Some(b), Some(p)),
+        None => (None, None),
+    };
+    let fc = |f: Option<&Floor>, k: &str| f.and_then(|f| f.cpu.get(k)).and_then(Value::as_f64).unwrap_or(f64::NAN);
+    if let (Some(b), Some(p)) = (batched, paced) {
+        out.insert("kafka_floor_records".into(), json!(p.records));
+        out.insert("kafka_floor_record_bytes".into(), json!({"task": p.task_bytes, "attempt": p.attempt_bytes}));
+        out.insert("kafka_floor_per_s".into(), json!(round(p.per_s, 1)));
+        out.insert("kafka_floor_cpu_s_per_1k".into(), Value::Object(p.cpu.clone()));
+        out.insert("kafka_floor_batched_per_s".into(), json!(round(b.per_s, 1)));
+        out.insert("kafka_floor_batched_join_s".into(), json!(round(b.join_s, 2)));
+        out.insert("kafka_floor_batched_cpu_s_per_1k".into(), Value::Object(b.cpu.clone()));
+        // Per delivery the dispatcher does at least the floor's Kafka work (consume a task, produce an attempt
+        // record, store the offset), at the same pace: what is above it is hookline's.
+        out.insert("dispatcher_over_kafka_floor".into(), json!(round(c("dispatcher") / fc(paced, "total"), 2)));
+        out.insert("dispatcher_librdkafka_over_kafka_floor_librdkafka".into(), json!(round(c("dispatcher_librdkafka") / fc(paced, "librdkafka"), 2)));
+    }
+    let met = ratio >= 0.5 && f.complete;
+    let pair = |k: &str| format!("{:.4} / {:.4}", fc(paced, k), fc(batched, k));
+    let floor_rows = [
+        row("kafka floor, paced / batched:", "", "", None),
+        row("  records/s", format!("{:.0} / {:.0}", paced.map_or(f64::NAN, |f| f.per_s), batched.map_or(f64::NAN, |f| f.per_s)), "", None),
+        row("  cpu s/1k: client, total", pair("total"), "", None),
+        row("    librdkafka threads", pair("librdkafka"), "", None),
+        row("    rust-rdkafka polling thread", pair("client_other"), "", None),
+        row("    the loop (bench-kfloor)", pair("loop"), "", None),
+        row("  cpu s/1k: broker", pair("broker"), "", None),
+        row("dispatcher ÷ paced floor", format!("{:.2}", c("dispatcher") / fc(paced, "total")), "", None),
+    ];
     print_table(
         "throughput",
         &[
@@ -220,7 +260,10 @@ pub async fn run(args: &BenchArgs) -> anyhow::Result<(Map<String, Value>, bool)>
                 "",
                 None,
             ),
-        ],
+        ]
+        .into_iter()
+        .chain(floor_rows.into_iter().filter(|_| floors.is_some()))
+        .collect::<Vec<_>>(),
     );
     Ok((out, met))
 }
@@ -284,4 +327,362 @@ pub fn raw_baseline(urls: Vec<String>, body: Bytes, concurrency: usize, duration
     let snap = |m: std::collections::HashMap<&'static str, f64>| CpuSnapshot(m);
     let cpu = cpu_per_1k(&snap(cpu_a), &snap(cpu_b), got as f64, &["raw_client", "receiver"]);
     Ok(Raw { per_s: got as f64 / secs, cpu })
+}
+
+/// The Kafka floor on the run's broker: its topics (made by the broker child on the embedded broker, here on
+/// `--brokers`, then deleted), `--kafka-floor-records` of them (on the embedded broker at most what keeps each
+/// partition under 3 MiB, below the mock broker's ~5 MiB).
+async fn run_floor(args: &BenchArgs, cluster: &Cluster, rate: f64) -> anyhow::Result<[Floor; 2]> {
+    let kafka = cluster.config.kafka.clone();
+    let topics: Vec<String> = FLOOR_MODES.iter().flat_map(|m| floor_topics(&kafka.topic_prefix, m)).collect();
+    let (task, attempt) = floor_records()?;
+    let mut records = args.kafka_floor_records;
+    if args.brokers.is_some() {
+        use rdkafka::admin::{AdminOptions, NewTopic, TopicReplication};
+        let admin = hookline_kafka::client::admin(&kafka, "hookline-bench-admin")?;
+        let new: Vec<_> = topics.iter().map(|t| NewTopic::new(t, kafka.partitions, TopicReplication::Fixed(kafka.replication_factor))).collect();
+        for r in admin.create_topics(&new, &AdminOptions::new().operation_timeout(Some(Duration::from_secs(30)))).await? {
+            if let Err((name, code)) = r {
+                anyhow::bail!("creating topic {name}: {code}");
+            }
+        }
+    } else {
+        let cap = (i64::from(kafka.partitions.max(1)) as u64).saturating_mul(3 << 20) / (task.len() as u64).max(1);
+        if records > cap {
+            eprintln!("  kafka floor: {records} records would overfill the embedded broker's partitions; {cap} instead");
+            records = cap;
+        }
+    }
+    let broker_pid = cluster.broker.as_ref().map(|b| b.pid);
+    let mut floors = Vec::new();
+    for (mode, pace) in FLOOR_MODES.into_iter().zip([None, Some(rate)]) {
+        eprintln!(
+            "  kafka floor ({mode}{}): {records} task records ({} bytes) consumed, one attempt record ({} bytes) produced each",
+            pace.map(|r| format!(", {r:.0}/s")).unwrap_or_default(),
+            task.len(),
+            attempt.len()
+        );
+        let (k, t) = (kafka.clone(), floor_topics(&kafka.topic_prefix, mode));
+        floors.push(tokio::task::spawn_blocking(move || kafka_floor(k, t, records, pace, broker_pid)).await??);
+    }
+    if args.brokers.is_some() {
+        let admin = hookline_kafka::client::admin(&kafka, "hookline-bench-admin")?;
+        let refs: Vec<&str> = topics.iter().map(String::as_str).collect();
+        let _ = admin.delete_topics(&refs, &rdkafka::admin::AdminOptions::new()).await;
+    }
+    floors.try_into().map_err(|_| anyhow::anyhow!("two floors"))
+}
+
+/// The Kafka floor's topics, per mode (`batched`, `paced`): tasks in, attempt-sized records out (partitioned like
+/// `deliveries`).
+pub fn floor_topics(prefix: &str, mode: &str) -> [String; 2] {
+    [format!("{prefix}bench-kfloor-{mode}-in"), format!("{prefix}bench-kfloor-{mode}-out")]
+}
+
+pub const FLOOR_MODES: [&str; 2] = ["batched", "paced"];
+
+/// The floor's records: a delivery task of the bench's event, and the attempt record of its successful try
+/// (the headers the dispatcher records, the signature redacted), encoded as the services encode them.
+pub fn floor_records() -> anyhow::Result<(Vec<u8>, Vec<u8>)> {
+    use hookline_core::model::{AttemptPhase, AttemptRecord, DeliveryTask, Header, TaskOrigin};
+    use prost::Message as _;
+    let event = hookline_core::event_decode::decode(&event_json("t0", "tp.0", 0), 1 << 20, false).map_err(|e| anyhow::anyhow!("{e}"))?;
+    let sub = "sub_01JBENCHKFLOOR0000000000";
+    let delivery_id = hookline_core::model::delivery_id(&event.id, sub);
+    let header = |n: &str, v: &str| Header { name: n.into(), value: bytes::Bytes::copy_from_slice(v.as_bytes()) };
+    let attempt = AttemptRecord {
+        delivery_id: delivery_id.clone(),
+        subscription_id: sub.into(),
+        event_id: event.id.clone(),
+        event_type: event.r#type.clone(),
+        attempt: 1,
+        r#try: 1,
+        started_at_ms: 1_796_060_753_682,
+        duration_ms: 1,
+        outcome: "204".into(),
+        http_status: 204,
+        reason: "HTTP 204".into(),
+        verdict: "success".into(),
+        final_state: "succeeded".into(),
+        status_word: "delivered".into(),
+        phase: AttemptPhase::Finished as i32,
+        policy: "standard".into(),
+        concludes_attempt: 1,
+        request_headers: vec![
+            header("content-type", "application/json"),
+            header("user-agent", "hookline/0.1"),
+            header("webhook-id", &delivery_id),
+            header("webhook-timestamp", "1796060753"),
+            header("webhook-signature", "<redacted>"),
+        ],
+        response_headers: vec![header("date", "Wed, 02 Dec 2026 00:00:00 GMT"), header("content-length", "0")],
+        decided_by: 1,
+        rule: 1,
+        rule_when: "2xx".into(),
+        received_at_us: 1_796_060_753_681_000,
+        started_at_us: 1_796_060_753_682_000,
+        ..Default::default()
+    };
+    let task = DeliveryTask {
+        delivery_id,
+        subscription_id: sub.into(),
+        event: Some(event),
+        origin: TaskOrigin::Fanout as i32,
+        fanout_received_at_us: 1_796_060_753_680_000,
+        fanout_produced_at_us: 1_796_060_753_680_100,
+        ..Default::default()
+    };
+    Ok((task.encode_to_vec(), attempt.encode_to_vec()))
+}
+
+/// What the Kafka floor measured.
+pub struct Floor {
+    pub records: u64,
+    pub per_s: f64,
+    /// From subscribing to the first record (the group join, the first fetch).
+    pub join_s: f64,
+    /// CPU s per 1k records: `librdkafka` (its `rdk:*` threads), `client_other` (rust-rdkafka's producer polling
+    /// thread), `loop` (the `bench-kfloor` thread), `total` (those three) and `broker`.
+    pub cpu: Map<String, Value>,
+    pub task_bytes: usize,
+    pub attempt_bytes: usize,
+}
+
+/// CPU seconds a thread ran (`/proc/.../task/<tid>/schedstat`, in ns: the floor is short, the 10 ms ticks of
+/// `stat` too coarse for it).
+fn run_s(task_dir: &std::path::Path) -> f64 {
+    let text = std::fs::read_to_string(task_dir.join("schedstat")).unwrap_or_default();
+    text.split_whitespace().next().and_then(|ns| ns.parse::<f64>().ok()).map_or(0.0, |ns| ns / 1e9)
+}
+
+/// CPU seconds of a process's threads (`/proc/<pid or self>/task`), by thread id, with their names.
+fn threads_cpu_of(pid: &str) -> std::collections::HashMap<u32, (String, f64)> {
+    let mut out = std::collections::HashMap::new();
+    let Ok(dir) = std::fs::read_dir(format!("/proc/{pid}/task")) else { return out };
+    for e in dir.flatten() {
+        let Some(tid) = e.file_name().to_str().and_then(|s| s.parse::<u32>().ok()) else { continue };
+        let comm = std::fs::read_to_string(e.path().join("comm")).unwrap_or_default().trim_end().to_owned();
+        out.insert(tid, (comm, run_s(&e.path())));
+    }
+    out
+}
+
+fn threads_cpu() -> std::collections::HashMap<u32, (String, f64)> {
+    threads_cpu_of("self")
+}
+
+/// The floor's CPU now, by group: threads that did not exist in `before` (the floor's clients), and this thread.
+fn floor_cpu(before: &std::collections::HashSet<u32>, broker_pid: Option<u32>) -> [f64; 4] {
+    let me = std::thread::current().name().map(str::to_owned).unwrap_or_default();
+    let (mut rdk, mut other, mut lp) = (0.0, 0.0, 0.0);
+    for (tid, (comm, cpu)) in threads_cpu() {
+        if comm == me {
+            lp += cpu;
+        } else if !before.contains(&tid) {
+            if comm.starts_with("rdk:") {
+                rdk += cpu;
+            } else {
+                other += cpu;
+            }
+        }
+    }
+    let broker = broker_pid.map_or(0.0, |pid| threads_cpu_of(&pid.to_string()).into_values().map(|(_, s)| s).sum());
+    [rdk, other, lp, broker]
+}
+
+/// The Kafka-only floor under the services' CPU: on a thread of its own (`bench-kfloor`, a current-thread
+/// runtime), a group consumer with the services' consumer settings reads `records` task-sized records and, per
+/// record, produces one attempt-sized record with the services' producer settings (acks=all, idempotence) and
+/// stores the partition's contiguous completed offset once it is acknowledged, as the consume loop does. What a
+/// delivery costs in librdkafka and the broker with no hookline logic at all. The topic is filled first (not
+/// measured); the CPU is measured from creating the clients to the last acknowledgement, the rate from the first
+/// record received.
+pub fn kafka_floor(kafka: hookline_kafka::KafkaSettings, topics: [String; 2], records: u64, rate: Option<f64>, broker_pid: Option<u32>) -> anyhow::Result<Floor> {
+    std::thread::Builder::new()
+        .name("bench-kfloor".into())
+        .spawn(move || {
+            let rt = tokio::runtime::Builder::new_current_thread().enable_all().build()?;
+            rt.block_on(floor_loop(kafka, topics, records, rate, broker_pid))
+        })?
+        .join()
+        .map_err(|_| anyhow::anyhow!("the Kafka floor's thread panicked"))?
+}
+
+async fn floor_loop(kafka: hookline_kafka::KafkaSettings, [input, output]: [String; 2], records: u64, rate: Option<f64>, broker_pid: Option<u32>) -> anyhow::Result<Floor> {
+    use futures::stream::{FuturesUnordered, StreamExt};
+    use rdkafka::consumer::{Consumer, StreamConsumer};
+    use rdkafka::producer::FutureRecord;
+    use rdkafka::Message as _;
+    use std::collections::{BTreeSet, HashMap, HashSet};
+
+    // One future type for a first produce and a produce again.
+    async fn tracked(p: i32, o: i64, key: String, fut: rdkafka::producer::DeliveryFuture) -> (i32, i64, String, bool) {
+        let acked = matches!(fut.await, Ok(Ok(_)));
+        (p, o, key, acked)
+    }
+    let (task, attempt) = floor_records()?;
+    // The input comes from a producer with the services' settings on a thread of its own (`bench-kfill`, not
+    // measured): all of it first (batched), or one record, then the rest at `rate` once the first arrived (paced).
+    let pre = if rate.is_some() { 1.min(records) } else { records };
+    let (filled_tx, filled_rx) = std::sync::mpsc::channel::<anyhow::Result<()>>();
+    let (go_tx, go_rx) = tokio::sync::oneshot::channel::<()>();
+    let fill = {
+        let (kafka, input, task) = (kafka.clone(), input.clone(), task.clone());
+        std::thread::Builder::new().name("bench-kfill".into()).spawn(move || -> anyhow::Result<()> {
+            let rt = tokio::runtime::Builder::new_current_thread().enable_all().build()?;
+            rt.block_on(fill_input(kafka, input, task, records, pre, rate, filled_tx, go_rx))
+        })?
+    };
+    filled_rx.recv().map_err(|_| anyhow::anyhow!("the Kafka floor's fill stopped"))??;
+    // Every thread now is someone else's (the fill's included): what appears next is the floor's. Batched, measured
+    // from here (the group join included: librdkafka fetches ahead, so the first record received comes after
+    // much of the fetching); paced, from the first record. To the last acknowledgement.
+    let before: HashSet<u32> = threads_cpu().into_keys().collect();
+    let mut cpu0 = floor_cpu(&before, broker_pid);
+    let mut t0 = std::time::Instant::now();
+    let mut go = Some(go_tx);
+    let consumer: StreamConsumer = hookline_kafka::client::group_consumer_config(&kafka, "hookline-bench-kfloor", "hookline-bench-kfloor")?.create()?;
+    consumer.subscribe(&[input.as_str()])?;
+    let producer = hookline_kafka::client::producer(&kafka, "hookline-bench-kfloor")?;
+    // As the dispatcher's loop: a bound on records in flight, the contiguous completed offset stored per partition.
+    const IN_FLIGHT: usize = 8_000;
+    let mut acks = FuturesUnordered::new();
+    let mut pending: HashMap<i32, BTreeSet<i64>> = HashMap::new();
+    let mut high: HashMap<i32, i64> = HashMap::new();
+    let mut stored: HashMap<i32, i64> = HashMap::new();
+    let (mut received, mut done, mut resent) = (0u64, 0u64, 0u64);
+    let mut first_at: Option<Duration> = None;
+    let mut last_progress = std::time::Instant::now();
+    while done < records {
+        anyhow::ensure!(
+            last_progress.elapsed() < Duration::from_secs(60),
+            "the Kafka floor stalled: {done} of {records} records done ({received} received)"
+        );
+        tokio::select! {
+            m = consumer.recv(), if acks.len() < IN_FLIGHT && received < records => {
+                // A consumer error is logged by the client and the loop goes on, as the services' loop does.
+                let Ok(m) = m else { continue };
+                if first_at.is_none() {
+                    first_at = Some(t0.elapsed());
+                    if rate.is_some() {
+                        (cpu0, t0) = (floor_cpu(&before, broker_pid), std::time::Instant::now());
+                        first_at = Some(Duration::ZERO);
+                    }
+                    if let Some(go) = go.take() {
+                        let _ = go.send(());
+                    }
+                }
+                received += 1;
+                last_progress = std::time::Instant::now();
+                let (p, o) = (m.partition(), m.offset());
+                let key = String::from_utf8_lossy(m.key().unwrap_or_default()).into_owned();
+                pending.entry(p).or_default().insert(o);
+                let fut = producer.send_result(FutureRecord::to(&output).key(&key).payload(&attempt)).map_err(|(e, _)| anyhow::anyhow!("{e}"))?;
+                acks.push(tracked(p, o, key, fut));
+            }
+            Some((p, o, key, r)) = acks.next(), if !acks.is_empty() => {
+                last_progress = std::time::Instant::now();
+                if !r {
+                    // Not acknowledged: produced again, as the services do until it lands.
+                    resent += 1;
+                    let fut = producer.send_result(FutureRecord::to(&output).key(&key).payload(&attempt)).map_err(|(e, _)| anyhow::anyhow!("{e}"))?;
+                    acks.push(tracked(p, o, key, fut));
+                    continue;
+                }
+                done += 1;
+                let waiting = pending.entry(p).or_default();
+                waiting.remove(&o);
+                let h = high.entry(p).or_insert(0);
+                *h = (*h).max(o.saturating_add(1));
+                let mark = waiting.first().copied().unwrap_or(*h);
+                if stored.get(&p).is_none_or(|s| mark > *s) {
+                    stored.insert(p, mark);
+                    hookline_kafka::watermark::store(&consumer, &input, p, mark);
+                }
+            }
+        }
+    }
+    let after = floor_cpu(&before, broker_pid);
+    let join_s = first_at.unwrap_or_default().as_secs_f64();
+    // The rate from the first record on (the join is not the loop's pace).
+    let secs = (t0.elapsed().as_secs_f64() - join_s).max(1e-9);
+    let per_1k = |i: usize| round((after[i] - cpu0[i]) / records as f64 * 1000.0, 4);
+    let mut cpu = Map::new();
+    cpu.insert("librdkafka".into(), json!(per_1k(0)));
+    cpu.insert("client_other".into(), json!(per_1k(1)));
+    cpu.insert("loop".into(), json!(per_1k(2)));
+    let total: f64 = (0..3).map(|i| after[i] - cpu0[i]).sum();
+    cpu.insert("total".into(), json!(round(total / records as f64 * 1000.0, 4)));
+    cpu.insert("broker".into(), json!(per_1k(3)));
+    if resent > 0 {
+        eprintln!("  kafka floor: {resent} records produced again (not acknowledged the first time)");
+    }
+    hookline_kafka::client::close_consumer(consumer, Duration::from_secs(5), "bench-kfloor").await;
+    drop(producer);
+    fill.join().map_err(|_| anyhow::anyhow!("the Kafka floor's fill panicked"))??;
+    Ok(Floor { records, per_s: records as f64 / secs, join_s, cpu, task_bytes: task.len(), attempt_bytes: attempt.len() })
+}
+
+/// Produces the floor's input: `pre` records, says so on `filled`, then (after `go`) the rest at `rate` per second.
+#[allow(clippy::too_many_arguments)]
+async fn fill_input(
+    kafka: hookline_kafka::KafkaSettings,
+    input: String,
+    task: Vec<u8>,
+    records: u64,
+    pre: u64,
+    rate: Option<f64>,
+    filled: std::sync::mpsc::Sender<anyhow::Result<()>>,
+    go: tokio::sync::oneshot::Receiver<()>,
+) -> anyhow::Result<()> {
+    use futures::stream::{FuturesUnordered, StreamExt};
+    use rdkafka::producer::FutureRecord;
+    let producer = match hookline_kafka::client::producer(&kafka, "hookline-bench-kfloor-fill") {
+        Ok(p) => p,
+        Err(e) => {
+            let _ = filled.send(Err(anyhow::anyhow!("the floor's fill producer: {e}")));
+            return Ok(());
+        }
+    };
+    let keys: Vec<String> = (0..64).map(|k| format!("sub_kfloor_{k:02}")).collect();
+    let mut acks = FuturesUnordered::new();
+    let mut failed = 0u64;
+    let mut send = |i: u64, acks: &mut FuturesUnordered<_>| {
+        let key = &keys[(i % keys.len() as u64) as usize];
+        match producer.send_result(FutureRecord::to(&input).key(key).payload(&task)) {
+            Ok(fut) => acks.push(fut),
+            Err(_) => failed += 1,
+        }
+    };
+    for i in 0..pre {
+        send(i, &mut acks);
+        while acks.len() >= 10_000 {
+            acks.next().await;
+        }
+    }
+    while acks.next().await.is_some() {}
+    let _ = filled.send(Ok(()));
+    if pre < records {
+        let Ok(()) = go.await else { return Ok(()) };
+        let rate = rate.unwrap_or(1.0).max(1.0);
+        let start = std::time::Instant::now();
+        let mut tick = tokio::time::interval(Duration::from_millis(1));
+        let mut sent = pre;
+        while sent < records {
+            tokio::select! {
+                _ = tick.tick() => {
+                    let due = ((start.elapsed().as_secs_f64() * rate) as u64).saturating_add(pre);
+                    while sent < due.min(records) {
+                        send(sent, &mut acks);
+                        sent += 1;
+                    }
+                }
+                Some(_) = acks.next(), if !acks.is_empty() => {}
+            }
+        }
+        while acks.next().await.is_some() {}
+    }
+    drop(send);
+    anyhow::ensure!(failed == 0, "the Kafka floor's fill could not enqueue {failed} records");
+    Ok(())
 }
