@@ -251,4 +251,12 @@ mod tests {
         assert_eq!(min_median(&[0.9, 0.8]), (0.8, 0.8), "the lower middle one");
         assert_eq!(min_median(&[0.93]), (0.93, 0.93));
     }
+
+    #[test]
+    fn every_troubled_task_beyond_what_the_troubled_lanes_hold_spills_once() {
+        assert_eq!(expected_spills(Trouble::Hang, 5_069, 256), 9_626, "session 6's base run B spilled exactly this");
+        assert_eq!(expected_spills(Trouble::RateLimit, 6_333, 256), 12_154);
+        assert_eq!(expected_spills(Trouble::None, 6_333, 256), 0);
+        assert_eq!(expected_spills(Trouble::Hang, 100, 256), 0, "all held in the lanes");
+    }
 }
