@@ -30,7 +30,7 @@ pub enum StuckCause {
     /// times out, or is rate-limited or paused, far below what the others manage.
     Slow,
     /// It keeps pace with the others but would need longer than `EXEMPT_DRAIN_FACTOR` times the threshold to
-    /// finish what it holds. A healthy lane parked shows up here.
+    /// finish what it holds: a healthy lane parked shows up here (and a paused one that runs fast between pauses).
     Deep,
 }
 
