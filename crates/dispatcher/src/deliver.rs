@@ -23,6 +23,7 @@ use hookline_service::traces::Span;
 use prost::Message;
 
 use crate::breakers::Pause;
+use crate::lanes::Stuck;
 use crate::outcomes::Claim;
 use crate::records::{self, RecordState, TryContext, Untried, Words};
 use crate::{now_ms, Ctx};
@@ -274,16 +275,17 @@ fn spill_wait_ms(spills: u32, lane_drain: Duration) -> u64 {
 /// A lane is too deep (its endpoint is slow or hanging): park the task on the retry ladder for a while instead of
 /// holding a slot of `dispatcher.max_in_flight`, so the partition keeps moving for everyone else. Not an attempt.
 /// A lane that still finishes work gets its parked tasks back at its pace; one that hangs, after the steps of
-/// `SPILL_WAITS_MS` (`lane_drain` is how long it would need to drain at its pace).
-pub async fn spill(ctx: Arc<Ctx>, mut task: DeliveryTask, lane_drain: Duration) -> Result<(), Aborted> {
+/// `SPILL_WAITS_MS` (`stuck.drain` is how long it would need to drain at its pace). Counted by why the lane was
+/// judged stuck, so a healthy lane parked (`deep`) shows apart from a hanging or slow one.
+pub async fn spill(ctx: Arc<Ctx>, mut task: DeliveryTask, stuck: Stuck) -> Result<(), Aborted> {
     let now = now_ms();
     let wait_ms = match ctx.lanes.paced_spill_wait(&task.subscription_id) {
         Some(paced) => u64::try_from(paced.as_millis()).unwrap_or(u64::MAX),
-        None => spill_wait_ms(task.spills, lane_drain),
+        None => spill_wait_ms(task.spills, stuck.drain),
     };
     task.spills = task.spills.saturating_add(1);
     task.due_at_ms = due_at_ms(now, wait_ms);
-    metrics::counter!("hookline_deliveries_spilled_total").increment(1);
+    metrics::counter!("hookline_deliveries_spilled_total", "cause" => stuck.cause.as_str()).increment(1);
     schedule(&ctx, task, wait_ms, now).await
 }
 

@@ -17,9 +17,39 @@ use futures::future::BoxFuture;
 pub enum Run {
     /// A slot of its lane is free: do the work.
     Now,
-    /// The job was shed from a stuck lane (see [`Lanes::shed`]): park the work elsewhere. The lane would need
-    /// this long to drain.
-    Shed(Duration),
+    /// The job was shed from a stuck lane (see [`Lanes::shed`]): park the work elsewhere.
+    Shed(Stuck),
+}
+
+/// Why a lane is judged stuck: the `cause` label of `hookline_deliveries_spilled_total`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum StuckCause {
+    /// It finished nothing for the whole threshold: its endpoint hangs (or is paused for longer).
+    Stalled,
+    /// It finishes work, but under 1/s or under a quarter of the mean pace of all lanes: its endpoint is slow,
+    /// times out, or is rate-limited or paused, far below what the others manage.
+    Slow,
+    /// It keeps pace with the others but would need longer than `EXEMPT_DRAIN_FACTOR` times the threshold to
+    /// finish what it holds: a healthy lane parked shows up here (and a paused one that runs fast between pauses).
+    Deep,
+}
+
+impl StuckCause {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            StuckCause::Stalled => "stalled",
+            StuckCause::Slow => "slow",
+            StuckCause::Deep => "deep",
+        }
+    }
+}
+
+/// A stuck lane: why, and how long it would need to drain at its pace (at least the threshold), i.e. about when
+/// there is room in it again.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Stuck {
+    pub drain: Duration,
+    pub cause: StuckCause,
 }
 
 /// Work for a lane: called with [`Run::Now`] when a slot is free, or with [`Run::Shed`] by whoever shed it.
@@ -36,17 +66,21 @@ struct Lane {
     window_done: u32,
     /// Jobs finished per second, over the closed windows (each window weighs half of what came before).
     rate: Option<f64>,
+    /// How long a job of this lane takes from start to finish, moving mean (`None` before the first finishes).
+    job_secs: Option<f64>,
     /// The last slot handed to a parked task (see [`Lanes::paced_spill_wait`]).
     spill_cursor: Instant,
 }
 
 impl Lane {
     fn new(now: Instant) -> Self {
-        Self { running: 0, queue: VecDeque::new(), last_done: now, window_start: now, window_done: 0, rate: None, spill_cursor: now }
+        Self { running: 0, queue: VecDeque::new(), last_done: now, window_start: now, window_done: 0, rate: None, job_secs: None, spill_cursor: now }
     }
 
-    fn finished(&mut self, now: Instant) {
+    fn finished(&mut self, now: Instant, took: Duration) {
         self.last_done = now;
+        let t = took.as_secs_f64();
+        self.job_secs = Some(self.job_secs.map_or(t, |prev| prev + (t - prev) * JOB_TIME_WEIGHT));
         self.window_done = self.window_done.saturating_add(1);
         let elapsed = now - self.window_start;
         if elapsed >= PACE_WINDOW {
@@ -57,15 +91,30 @@ impl Lane {
         }
     }
 
-    /// How long the lane would need to finish what it holds, at the pace it has been finishing jobs; `None` while it
-    /// is too young to tell (no window closed yet and less than `PACE_WINDOW` old).
-    fn drain_time(&self, now: Instant) -> Option<Duration> {
+    /// How long the lane would need to finish what it holds, at the pace it can finish jobs (see
+    /// [`Lane::capacity`]); `None` while it is too young to tell.
+    fn drain_time(&self, now: Instant, cap: usize) -> Option<Duration> {
         let depth = (self.running + self.queue.len()) as f64;
-        let rate = self.pace(now)?;
+        let rate = self.capacity(now, cap)?;
         if rate <= 0.0 {
             return Some(Duration::MAX);
         }
         Some(Duration::from_secs_f64((depth / rate).min(1e9)))
+    }
+
+    /// Jobs per second the lane can finish: its pace, or, if more, `cap` jobs at a time at the time a job takes
+    /// (Little's law). The pace alone says what the lane was *given*: one fed at 50/s by a partition the consumer
+    /// reads behind the others finishes 50/s, however fast its endpoint is, and would look twenty seconds from
+    /// drained at the first burst the consumer fetches for it. A hanging endpoint's jobs take their timeout, so
+    /// there both say the same.
+    fn capacity(&self, now: Instant, cap: usize) -> Option<f64> {
+        let by_time = self.job_secs.filter(|t| *t > 0.0).map(|t| cap as f64 / t);
+        match (self.pace(now), by_time) {
+            (Some(p), Some(c)) => Some(p.max(c)),
+            (p, None) => p,
+            // A job finished, but no pace window closed yet: too young to tell, as before any job finished.
+            (None, Some(_)) => None,
+        }
     }
 
     /// Jobs finished per second lately; `None` while the lane is too young to tell.
@@ -88,15 +137,20 @@ const MIN_PACED_RATE: f64 = 1.0;
 /// The longest a paced task is parked for.
 const MAX_PACED_WAIT: Duration = Duration::from_secs(600);
 
-/// A deep lane finishing work at least this fraction of the mean pace of all lanes (and at least `MIN_PACED_RATE`)
-/// is not judged stuck, however long it would need to drain (up to `DEEP_FACTOR` times the depth): its endpoint keeps
-/// up like the others, and it is deep because the consumer fetched far ahead on its partition, or slow because the
-/// whole process or the broker is (every lane slows then). Parking such a lane's tasks only delays healthy work and
-/// loads the retry ladder on the cores the deliveries need.
+/// A deep lane that can finish work at least this fraction of the mean pace of all lanes (and at least
+/// `MIN_PACED_RATE`) is not judged stuck, however long it would need to drain (up to `EXEMPT_DRAIN_FACTOR` times the
+/// threshold): its endpoint keeps up like the others, and it is deep because the consumer fetched far ahead on its
+/// partition, or slow because the whole process or the broker is (every lane slows then). Parking such a lane's
+/// tasks only delays healthy work and loads the retry ladder on the cores the deliveries need.
 const RELATIVE_PACE: f64 = 0.25;
-/// How many times `max_depth` a lane may hold while exempt by its relative pace: bounds what one endpoint takes of
-/// `dispatcher.max_in_flight` when it is the only busy one (then its pace is the mean).
-const DEEP_FACTOR: usize = 4;
+/// How many times the threshold a lane exempt by its relative pace may need to drain: bounds, in time, what one
+/// endpoint holds of `dispatcher.max_in_flight` when it is the only busy one (then its pace is the mean). A bound in
+/// time, not depth: a healthy lane 1,000–2,000 deep (the consumer fetched its partition ahead: the bench's window of
+/// 8,000 over 18 lanes) drains in 3–8 s at a few hundred a second, and was parked by a bound of 4 × the depth.
+const EXEMPT_DRAIN_FACTOR: u32 = 6;
+
+/// The weight of the newest job in a lane's moving mean job time.
+const JOB_TIME_WEIGHT: f64 = 0.125;
 
 /// The shortest time a lane's pace is measured over. Jobs finish in bursts (a lane's tries wait on the same
 /// produce acknowledgements, a loaded host stalls for tens of milliseconds): gaps between single completions say
@@ -189,13 +243,14 @@ impl Lanes {
         tokio::spawn(async move {
             let mut job = job;
             loop {
+                let started = Instant::now();
                 job(Run::Now).await;
                 let cap = lanes.cap_of(&key);
                 let mut all = lanes.lanes.lock().expect("lanes lock");
                 let Some(lane) = all.get_mut(&key) else { return };
                 let now = Instant::now();
-                lane.finished(now);
-                lanes.all.lock().expect("all lanes' pace lock").finished(now);
+                lane.finished(now, now - started);
+                lanes.all.lock().expect("all lanes' pace lock").finished(now, now - started);
                 // Over a cap that shrank meanwhile: this runner stops, the others go on.
                 let next = if lane.running > cap { None } else { lane.queue.pop_front() };
                 match next {
@@ -213,16 +268,18 @@ impl Lanes {
     }
 
     /// Whether a lane holds at least `max_depth` jobs and would need longer than `drain` to finish them at the pace
-    /// it has been finishing jobs (or has finished none for that long): its endpoint hangs or is far too slow for
-    /// its load, so new work for it should wait elsewhere. A deep lane that drains quickly is just busy, and so is
-    /// one that finishes work at a fair share of the mean pace of all lanes (see `RELATIVE_PACE`).
+    /// it can finish jobs (or has finished none for that long): its endpoint hangs or is far too slow for its load,
+    /// so new work for it should wait elsewhere. A deep lane that drains quickly is just busy, and so is one that
+    /// can finish work at a fair share of the mean pace of all lanes (see `RELATIVE_PACE`), unless it would need
+    /// over `EXEMPT_DRAIN_FACTOR` times `drain` even so.
     pub fn is_stuck(&self, key: &str, max_depth: usize, drain: Duration) -> bool {
         self.stuck_for(key, max_depth, drain).is_some()
     }
 
-    /// Like [`Lanes::is_stuck`]; when stuck, how long the lane would need to drain at its pace (at least `drain`):
-    /// about when there is room in it again.
-    pub fn stuck_for(&self, key: &str, max_depth: usize, drain: Duration) -> Option<Duration> {
+    /// Like [`Lanes::is_stuck`]; when stuck, why, and how long the lane would need to drain at its pace (at least
+    /// `drain`): about when there is room in it again.
+    pub fn stuck_for(&self, key: &str, max_depth: usize, drain: Duration) -> Option<Stuck> {
+        let cap = self.cap_of(key);
         let lanes = self.lanes.lock().expect("lanes lock");
         let l = lanes.get(key)?;
         if l.running + l.queue.len() < max_depth {
@@ -230,27 +287,25 @@ impl Lanes {
         }
         let now = Instant::now();
         let since = now - l.last_done;
+        if since >= drain {
+            return Some(Stuck { drain: since.max(l.drain_time(now, cap).unwrap_or(since)), cause: StuckCause::Stalled });
+        }
         // The pace is measured over whole seconds (see `PACE_WINDOW`): a young lane is given that long, unless it
-        // has finished nothing at all for `drain`.
-        let estimate = l.drain_time(now);
-        let needed = match estimate {
-            Some(t) => t.max(since),
-            None => since,
-        };
+        // has finished nothing at all for `drain` (above).
+        let needed = l.drain_time(now, cap)?.max(since);
         if needed < drain {
             return None;
         }
-        let depth = l.running + l.queue.len();
-        if since < drain && depth < max_depth.saturating_mul(DEEP_FACTOR) {
-            let all = self.all.lock().expect("all lanes' pace lock").pace(now);
-            if let (Some(own), Some(all)) = (l.pace(now), all) {
-                let mean = all / lanes.len().max(1) as f64;
-                if own >= MIN_PACED_RATE && own >= mean * RELATIVE_PACE {
-                    return None;
-                }
-            }
+        let own = l.capacity(now, cap).unwrap_or(0.0);
+        let all = self.all.lock().expect("all lanes' pace lock").pace(now);
+        let keeps_pace = all.is_some_and(|all| own >= MIN_PACED_RATE && own >= all / lanes.len().max(1) as f64 * RELATIVE_PACE);
+        if !keeps_pace {
+            return Some(Stuck { drain: needed, cause: StuckCause::Slow });
         }
-        Some(needed)
+        if needed < drain.saturating_mul(EXEMPT_DRAIN_FACTOR) {
+            return None;
+        }
+        Some(Stuck { drain: needed, cause: StuckCause::Deep })
     }
 
     /// Takes the newest queued jobs of `key`'s lane until it holds at most `keep` (running included); the caller
@@ -427,16 +482,84 @@ mod tests {
     }
 
     #[tokio::test(start_paused = true)]
-    async fn a_lone_deep_lane_is_exempt_by_its_pace_only_up_to_four_times_the_depth() {
+    async fn a_lone_deep_lane_is_exempt_by_its_pace_only_while_it_drains_within_six_times_the_threshold() {
         let lanes = Lanes::new(1);
         for _ in 0..1_300 {
             lanes.submit("solo", sleeper(10));
         }
+        for _ in 0..3_500 {
+            lanes.submit("huge", sleeper(10));
+        }
         tokio::time::sleep(Duration::from_millis(2_050)).await;
-        // ~1,095 left at 100 jobs/s: ~11 s to drain; its pace is the mean, as it is the only lane.
+        // Both at 100 jobs/s, each the mean: "solo" has ~1,095 left (~11 s), "huge" ~3,295 (~33 s).
         let stuck = Duration::from_secs(5);
-        assert!(!lanes.is_stuck("solo", 300, stuck), "under 4 × 300 deep");
-        assert!(lanes.is_stuck("solo", 250, stuck), "over 4 × 250 deep: it would take too much of max_in_flight");
+        assert!(!lanes.is_stuck("solo", 250, stuck), "drains within 30 s at the others' pace");
+        let s = lanes.stuck_for("huge", 250, stuck).expect("over 30 s to drain: it would hold too much of max_in_flight");
+        assert_eq!(s.cause, StuckCause::Deep);
+        assert!(s.drain > Duration::from_secs(30), "{s:?}");
+    }
+
+    /// Session 6 (#17): in the bench's run B a healthy lane 1,000–2,000 deep (the consumer fetched its partition
+    /// ahead) needed 5–8 s at its pace and was parked once it held 4 × `max_queued_per_subscription`: ~950
+    /// healthy deliveries round the retry ladder, the run's tail stretched and the isolation ratio fell to 0.8.
+    #[tokio::test(start_paused = true)]
+    async fn a_healthy_lane_far_deeper_than_the_others_is_not_parked_while_the_hanging_ones_are() {
+        let lanes = Lanes::new(1);
+        for k in ["f0", "f1", "f2"] {
+            for _ in 0..1_000 {
+                lanes.submit(k, sleeper(10));
+            }
+        }
+        // Over 4 × 256 deep: ~13 s to drain at 100 jobs/s, like the others.
+        for _ in 0..1_500 {
+            lanes.submit("deep", sleeper(10));
+        }
+        // One endpoint times out every try after 2 s, one never answers.
+        for _ in 0..300 {
+            lanes.submit("timeout", sleeper(2_000));
+            lanes.submit("hang", Box::new(|_| Box::pin(std::future::pending())));
+        }
+        tokio::time::sleep(Duration::from_millis(2_050)).await;
+        let threshold = Duration::from_secs(5);
+        assert!(lanes.depth("deep") > 1_024, "{}", lanes.depth("deep"));
+        assert_eq!(lanes.stuck_for("deep", 256, threshold), None, "it drains as fast as the others");
+        assert_eq!(lanes.stuck_for("f0", 256, threshold), None);
+        assert_eq!(lanes.stuck_for("timeout", 256, threshold).map(|s| s.cause), Some(StuckCause::Slow), "0.5 jobs/s");
+        assert_eq!(lanes.stuck_for("hang", 256, threshold).map(|s| s.cause), Some(StuckCause::Slow), "nothing finished yet");
+        tokio::time::sleep(Duration::from_secs(3)).await;
+        assert_eq!(lanes.stuck_for("hang", 256, threshold).map(|s| s.cause), Some(StuckCause::Stalled), "nothing in 5 s");
+        assert_eq!(lanes.stuck_for("deep", 256, threshold), None);
+    }
+
+    /// A lane fed slowly (its partition read behind the others) finishes only what it gets: its pace says nothing
+    /// of its endpoint, which answers in 30 ms. When the consumer catches up and fetches a burst for it, it is
+    /// judged by what it can finish (3 at a time, 100/s), not by the 50/s it was given.
+    #[tokio::test(start_paused = true)]
+    async fn a_lane_fed_slowly_is_judged_by_what_its_endpoint_can_do_when_a_burst_arrives() {
+        let lanes = Lanes::new(3);
+        for k in ["f0", "f1", "f2"] {
+            for _ in 0..3_000 {
+                lanes.submit(k, sleeper(10));
+            }
+        }
+        // 50 a second, each 30 ms: one or two running, never empty.
+        for _ in 0..150 {
+            lanes.submit("fed", sleeper(30));
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+        for _ in 0..1_000 {
+            lanes.submit("fed", sleeper(30));
+        }
+        let threshold = Duration::from_secs(5);
+        // 20 s at the 50/s it was fed, under a quarter of the mean (~240/s); 10 s at what it can do.
+        assert_eq!(lanes.stuck_for("fed", 256, threshold), None);
+        // A slow endpoint fed the same way is still found: 3 at a time, 1 s each.
+        for _ in 0..400 {
+            lanes.submit("slow", sleeper(1_000));
+        }
+        tokio::time::sleep(Duration::from_millis(2_050)).await;
+        assert_eq!(lanes.stuck_for("slow", 256, threshold).map(|s| s.cause), Some(StuckCause::Slow));
+        assert_eq!(lanes.stuck_for("fed", 256, threshold), None);
     }
 
     #[tokio::test]
@@ -456,11 +579,12 @@ mod tests {
         assert!(lanes.shed("a", 6).is_empty());
         let shed = lanes.shed("a", 3);
         assert_eq!(lanes.depth("a"), 3);
+        let stuck = Stuck { drain: Duration::from_secs(9), cause: StuckCause::Slow };
         for job in shed {
-            job(Run::Shed(Duration::from_secs(9))).await;
+            job(Run::Shed(stuck)).await;
         }
         let got: Vec<_> = std::iter::from_fn(|| rx.try_recv().ok()).collect();
-        assert_eq!(got, [(3, Run::Shed(Duration::from_secs(9))), (4, Run::Shed(Duration::from_secs(9))), (5, Run::Shed(Duration::from_secs(9)))]);
+        assert_eq!(got, [(3, Run::Shed(stuck)), (4, Run::Shed(stuck)), (5, Run::Shed(stuck))]);
         assert_eq!(lanes.shed("a", 0).len(), 1, "the two running jobs stay");
         assert_eq!(lanes.depth("a"), 2);
     }

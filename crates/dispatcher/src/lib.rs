@@ -338,13 +338,13 @@ impl Handler for Dispatch {
         // and with it what the lane queued beyond its depth before it was known to be stuck.
         // Not while the broker or this process stalls (or just after): then every lane looks stuck.
         let stuck = ctx.lanes.stuck_for(&lane, self.max_queued, STUCK_AFTER).filter(|_| !ctx.stalls.within(STUCK_AFTER));
-        if let Some(drain) = stuck {
+        if let Some(stuck) = stuck {
             for job in ctx.lanes.shed(&lane, self.max_queued) {
-                tokio::spawn(job(Run::Shed(drain)));
+                tokio::spawn(job(Run::Shed(stuck)));
             }
             let ctx = ctx.clone();
             tokio::spawn(async move {
-                let work = deliver::spill(ctx.clone(), task, drain);
+                let work = deliver::spill(ctx.clone(), task, stuck);
                 if guarded(&ctx, work, &raw, &source, p, o).await.is_ok() {
                     done.complete();
                 }
@@ -358,7 +358,7 @@ impl Handler for Dispatch {
                 let work = async {
                     match run {
                         Run::Now => deliver::deliver(job_ctx.clone(), task, p).await,
-                        Run::Shed(drain) => deliver::spill(job_ctx.clone(), task, drain).await,
+                        Run::Shed(stuck) => deliver::spill(job_ctx.clone(), task, stuck).await,
                     }
                 };
                 if guarded(&job_ctx, work, &raw, &source, p, o).await.is_ok() {

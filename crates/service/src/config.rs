@@ -298,12 +298,14 @@ pub struct DispatcherSettings {
     /// Concurrent HTTP requests to one subscription's endpoint.
     pub per_subscription_concurrency: usize,
     /// Deliveries one subscription may have running or queued in memory while its endpoint cannot keep up (the
-    /// lane would need over 5 s to drain at its recent pace, measured over windows of at least 1 s); beyond it new
+    /// lane would need over 5 s to drain at the pace it can finish work: its recent pace over windows of at least
+    /// 1 s, or its concurrency ÷ the time a delivery takes if more); beyond it new
     /// ones, and those it had queued beyond it, are parked on the retry ladder (not an attempt), so a slow or
     /// hanging endpoint cannot use up `max_in_flight`. Parked tasks of a lane that still finishes work (1/s or more)
     /// come back one by one at its pace; those of a hanging one after 4 s, 15 s, then each minute (or its estimated
     /// drain time, at most 1 min). Not judged while the broker or the process stalls, nor for 5 s after. A lane
-    /// finishing work at ≥ ¼ of the mean pace of all lanes (and ≥ 1/s) is not judged stuck until 4 × this.
+    /// that can finish work at ≥ ¼ of the mean pace of all lanes (and ≥ 1/s) is not judged stuck while it would
+    /// drain within 30 s.
     pub max_queued_per_subscription: usize,
     /// On SIGTERM, how long in-flight deliveries may take to finish before the rest is handed back uncommitted.
     pub drain_timeout_ms: u64,

@@ -51,6 +51,21 @@ fn rate_limited_policy(per_sub: usize) -> anyhow::Result<String> {
     Ok(toml::to_string(&p)?)
 }
 
+/// The `cause` labels of `hookline_deliveries_spilled_total` (see the dispatcher's `StuckCause`): `deep` is a lane
+/// that kept pace with the others, i.e. a healthy one parked.
+const SPILL_CAUSES: &[&str] = &["stalled", "slow", "deep"];
+
+/// The spills a run B or C must make: every troubled task beyond what the troubled lanes hold in memory
+/// (`max_queued` each) parks once. More means lanes were parked that did not need to be (a healthy one, or a
+/// troubled one twice).
+fn expected_spills(trouble: Trouble, events: u64, max_queued: usize) -> u64 {
+    if trouble == Trouble::None {
+        return 0;
+    }
+    let troubled = HANGING as u64;
+    troubled.saturating_mul(events).saturating_sub(troubled.saturating_mul(max_queued as u64))
+}
+
 /// What the troubled 10% of the endpoints do.
 #[derive(Clone, Copy, PartialEq, Eq)]
 enum Trouble {
@@ -128,8 +143,19 @@ async fn one_run(args: &BenchArgs, trouble: Trouble, events: Option<u64>) -> any
         c.insert(short.to_owned(), json!(counters.get(*name).copied().unwrap_or(0.0)));
     }
     detail.insert("dispatcher".into(), Value::Object(c));
+    let mut by_cause = Map::new();
+    for cause in SPILL_CAUSES {
+        let series = format!("hookline_deliveries_spilled_total{{cause=\"{cause}\"}}");
+        by_cause.insert((*cause).to_owned(), json!(counters.get(&series).copied().unwrap_or(0.0)));
+    }
+    detail.insert("spilled_by_cause".into(), Value::Object(by_cause));
+    let expected = expected_spills(trouble, f.events, cluster.config.dispatcher.max_queued_per_subscription);
+    detail.insert("spilled_expected".into(), json!(expected));
     let rate = f.deliveries as f64 / f.seconds;
     eprintln!("  run {}: {rate:.0} healthy deliveries/s; {}", trouble.name(), Value::Object(detail.clone()));
+    let spilled = counters.get("hookline_deliveries_spilled_total").copied().unwrap_or(0.0);
+    let causes: Vec<String> = SPILL_CAUSES.iter().map(|c| format!("{c} {}", detail["spilled_by_cause"][*c])).collect();
+    eprintln!("  run {}: spilled {spilled:.0} (expected {expected}): {}", trouble.name(), causes.join(", "));
     let cluster = Arc::try_unwrap(cluster).map_err(|_| anyhow::anyhow!("cluster still shared"))?;
     cluster.stop().await;
     Ok(RunResult { flood: f, rate, detail: Value::Object(detail) })
@@ -224,5 +250,13 @@ mod tests {
         assert_eq!(min_median(&[0.95, 0.88, 1.02, 0.91, 0.97]), (0.88, 0.95));
         assert_eq!(min_median(&[0.9, 0.8]), (0.8, 0.8), "the lower middle one");
         assert_eq!(min_median(&[0.93]), (0.93, 0.93));
+    }
+
+    #[test]
+    fn every_troubled_task_beyond_what_the_troubled_lanes_hold_spills_once() {
+        assert_eq!(expected_spills(Trouble::Hang, 5_069, 256), 9_626, "session 6's base run B spilled exactly this");
+        assert_eq!(expected_spills(Trouble::RateLimit, 6_333, 256), 12_154);
+        assert_eq!(expected_spills(Trouble::None, 6_333, 256), 0);
+        assert_eq!(expected_spills(Trouble::Hang, 100, 256), 0, "all held in the lanes");
     }
 }
