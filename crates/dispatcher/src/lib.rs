@@ -262,19 +262,9 @@ pub async fn run(config: Config, shutdown: CancellationToken, options: Options) 
         max_queued: config.dispatcher.max_queued_per_subscription,
     };
     // At shutdown in-flight deliveries get `dispatcher.drain_timeout_ms` to finish (their records are produced).
-    // On a runtime worker, not on whatever thread awaits `run` (a binary's `block_on` thread): there the loop's
-    // every wake-up and the lane jobs it spawns cross threads, and the revoke drain cannot hand its thread's
-    // other tasks on while it waits.
-    let consume = tokio::spawn({
-        let shutdown = shutdown.clone();
-        async move { worker.run(&mut handler, &shutdown).await }
-    });
-    if let Err(e) = consume.await {
-        // A panic in the loop (a bug) ends the process as it did on the caller's thread.
-        if e.is_panic() {
-            std::panic::resume_unwind(e.into_panic());
-        }
-    }
+    // The loop stays on the caller's task: moved onto a runtime worker (`tokio::spawn`) it measured no better
+    // here (docs/benchmarks.md, "Dispatcher hand-offs and locks").
+    worker.run(&mut handler, &shutdown).await;
     let _ = ctx.producer.flush(Duration::from_secs(10));
     reader_stop.cancel();
     ctx.tracer.flush().await;

@@ -38,11 +38,7 @@ async fn wait_for_signal() {
 /// Runs a binary's main future on a multi-threaded runtime, then leaves without waiting more than a moment for
 /// blocking calls still running (a metadata or watermark lookup of a stopped reader lasts up to its own timeout):
 /// once the drain is done, SIGTERM ends the process at once. A `#[tokio::main]` runtime would wait for them.
-///
-/// The future runs as a task on the runtime's workers, not on the thread that blocks on it: a consume loop there
-/// would hand every record and every wake-up across threads, and could not let its tasks move on while a revoke
-/// drain waits (`block_in_place` hands a worker's tasks to another thread only from a worker).
-pub fn run_main(main: impl std::future::Future<Output = std::process::ExitCode> + Send + 'static) -> std::process::ExitCode {
+pub fn run_main(main: impl std::future::Future<Output = std::process::ExitCode>) -> std::process::ExitCode {
     let runtime = match tokio::runtime::Builder::new_multi_thread().enable_all().build() {
         Ok(rt) => rt,
         Err(e) => {
@@ -50,13 +46,7 @@ pub fn run_main(main: impl std::future::Future<Output = std::process::ExitCode> 
             return std::process::ExitCode::FAILURE;
         }
     };
-    let code = match runtime.block_on(runtime.spawn(main)) {
-        Ok(code) => code,
-        Err(e) => match e.try_into_panic() {
-            Ok(panic) => std::panic::resume_unwind(panic),
-            Err(_) => std::process::ExitCode::FAILURE,
-        },
-    };
+    let code = runtime.block_on(main);
     runtime.shutdown_timeout(std::time::Duration::from_secs(1));
     code
 }

@@ -44,17 +44,14 @@ pub fn serve(role: &str, config_toml: &str) -> anyhow::Result<ExitCode> {
         drop(broker);
         return Ok(ExitCode::SUCCESS);
     }
-    let rt = match std::env::var("HOOKLINE_BENCH_RT").as_deref() {
-        Ok("current") if role == "dispatcher" => tokio::runtime::Builder::new_current_thread().enable_all().build()?,
-        _ => tokio::runtime::Builder::new_multi_thread().enable_all().build()?,
-    };
+    let rt = tokio::runtime::Builder::new_multi_thread().enable_all().build()?;
     let shutdown = CancellationToken::new();
     let s = shutdown.clone();
     std::thread::spawn(move || {
         wait_stdin_eof();
         s.cancel();
     });
-    let result: anyhow::Result<()> = rt.block_on(async move {
+    let result: anyhow::Result<()> = rt.block_on(async {
         match role {
             "ingest" => hookline_ingest::run(config, shutdown, Default::default()).await?,
             // Health routes on (the bench picked free ports), so the parent can read their /metrics.
