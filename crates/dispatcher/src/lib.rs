@@ -262,6 +262,8 @@ pub async fn run(config: Config, shutdown: CancellationToken, options: Options) 
         max_queued: config.dispatcher.max_queued_per_subscription,
     };
     // At shutdown in-flight deliveries get `dispatcher.drain_timeout_ms` to finish (their records are produced).
+    // The loop stays on the caller's task: moved onto a runtime worker (`tokio::spawn`) it measured no better
+    // here (docs/benchmarks.md, "Dispatcher hand-offs and locks").
     worker.run(&mut handler, &shutdown).await;
     let _ = ctx.producer.flush(Duration::from_secs(10));
     reader_stop.cancel();

@@ -37,10 +37,17 @@ pub enum Claim {
 
 pub struct OutcomeLedger {
     hashers: (RandomState, RandomState),
-    inner: Mutex<Inner>,
+    /// Sharded by key: every delivery claims, concludes and releases its attempt here (three locks), and one lock
+    /// for the whole process would be taken by every worker thread in turn. A power of two in number.
+    shards: Box<[Mutex<Inner>]>,
     window_ms: i64,
+    /// The cap of each shard: `dedupe_max_entries` split evenly (keys are uniform, so the shards fill alike).
     max_entries: usize,
 }
+
+/// Shards of a ledger with room for at least this many entries each; a smaller ledger has one (its cap exact).
+const MIN_PER_SHARD: usize = 4_096;
+const MAX_SHARDS: usize = 16;
 
 /// Keys are already uniform random hashes: the maps use their low bits as they are instead of hashing them again.
 #[derive(Default)]
@@ -76,16 +83,25 @@ struct Inner {
 impl OutcomeLedger {
     /// `window_ms` = 0 turns the ledger off: every task runs.
     pub fn new(window_ms: u64, max_entries: usize) -> Arc<Self> {
+        let shards = (max_entries / MIN_PER_SHARD).clamp(1, MAX_SHARDS);
+        // A power of two, so that a shard is picked by a mask.
+        let shards = if shards.is_power_of_two() { shards } else { shards.next_power_of_two() / 2 };
         Arc::new(OutcomeLedger {
             hashers: (RandomState::new(), RandomState::new()),
-            inner: Mutex::default(),
+            shards: (0..shards).map(|_| Mutex::default()).collect(),
             window_ms: i64::try_from(window_ms).unwrap_or(i64::MAX),
-            max_entries,
+            max_entries: max_entries / shards,
         })
     }
 
     pub fn enabled(&self) -> bool {
         self.window_ms > 0 && self.max_entries > 0
+    }
+
+    /// The key's shard, by its high bits (the maps inside use the low ones).
+    fn shard(&self, key: Key) -> std::sync::MutexGuard<'_, Inner> {
+        let i = ((key.0 >> 64) as usize) & (self.shards.len() - 1);
+        self.shards[i].lock().expect("outcome ledger lock")
     }
 
     pub fn key(&self, delivery_id: &str, run_id: &str, attempt: u32) -> Key {
@@ -101,7 +117,7 @@ impl OutcomeLedger {
         }
         loop {
             let notify = {
-                let mut inner = self.inner.lock().expect("outcome ledger lock");
+                let mut inner = self.shard(key);
                 if inner.concluded.contains(&key) {
                     return Claim::Concluded;
                 }
@@ -117,7 +133,7 @@ impl OutcomeLedger {
             tokio::pin!(ended);
             // Registered before the lock is taken again: a release between the two cannot be missed.
             ended.as_mut().enable();
-            let still_running = self.inner.lock().expect("outcome ledger lock").running.get(&key).is_some_and(|n| n.as_ref().is_some_and(|n| Arc::ptr_eq(n, &notify)));
+            let still_running = self.shard(key).running.get(&key).is_some_and(|n| n.as_ref().is_some_and(|n| Arc::ptr_eq(n, &notify)));
             if !still_running {
                 continue;
             }
@@ -130,7 +146,7 @@ impl OutcomeLedger {
         if !self.enabled() {
             return;
         }
-        let mut inner = self.inner.lock().expect("outcome ledger lock");
+        let mut inner = self.shard(key);
         if inner.concluded.insert(key) {
             inner.order.push_back((now_ms, key));
         }
@@ -168,11 +184,13 @@ impl OutcomeLedger {
 
     #[cfg(test)]
     fn len(&self) -> usize {
-        self.inner.lock().expect("outcome ledger lock").concluded.len()
+        self.shards.iter().map(|s| s.lock().expect("outcome ledger lock").concluded.len()).sum()
     }
 
     fn release(&self, key: Key) {
-        if let Some(Some(n)) = self.inner.lock().expect("outcome ledger lock").running.remove(&key) {
+        // The guard is dropped before waking: the woken copies take the same shard's lock at once.
+        let waiting = self.shard(key).running.remove(&key);
+        if let Some(Some(n)) = waiting {
             n.notify_waiters();
         }
     }
@@ -269,6 +287,29 @@ mod tests {
         assert_eq!(l.len(), 3);
         assert!(matches!(l.claim(keys[1]).await, Claim::Run(_)));
         assert!(matches!(l.claim(keys[4]).await, Claim::Concluded));
+    }
+
+    #[tokio::test]
+    async fn a_large_ledger_is_sharded_and_keeps_its_cap_and_its_answers() {
+        let l = OutcomeLedger::new(60_000, 64 * 1024);
+        assert_eq!(l.shards.len(), 16);
+        let keys: Vec<Key> = (0..20_000u32).map(|a| l.key("dlv", "", a)).collect();
+        for k in &keys {
+            l.concluded(*k, 1_000);
+        }
+        assert_eq!(l.len(), 20_000, "under the cap: every outcome kept");
+        for k in keys.iter().step_by(97) {
+            assert!(matches!(l.claim(*k).await, Claim::Concluded));
+        }
+        assert!(matches!(l.claim(l.key("dlv", "", 20_001)).await, Claim::Run(_)));
+        for a in 20_000..200_000u32 {
+            l.concluded(l.key("dlv", "", a), 1_000);
+        }
+        assert!(l.len() <= 64 * 1024, "the cap holds across the shards: {}", l.len());
+        assert!(l.len() > 60 * 1024, "and each shard fills to its share: {}", l.len());
+        // Not a power of two: rounded down.
+        assert_eq!(OutcomeLedger::new(1, 3 * MIN_PER_SHARD).shards.len(), 2);
+        assert_eq!(OutcomeLedger::new(1, 100).shards.len(), 1);
     }
 
     #[tokio::test]

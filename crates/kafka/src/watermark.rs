@@ -2,6 +2,7 @@
 //! contiguous completed watermark (the lowest offset still in flight, or one past the highest seen).
 
 use std::collections::{BTreeSet, HashMap};
+use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Condvar, Mutex};
 use std::time::{Duration, Instant};
 
@@ -79,23 +80,37 @@ impl Watermarks {
     }
 }
 
-/// Stores a committable offset (the next offset to consume) for the next auto-commit. Fails harmlessly when the
-/// partition was revoked meanwhile: its next owner re-reads from the last commit.
-pub fn store<C: Consumer<X>, X: ConsumerContext>(consumer: &C, topic: &str, partition: i32, offset: i64) {
-    let mut tpl = TopicPartitionList::new();
-    if tpl.add_partition_offset(topic, partition, Offset::Offset(offset)).is_ok() {
-        if let Err(e) = consumer.store_offsets(&tpl) {
-            tracing::debug!(topic, partition, offset, error = %e, "offset not stored (partition revoked?)");
+/// Stores committable offsets (each the next offset to consume) for the next auto-commit, in one call. Fails
+/// harmlessly for a partition revoked meanwhile: its next owner re-reads from the last commit. A list that fails as
+/// a whole is stored partition by partition, so one revoked partition does not hold back the others.
+pub fn store_all<C: Consumer<X>, X: ConsumerContext, T: AsRef<str>>(consumer: &C, offsets: &[(T, i32, i64)]) {
+    let mut tpl = TopicPartitionList::with_capacity(offsets.len());
+    for (topic, partition, offset) in offsets {
+        let _ = tpl.add_partition_offset(topic.as_ref(), *partition, Offset::Offset(*offset));
+    }
+    if tpl.count() == 0 || consumer.store_offsets(&tpl).is_ok() {
+        return;
+    }
+    for (topic, partition, offset) in offsets {
+        let mut one = TopicPartitionList::with_capacity(1);
+        if one.add_partition_offset(topic.as_ref(), *partition, Offset::Offset(*offset)).is_ok() {
+            if let Err(e) = consumer.store_offsets(&one) {
+                tracing::debug!(topic = topic.as_ref(), partition, offset, error = %e, "offset not stored (partition revoked?)");
+            }
         }
     }
 }
 
 /// Watermarks shared by the tasks that complete records and a rebalance callback that waits for a revoked
-/// partition's records in flight before committing it (see `rebalance::RevokeDrain`). Completing wakes waiters.
+/// partition's records in flight before committing it (see `rebalance::RevokeDrain`). Completing wakes waiters,
+/// and only when there are some: a `notify_all` is a futex syscall, and nobody waits outside a revoke.
 #[derive(Debug, Default)]
 pub struct SharedWatermarks {
     marks: Mutex<Watermarks>,
     changed: Condvar,
+    /// Threads in [`SharedWatermarks::wait_drained`]; counted under `marks`, so a completion that takes the lock
+    /// after a waiter registered sees it, and one before it is seen by the waiter's own check.
+    waiters: AtomicUsize,
 }
 
 impl SharedWatermarks {
@@ -109,13 +124,24 @@ impl SharedWatermarks {
 
     /// Returns the new committable offset when the watermark moved.
     pub fn complete(&self, topic: &str, partition: i32, offset: i64) -> Option<i64> {
-        let moved = self.lock().complete(topic, partition, offset);
-        self.changed.notify_all();
+        let (moved, waited) = {
+            let mut marks = self.lock();
+            (marks.complete(topic, partition, offset), self.waiters.load(Ordering::Relaxed) > 0)
+        };
+        if waited {
+            self.changed.notify_all();
+        }
         moved
     }
 
     pub fn committable(&self, topic: &str, partition: i32) -> Option<i64> {
         self.lock().committable(topic, partition)
+    }
+
+    /// The committable offsets of these partitions (those known), under one lock.
+    pub fn committable_of<'a>(&self, parts: impl Iterator<Item = (&'a str, i32)>) -> Vec<(&'a str, i32, i64)> {
+        let marks = self.lock();
+        parts.filter_map(|(t, p)| marks.committable(t, p).map(|w| (t, p, w))).collect()
     }
 
     pub fn total_in_flight(&self) -> usize {
@@ -132,10 +158,12 @@ impl SharedWatermarks {
     pub fn wait_drained(&self, topic: &str, partitions: &[i32], limit: Duration) -> Vec<(i32, i64)> {
         let deadline = Instant::now() + limit;
         let mut marks = self.lock();
+        self.waiters.fetch_add(1, Ordering::Relaxed);
         loop {
             let busy = partitions.iter().any(|p| marks.in_flight(topic, *p) > 0);
             let left = deadline.saturating_duration_since(Instant::now());
             if !busy || left.is_zero() {
+                self.waiters.fetch_sub(1, Ordering::Relaxed);
                 return partitions.iter().filter_map(|p| marks.committable(topic, *p).map(|w| (*p, w))).collect();
             }
             marks = self.changed.wait_timeout(marks, left).unwrap_or_else(|e| e.into_inner()).0;

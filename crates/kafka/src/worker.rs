@@ -17,7 +17,7 @@
 use std::collections::BTreeSet;
 use std::future::Future;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
-use std::sync::Arc;
+use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use rdkafka::consumer::{CommitMode, Consumer, StreamConsumer};
@@ -32,7 +32,7 @@ use crate::budget::{Budget, Charge};
 use crate::client::{close_consumer, group_consumer_config, LEAVE_GROUP_WITHIN};
 use crate::rebalance::{RebalanceContext, RebalanceEvent, RevokeDrain};
 use crate::settings::KafkaSettings;
-use crate::watermark::{store, SharedWatermarks};
+use crate::watermark::{store_all, SharedWatermarks};
 
 /// What a consume loop is: its group, topics and bounds.
 pub struct Settings {
@@ -138,15 +138,36 @@ const LOST_SIGNAL_WITHIN: Duration = Duration::from_secs(3);
 struct Shared {
     marks: Arc<SharedWatermarks>,
     topics: Vec<Arc<str>>,
-    /// (topic index, partition) whose watermark moved: the loop stores it.
-    moved: mpsc::UnboundedSender<(usize, i32)>,
+    /// (topic index, partition) whose watermark moved since the loop last stored offsets, each once: a burst of
+    /// completions is one wake-up of the loop and one offsets store per partition, not one per record.
+    moved: Mutex<Vec<(usize, i32)>>,
+    /// Wakes the loop when `moved` stops being empty.
+    wake: Notify,
 }
 
 impl Shared {
     fn complete(&self, topic: usize, partition: i32, offset: i64) {
-        if self.marks.complete(&self.topics[topic], partition, offset).is_some() {
-            let _ = self.moved.send((topic, partition));
+        if self.marks.complete(&self.topics[topic], partition, offset).is_none() {
+            return;
         }
+        let first = {
+            let mut moved = self.moved.lock().unwrap_or_else(|e| e.into_inner());
+            let first = moved.is_empty();
+            // As many entries as partitions assigned at most: a linear look is cheaper than hashing.
+            if !moved.contains(&(topic, partition)) {
+                moved.push((topic, partition));
+            }
+            first
+        };
+        if first {
+            self.wake.notify_one();
+        }
+    }
+
+    /// The partitions whose watermark moved since the last call.
+    fn take_moved(&self, into: &mut Vec<(usize, i32)>) {
+        into.clear();
+        std::mem::swap(into, &mut *self.moved.lock().unwrap_or_else(|e| e.into_inner()));
     }
 }
 
@@ -258,7 +279,6 @@ pub trait Handler {
 pub struct Worker {
     consumer: StreamConsumer<RebalanceContext>,
     rebalances: mpsc::UnboundedReceiver<RebalanceEvent>,
-    moved: mpsc::UnboundedReceiver<(usize, i32)>,
     shared: Arc<Shared>,
     budget: Option<Arc<Budget>>,
     liveness: Arc<Liveness>,
@@ -287,10 +307,14 @@ impl Worker {
             group_consumer_config(kafka, &settings.group_id, &settings.client_id)?.create_with_context(context)?;
         let topics: Vec<&str> = settings.topics.iter().map(String::as_str).collect();
         consumer.subscribe(&topics)?;
-        let (moved_tx, moved) = mpsc::unbounded_channel();
-        let shared = Arc::new(Shared { marks, topics: settings.topics.iter().map(|t| Arc::from(t.as_str())).collect(), moved: moved_tx });
+        let shared = Arc::new(Shared {
+            marks,
+            topics: settings.topics.iter().map(|t| Arc::from(t.as_str())).collect(),
+            moved: Mutex::new(Vec::new()),
+            wake: Notify::new(),
+        });
         let budget = settings.max_in_flight.map(Budget::new);
-        Ok(Self { consumer, rebalances, moved, shared, budget, liveness, settings })
+        Ok(Self { consumer, rebalances, shared, budget, liveness, settings })
     }
 
     /// Completes records by key (see [`Completer`]).
@@ -311,6 +335,8 @@ impl Worker {
         let mut suspect_until: Option<tokio::time::Instant> = None;
         let live = self.liveness.clone();
         live.touch();
+        // Reused: storing offsets allocates nothing per burst but librdkafka's list.
+        let mut moved = Vec::new();
         loop {
             if let Some(stall) = &mut self.settings.stall {
                 while *stall.borrow_and_update() {
@@ -335,13 +361,8 @@ impl Worker {
                 Some(ev) = self.rebalances.recv() => {
                     apply(ev, handler, &ctl, &mut assigned, paused, self.settings.paused_gauge.as_ref());
                 }
-                Some((t, p)) = self.moved.recv() => {
-                    self.store(t, p);
-                    // Completions come in bursts: store them all before polling again.
-                    while let Ok((t, p)) = self.moved.try_recv() {
-                        self.store(t, p);
-                    }
-                }
+                // Completions come in bursts: every partition whose watermark moved meanwhile is stored at once.
+                _ = self.shared.wake.notified() => self.store_moved(&mut moved),
                 _ = freed(budget, |b| b.resume_level()), if paused => {
                     paused = false;
                     set_paused(&self.consumer, false, name, self.settings.paused_gauge.as_ref());
@@ -415,24 +436,26 @@ impl Worker {
                     tracing::warn!(consumer = name, in_flight = self.shared.marks.total_in_flight(), "drain deadline passed; unfinished work stays uncommitted");
                     break;
                 }
-                Some((t, p)) = self.moved.recv() => self.store(t, p),
+                _ = self.shared.wake.notified() => self.store_moved(&mut moved),
                 _ = freed(budget.as_ref(), |_| 0), if budget.is_some() => {}
             }
         }
-        while let Ok((t, p)) = self.moved.try_recv() {
-            self.store(t, p);
-        }
+        self.store_moved(&mut moved);
         if let Err(e) = self.consumer.commit_consumer_state(CommitMode::Sync) {
             tracing::debug!(consumer = name, error = %e, "final commit (nothing stored?)");
         }
         close_consumer(self.consumer, LEAVE_GROUP_WITHIN, name).await;
     }
 
-    fn store(&self, topic: usize, partition: i32) {
-        let t = &self.shared.topics[topic];
-        if let Some(w) = self.shared.marks.committable(t, partition) {
-            store(&self.consumer, t, partition, w);
+    /// Stores the committable offset of every partition whose watermark moved, in one call to librdkafka.
+    fn store_moved(&self, moved: &mut Vec<(usize, i32)>) {
+        self.shared.take_moved(moved);
+        if moved.is_empty() {
+            return;
         }
+        let topics = &self.shared.topics;
+        let offsets = self.shared.marks.committable_of(moved.iter().map(|(t, p)| (&*topics[*t], *p)));
+        store_all(&self.consumer, &offsets);
     }
 }
 

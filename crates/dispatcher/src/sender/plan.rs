@@ -173,23 +173,39 @@ impl SendPlan {
     }
 }
 
-/// The plans of the subscriptions this process sends to, by subscription id.
+/// The plans of the subscriptions this process sends to, by subscription id, in shards: every attempt reads one,
+/// and one lock for the process would have every worker thread take the same cache line in turn.
 #[derive(Default)]
 pub(super) struct Plans {
-    by_id: RwLock<HashMap<Arc<str>, Arc<SendPlan>>>,
+    shards: [RwLock<HashMap<Arc<str>, Arc<SendPlan>>>; SHARDS],
+}
+
+/// A power of two.
+const SHARDS: usize = 8;
+
+/// A subscription id's shard: FNV-1a over its last bytes (ids end in their random part).
+fn shard_of(id: &str) -> usize {
+    let tail = &id.as_bytes()[id.len().saturating_sub(8)..];
+    let h = tail.iter().fold(0xcbf2_9ce4_8422_2325u64, |h, b| (h ^ u64::from(*b)).wrapping_mul(0x0100_0000_01b3));
+    (h as usize) & (SHARDS - 1)
 }
 
 impl Plans {
+    fn shard(&self, id: &str) -> &RwLock<HashMap<Arc<str>, Arc<SendPlan>>> {
+        &self.shards[shard_of(id)]
+    }
+
     /// The plan for this version of the subscription: the kept one, else one made by `build` and kept.
     pub fn get_or_build(&self, entry: &Arc<SubscriptionEntry>, build: impl FnOnce() -> SendPlan) -> Arc<SendPlan> {
-        if let Some(plan) = self.by_id.read().expect("plans lock").get(&*entry.sub.id) {
+        let shard = self.shard(&entry.sub.id);
+        if let Some(plan) = shard.read().expect("plans lock").get(&*entry.sub.id) {
             if plan.is_for(entry) {
                 return plan.clone();
             }
         }
         // Built outside the lock: keying HMACs and judging the URL is the work a plan saves, not to be serialised.
         let plan = Arc::new(build());
-        let mut plans = self.by_id.write().expect("plans lock");
+        let mut plans = shard.write().expect("plans lock");
         match plans.get_mut(&*entry.sub.id) {
             Some(kept) => *kept = plan.clone(),
             None => {
@@ -201,13 +217,32 @@ impl Plans {
 
     /// Keeps the plans of subscriptions `live` accepts; returns how many were dropped.
     pub fn retain(&self, live: impl Fn(&str) -> bool) -> usize {
-        let mut plans = self.by_id.write().expect("plans lock");
-        let before = plans.len();
-        plans.retain(|id, _| live(id));
-        before - plans.len()
+        let mut dropped = 0;
+        for shard in &self.shards {
+            let mut plans = shard.write().expect("plans lock");
+            let before = plans.len();
+            plans.retain(|id, _| live(id));
+            dropped += before - plans.len();
+        }
+        dropped
     }
 
     pub fn len(&self) -> usize {
-        self.by_id.read().expect("plans lock").len()
+        self.shards.iter().map(|s| s.read().expect("plans lock").len()).sum()
+    }
+}
+
+#[cfg(test)]
+mod shard_tests {
+    use super::*;
+
+    #[test]
+    fn ids_spread_over_every_shard_and_short_ids_work() {
+        let mut seen = [0usize; SHARDS];
+        for i in 0..800 {
+            seen[shard_of(&format!("sub_01hx{i:08x}"))] += 1;
+        }
+        assert!(seen.iter().all(|n| *n > 40), "{seen:?}");
+        assert!(shard_of("") < SHARDS && shard_of("a") < SHARDS);
     }
 }
