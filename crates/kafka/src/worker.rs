@@ -384,6 +384,11 @@ impl Worker {
                             live.set_suspect(false);
                             continue;
                         }
+                        // Already logged by the client's error callback; librdkafka reconnects by itself.
+                        Err(e) if crate::table::reported_by_client(&e) => {
+                            tracing::debug!(consumer = name, error = %e, "broker connectivity");
+                            continue;
+                        }
                         Err(e) => {
                             tracing::warn!(consumer = name, error = %e, "consumer error");
                             continue;

@@ -597,7 +597,7 @@ async fn floor_loop(kafka: hookline_kafka::KafkaSettings, [input, output]: [Stri
                 let mark = waiting.first().copied().unwrap_or(*h);
                 if stored.get(&p).is_none_or(|s| mark > *s) {
                     stored.insert(p, mark);
-                    hookline_kafka::watermark::store(&consumer, &input, p, mark);
+                    hookline_kafka::watermark::store_all(&consumer, &[(input.as_str(), p, mark)]);
                 }
             }
         }
