@@ -30,11 +30,42 @@ pub(crate) fn quick_policy(waits_s: &[f64], edit: impl FnOnce(&mut Policy)) -> S
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn fans_out_by_filter_and_signs_every_request() {
-    fans_out_by_filter_and_signs_every_request_on(Pipeline::start(2).await).await;
+    let p = Pipeline::start(2).await;
+    let stamps = fans_out_by_filter_and_signs_every_request_on(&p).await;
+    assert_latency_stamps(&p, &stamps).await;
+    p.stop().await;
+}
+
+/// The latency split's stamps (`bench latency`), checked on the mock broker only: they do not depend on the broker.
+async fn assert_latency_stamps(p: &Pipeline, finals: &[hookline_core::model::AttemptRecord]) {
+    // The dispatcher received each task, then the try started (the same instant as `started_at_ms`, to the µs) ...
+    for a in finals {
+        assert!(a.received_at_us > 0 && a.received_at_us <= a.started_at_us, "{a:?}");
+        assert_eq!(a.started_at_us.div_euclid(1000), a.started_at_ms, "{a:?}");
+    }
+    // ... after the fan-out received the event and produced the task, which its record says.
+    let mut tasks = Vec::new();
+    let topics = Topics::new(p.config.kafka.topic_prefix.clone());
+    hookline_kafka::scan::scan(&p.config.kafka, topics.deliveries(), None, LIMIT, |m| {
+        use prost::Message as _;
+        use rdkafka::Message as _;
+        if let Some(Ok(t)) = m.payload().map(hookline_core::model::DeliveryTask::decode) {
+            tasks.push(t);
+        }
+    })
+    .await
+    .expect("scan deliveries");
+    for a in finals {
+        let t = tasks.iter().find(|t| t.delivery_id == a.delivery_id).expect("the attempt's task");
+        assert!(t.fanout_received_at_us > 0 && t.fanout_received_at_us <= t.fanout_produced_at_us, "{t:?}");
+        assert_eq!(t.received_at_us, 0, "the dispatcher's stamp is not on the wire: {t:?}");
+        assert!(t.fanout_produced_at_us <= a.received_at_us, "produced before received: {t:?} {a:?}");
+    }
 }
 
 /// Also run against tansu (tansu.rs).
-pub(crate) async fn fans_out_by_filter_and_signs_every_request_on(p: Pipeline) {
+/// Returns the final attempt records (stopping the pipeline is the caller's).
+pub(crate) async fn fans_out_by_filter_and_signs_every_request_on(p: &Pipeline) -> Vec<hookline_core::model::AttemptRecord> {
     let (orders, secret) = p.subscribe(json!({"url": p.url("orders"), "event_types": ["order.*"]})).await;
     let (_invoices, _) = p.subscribe(json!({"url": p.url("invoices"), "event_types": ["invoice.paid"]})).await;
     let (_all, _) = p.subscribe(json!({"url": p.url("all"), "event_types": ["*"]})).await;
@@ -63,31 +94,7 @@ pub(crate) async fn fans_out_by_filter_and_signs_every_request_on(p: Pipeline) {
     let finals = p.finals();
     assert!(finals.iter().all(|a| a.final_state == "succeeded"), "{finals:?}");
     assert!(finals.iter().any(|a| a.subscription_id == orders));
-    // The latency split's stamps (`bench latency`): the dispatcher received each task, then the try started (the
-    // same instant as `started_at_ms`, to the µs) ...
-    for a in &finals {
-        assert!(a.received_at_us > 0 && a.received_at_us <= a.started_at_us, "{a:?}");
-        assert_eq!(a.started_at_us.div_euclid(1000), a.started_at_ms, "{a:?}");
-    }
-    // ... after the fan-out received the event and produced the task, which its record says.
-    let mut tasks = Vec::new();
-    let topics = Topics::new(p.config.kafka.topic_prefix.clone());
-    hookline_kafka::scan::scan(&p.config.kafka, topics.deliveries(), None, LIMIT, |m| {
-        use prost::Message as _;
-        use rdkafka::Message as _;
-        if let Some(Ok(t)) = m.payload().map(hookline_core::model::DeliveryTask::decode) {
-            tasks.push(t);
-        }
-    })
-    .await
-    .expect("scan deliveries");
-    for a in &finals {
-        let t = tasks.iter().find(|t| t.delivery_id == a.delivery_id).expect("the attempt's task");
-        assert!(t.fanout_received_at_us > 0 && t.fanout_received_at_us <= t.fanout_produced_at_us, "{t:?}");
-        assert_eq!(t.received_at_us, 0, "the dispatcher's stamp is not on the wire: {t:?}");
-        assert!(t.fanout_produced_at_us <= a.received_at_us, "produced before received: {t:?} {a:?}");
-    }
-    p.stop().await;
+    finals
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -106,7 +106,9 @@ impl Drop for Tansu {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn tansu_fans_out_by_filter_and_signs_every_request() {
     let t = Tansu::start(2).await;
-    pipeline::fans_out_by_filter_and_signs_every_request_on(t.pipeline(2).await).await;
+    let p = t.pipeline(2).await;
+    pipeline::fans_out_by_filter_and_signs_every_request_on(&p).await;
+    p.stop().await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
