@@ -513,7 +513,7 @@ async fn floor_loop(kafka: hookline_kafka::KafkaSettings, [input, output]: [Stri
     use rdkafka::consumer::{Consumer, StreamConsumer};
     use rdkafka::producer::FutureRecord;
     use rdkafka::Message as _;
-    use std::collections::{BTreeSet, HashMap, HashSet};
+    use std::collections::HashSet;
 
     // One future type for a first produce and a produce again.
     async fn tracked(p: i32, o: i64, key: String, fut: rdkafka::producer::DeliveryFuture) -> (i32, i64, String, bool) {
@@ -547,9 +547,7 @@ async fn floor_loop(kafka: hookline_kafka::KafkaSettings, [input, output]: [Stri
     // As the dispatcher's loop: a bound on records in flight, the contiguous completed offset stored per partition.
     const IN_FLIGHT: usize = 8_000;
     let mut acks = FuturesUnordered::new();
-    let mut pending: HashMap<i32, BTreeSet<i64>> = HashMap::new();
-    let mut high: HashMap<i32, i64> = HashMap::new();
-    let mut stored: HashMap<i32, i64> = HashMap::new();
+    let mut marks = hookline_kafka::watermark::Watermarks::new();
     let (mut received, mut done, mut resent) = (0u64, 0u64, 0u64);
     let mut first_at: Option<Duration> = None;
     let mut last_progress = std::time::Instant::now();
@@ -576,7 +574,7 @@ async fn floor_loop(kafka: hookline_kafka::KafkaSettings, [input, output]: [Stri
                 last_progress = std::time::Instant::now();
                 let (p, o) = (m.partition(), m.offset());
                 let key = String::from_utf8_lossy(m.key().unwrap_or_default()).into_owned();
-                pending.entry(p).or_default().insert(o);
+                marks.start(&input, p, o);
                 let fut = producer.send_result(FutureRecord::to(&output).key(&key).payload(&attempt)).map_err(|(e, _)| anyhow::anyhow!("{e}"))?;
                 acks.push(tracked(p, o, key, fut));
             }
@@ -590,13 +588,7 @@ async fn floor_loop(kafka: hookline_kafka::KafkaSettings, [input, output]: [Stri
                     continue;
                 }
                 done += 1;
-                let waiting = pending.entry(p).or_default();
-                waiting.remove(&o);
-                let h = high.entry(p).or_insert(0);
-                *h = (*h).max(o.saturating_add(1));
-                let mark = waiting.first().copied().unwrap_or(*h);
-                if stored.get(&p).is_none_or(|s| mark > *s) {
-                    stored.insert(p, mark);
+                if let Some(mark) = marks.complete(&input, p, o) {
                     hookline_kafka::watermark::store_all(&consumer, &[(input.as_str(), p, mark)]);
                 }
             }
