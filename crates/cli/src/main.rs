@@ -1,5 +1,10 @@
 //! `hookline`: the operator CLI. Each subcommand lives in its own file under `cmd/`.
 
+// jemalloc instead of glibc's malloc: the data plane allocates and frees on different threads (librdkafka's,
+// tokio's), where glibc's arenas cost the most; see docs/benchmarks.md "The allocator (#17, session 7)".
+#[global_allocator]
+static ALLOCATOR: tikv_jemallocator::Jemalloc = tikv_jemallocator::Jemalloc;
+
 use std::process::ExitCode;
 
 use clap::{Parser, Subcommand};

@@ -1,5 +1,10 @@
 //! `hookline-ingest`: parse arguments, load config, start telemetry, run until SIGTERM.
 
+// jemalloc instead of glibc's malloc: the data plane allocates and frees on different threads (librdkafka's,
+// tokio's), where glibc's arenas cost the most; see docs/benchmarks.md "The allocator (#17, session 7)".
+#[global_allocator]
+static ALLOCATOR: tikv_jemallocator::Jemalloc = tikv_jemallocator::Jemalloc;
+
 use std::path::PathBuf;
 
 use clap::Parser;
