@@ -269,4 +269,99 @@ mod tests {
         assert_eq!(closed.load(Ordering::SeqCst), 1, "the receiver saw the idle connection closed");
         assert!(pool.idle.lock().unwrap().by_key.is_empty());
     }
+
+    /// A CA and a leaf for 127.0.0.1, made with the `openssl` command: (CA PEM, leaf PEM, leaf key PEM).
+    fn test_pki() -> (Vec<u8>, Vec<u8>, Vec<u8>) {
+        let dir = std::env::temp_dir().join(format!("hookline-pool-tls-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let run = |args: &[&str]| {
+            let out = std::process::Command::new("openssl").args(args).current_dir(&dir).output().expect("the openssl command");
+            assert!(out.status.success(), "openssl {args:?}: {}", String::from_utf8_lossy(&out.stderr));
+        };
+        let ec = ["-newkey", "ec", "-pkeyopt", "ec_paramgen_curve:prime256v1", "-nodes"];
+        let mut ca = vec!["req", "-x509", "-days", "2", "-keyout", "ca.key", "-out", "ca.pem", "-subj", "/CN=hookline pool test ca"];
+        ca.extend(ec);
+        ca.extend(["-addext", "basicConstraints=critical,CA:TRUE", "-addext", "keyUsage=critical,keyCertSign,cRLSign"]);
+        run(&ca);
+        std::fs::write(dir.join("leaf.ext"), "basicConstraints=CA:FALSE\nkeyUsage=critical,digitalSignature\nextendedKeyUsage=serverAuth\nsubjectAltName=IP:127.0.0.1\n").unwrap();
+        let mut leaf = vec!["req", "-keyout", "leaf.key", "-out", "leaf.csr", "-subj", "/CN=leaf"];
+        leaf.extend(ec);
+        run(&leaf);
+        run(&["x509", "-req", "-in", "leaf.csr", "-CA", "ca.pem", "-CAkey", "ca.key", "-CAcreateserial", "-days", "2", "-out", "leaf.pem", "-extfile", "leaf.ext"]);
+        let read = |f: &str| std::fs::read(dir.join(f)).unwrap();
+        let pki = (read("ca.pem"), read("leaf.pem"), read("leaf.key"));
+        let _ = std::fs::remove_dir_all(&dir);
+        pki
+    }
+
+    /// Over TLS (the connector's rustls stream, unwrapped from hyper's adapters): requests and responses go
+    /// through, and a kept-alive connection takes the next request without a new handshake.
+    #[tokio::test]
+    async fn tls_connections_are_spoken_to_and_reused() {
+        use rustls::pki_types::pem::PemObject;
+        use rustls::pki_types::{CertificateDer, PrivateKeyDer};
+        use std::sync::atomic::{AtomicUsize, Ordering};
+        use tokio::io::{AsyncReadExt, AsyncWriteExt};
+        let (ca, leaf, key) = test_pki();
+        let provider = Arc::new(rustls::crypto::ring::default_provider());
+        let chain: Vec<CertificateDer<'static>> = CertificateDer::pem_slice_iter(&leaf).map(Result::unwrap).collect();
+        let server = rustls::ServerConfig::builder_with_provider(provider.clone())
+            .with_safe_default_protocol_versions()
+            .unwrap()
+            .with_no_client_auth()
+            .with_single_cert(chain, PrivateKeyDer::from_pem_slice(&key).unwrap())
+            .unwrap();
+        let acceptor = tokio_rustls::TlsAcceptor::from(Arc::new(server));
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let addr = listener.local_addr().unwrap();
+        let handshakes = Arc::new(AtomicUsize::new(0));
+        let h = handshakes.clone();
+        tokio::spawn(async move {
+            while let Ok((sock, _)) = listener.accept().await {
+                let Ok(mut tls) = acceptor.accept(sock).await else { continue };
+                h.fetch_add(1, Ordering::SeqCst);
+                tokio::spawn(async move {
+                    let mut buf = Vec::new();
+                    let mut chunk = [0u8; 4096];
+                    loop {
+                        // Each request is a head and a 5-byte body.
+                        while buf.windows(4).position(|w| w == b"\r\n\r\n").is_none_or(|i| buf.len() < i + 4 + 5) {
+                            match tls.read(&mut chunk).await {
+                                Ok(0) | Err(_) => return,
+                                Ok(n) => buf.extend_from_slice(&chunk[..n]),
+                            }
+                        }
+                        let end = buf.windows(4).position(|w| w == b"\r\n\r\n").unwrap() + 4 + 5;
+                        let body = buf[end - 5..end].to_vec();
+                        buf.drain(..end);
+                        let reply = [&b"HTTP/1.1 200 OK\r\ntransfer-encoding: chunked\r\n\r\n5\r\n"[..], &body, b"\r\n0\r\n\r\n"].concat();
+                        if tls.write_all(&reply).await.is_err() {
+                            return;
+                        }
+                    }
+                });
+            }
+        });
+        let mut roots = rustls::RootCertStore::empty();
+        for c in CertificateDer::pem_slice_iter(&ca) {
+            roots.add(c.unwrap()).unwrap();
+        }
+        let client = rustls::ClientConfig::builder_with_provider(provider)
+            .with_safe_default_protocol_versions()
+            .unwrap()
+            .with_root_certificates(roots)
+            .with_no_client_auth();
+        let settings = hookline_core::egress::EgressSettings { allow_ranges: vec!["127.0.0.1/32".into()], ..Default::default() };
+        let guard = Arc::new(hookline_core::egress::EgressGuard::new(&settings, &Default::default()).unwrap());
+        let connector = GuardedConnector::new(guard, Arc::new(crate::connector::SystemResolver));
+        let https = hyper_rustls::HttpsConnectorBuilder::new().with_tls_config(client).https_only().enable_http1().wrap_connector(connector);
+        let pool = Pool::new(https);
+        let uri: Uri = format!("https://{addr}/hook").parse().unwrap();
+        for body in ["hello", "again"] {
+            let resp = pool.send(&uri, HeaderMap::new(), Bytes::from_static(body.as_bytes())).await.unwrap();
+            assert_eq!(resp.status, 200);
+            assert_eq!(pool.read_body(resp, 1024, 512).await, (body.as_bytes().to_vec(), true));
+        }
+        assert_eq!(handshakes.load(Ordering::SeqCst), 1, "the second request went on the kept TLS connection");
+    }
 }
