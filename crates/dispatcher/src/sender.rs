@@ -304,15 +304,17 @@ impl Sender {
                     return (o, r, x, Vec::new());
                 }
             };
-            let status = resp.status.as_u16();
+            let status = resp.status().as_u16();
             let retry_after = resp
-                .headers
+                .headers()
                 .get(http::header::RETRY_AFTER)
                 .and_then(|v| v.to_str().ok())
                 .map(str::to_owned);
-            let response_headers = if record { kept_response_headers(&resp.headers) } else { Vec::new() };
-            // The connection goes back to the pool when the body was read to its end and may be reused.
-            let (excerpt, _ended) = route.pool.read_body(resp, policy.attempt.response_cap_bytes, EXCERPT_BYTES).await;
+            let response_headers = if record { kept_response_headers(resp.headers()) } else { Vec::new() };
+            // The connection goes back to the pool when the body was read to its end and may be reused. Boxed:
+            // reading the body comes after the wait for the answer, whose state (held by every waiting delivery)
+            // need not have room for it.
+            let (excerpt, _ended) = Box::pin(route.pool.read_body(resp, policy.attempt.response_cap_bytes, EXCERPT_BYTES)).await;
             let excerpt = String::from_utf8_lossy(&excerpt).into_owned();
             (Outcome::Http { status, retry_after }, format!("HTTP {status}"), excerpt, response_headers)
         };

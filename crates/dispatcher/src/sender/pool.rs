@@ -39,10 +39,18 @@ struct Idle {
 
 /// A response whose head was read; read its body with [`Pool::read_body`].
 pub struct Response {
-    pub status: http::StatusCode,
-    pub headers: HeaderMap,
-    body: h1::Response,
+    inner: h1::Response,
     key: Key,
+}
+
+impl Response {
+    pub fn status(&self) -> http::StatusCode {
+        self.inner.status
+    }
+
+    pub fn headers(&self) -> &HeaderMap {
+        &self.inner.headers
+    }
 }
 
 /// Why a request got no response.
@@ -107,50 +115,51 @@ impl Pool {
 
     /// POSTs `body` with `headers` to `uri` (absolute; sent in origin form with a `Host` header) on an idle
     /// connection to its authority, or a new one, and reads the response head.
-    pub async fn send(&self, uri: &Uri, headers: HeaderMap, body: Bytes) -> Result<Response, SendError> {
-        let key = key(uri)?;
-        let target = uri.path_and_query().map_or("/", |p| p.as_str());
-        let close = h1::asks_close(&headers);
-        let mut head = h1::encode_head(target, key.authority.as_str(), &headers, body.len());
-        // Nothing of the map is needed once the head is encoded.
+    ///
+    /// Not an `async fn`: the head is encoded before the future is made, so the future does not hold the map.
+    pub fn send<'a>(&'a self, uri: &'a Uri, headers: HeaderMap, body: Bytes) -> impl std::future::Future<Output = Result<Response, SendError>> + 'a {
+        let prepared = key(uri).map(|key| {
+            let target = uri.path_and_query().map_or("/", |p| p.as_str());
+            let head = h1::encode_head(target, key.authority.as_str(), &headers, body.len());
+            (key, head, h1::asks_close(&headers))
+        });
         drop(headers);
-        let mut reuse = true;
-        loop {
-            let (io, reused) = match reuse.then(|| self.checkout(&key)).flatten() {
-                Some(io) => (io, true),
-                // Boxed: the connector's state is large, and the send step lives as long as the request.
-                None => (Box::pin(self.connect(uri)).await?, false),
-            };
-            let mut io = io;
-            match h1::write_request(&mut io, &head, &body).await {
-                Ok(()) => {}
-                // The receiver closed the kept connection while it was idle: once more, on a new one.
-                Err(e) if reused && e.unanswered() => {
-                    reuse = false;
-                    continue;
+        async move {
+            let (key, mut head, close) = prepared?;
+            let mut reuse = true;
+            loop {
+                let (mut io, reused) = match reuse.then(|| self.checkout(&key)).flatten() {
+                    Some(io) => (io, true),
+                    // Boxed: the connector's state is large, and the send step lives as long as the request.
+                    None => (Box::pin(self.connect(uri)).await?, false),
+                };
+                match h1::write_request(&mut io, &head, &body).await {
+                    Ok(()) => {}
+                    // The receiver closed the kept connection while it was idle: once more, on a new one.
+                    Err(e) if reused && e.unanswered() => {
+                        reuse = false;
+                        continue;
+                    }
+                    Err(e) => return Err(SendError::Http(e)),
                 }
-                Err(e) => return Err(SendError::Http(e)),
-            }
-            if !reused {
-                // A new connection's request is never sent again: its head is not kept while the answer is awaited.
-                head = Vec::new();
-            }
-            match h1::read_response(io, close).await {
-                Ok(resp) => return Ok(self.response(key, resp)),
-                Err(e) if reused && e.unanswered() => reuse = false,
-                Err(e) => return Err(SendError::Http(e)),
+                if !reused {
+                    // A new connection's request is never sent again: its head is not kept while the answer is
+                    // awaited.
+                    head = Vec::new();
+                }
+                match h1::read_response(io, close).await {
+                    Ok(inner) => return Ok(Response { inner, key }),
+                    Err(e) if reused && e.unanswered() => reuse = false,
+                    Err(e) => return Err(SendError::Http(e)),
+                }
             }
         }
-    }
-
-    fn response(&self, key: Key, mut body: h1::Response) -> Response {
-        Response { status: body.status, headers: std::mem::take(&mut body.headers), body, key }
     }
 
     /// Reads the response's body until its end or `cap` bytes, keeping its first `keep` bytes; the connection is
     /// kept for the next request to its host when it can take one. Whether the body was read to its end.
     pub async fn read_body(&self, resp: Response, cap: u64, keep: usize) -> (Vec<u8>, bool) {
-        let read = resp.body.read_body(cap, keep).await;
+        let read = resp.inner.read_body(cap, keep).await;
         if let Some(io) = read.reusable {
             self.put_back(resp.key, io);
         }
@@ -259,7 +268,7 @@ mod tests {
         let pool = Pool::with_idle_timeout(crate::connector::https_connector(connector), Duration::from_millis(200));
         let uri: Uri = format!("http://{addr}/").parse().unwrap();
         let resp = pool.send(&uri, HeaderMap::new(), Bytes::new()).await.unwrap();
-        assert_eq!(resp.status, 200);
+        assert_eq!(resp.status(), 200);
         assert_eq!(pool.read_body(resp, 1024, 512).await, (Vec::new(), true));
         assert_eq!(pool.idle.lock().unwrap().by_key.values().map(Vec::len).sum::<usize>(), 1, "kept");
         let deadline = std::time::Instant::now() + Duration::from_secs(10);
@@ -359,7 +368,7 @@ mod tests {
         let uri: Uri = format!("https://{addr}/hook").parse().unwrap();
         for body in ["hello", "again"] {
             let resp = pool.send(&uri, HeaderMap::new(), Bytes::from_static(body.as_bytes())).await.unwrap();
-            assert_eq!(resp.status, 200);
+            assert_eq!(resp.status(), 200);
             assert_eq!(pool.read_body(resp, 1024, 512).await, (body.as_bytes().to_vec(), true));
         }
         assert_eq!(handshakes.load(Ordering::SeqCst), 1, "the second request went on the kept TLS connection");

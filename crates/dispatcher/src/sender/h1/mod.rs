@@ -216,12 +216,15 @@ pub async fn write_request(io: &mut Stream, head: &[u8], body: &[u8]) -> Result<
 
 /// Reads the response head after a request was written, skipping interim (1xx) responses. `close`: the request
 /// asked to close the connection.
-pub async fn read_response(io: Stream, close: bool) -> Result<Response, Error> {
+pub fn read_response(io: Stream, close: bool) -> impl std::future::Future<Output = Result<Response, Error>> {
+    // Not an `async fn`: the stream is moved into `conn` before the future is made, so it is held once.
     let mut conn = Conn { io, buf: Vec::new(), pos: 0 };
-    let h = read_head(&mut conn).await?;
-    let decoder = body::Decoder::new(h.framing);
-    let keep_alive = h.keep_alive && !close && h.framing != Framing::Close;
-    Ok(Response { status: h.status, headers: h.headers, body: Body { conn, decoder, keep_alive } })
+    async move {
+        let h = read_head(&mut conn).await?;
+        let decoder = body::Decoder::new(h.framing);
+        let keep_alive = h.keep_alive && !close && h.framing != Framing::Close;
+        Ok(Response { status: h.status, headers: h.headers, body: Body { conn, decoder, keep_alive } })
+    }
 }
 
 async fn read_head(conn: &mut Conn) -> Result<response::Head, Error> {
