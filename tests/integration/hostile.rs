@@ -304,7 +304,7 @@ async fn a_megabyte_of_response_headers_is_a_connect_error() {
     let a = &records[0];
     within_deadline(a);
     assert_eq!((a.outcome.as_str(), a.final_state.as_str()), ("connect_error", "failed"), "{a:?}");
-    // hyper refuses a head over its buffer limit (64 KiB, `sender/pool.rs` MAX_BUF_BYTES) instead of buffering the
+    // The sender refuses a head over its limit (64 KiB, `sender/h1` MAX_HEAD_BYTES) instead of buffering the
     // whole megabyte.
     assert!(a.reason.starts_with("connection failed: "), "{}", a.reason);
     assert!(a.reason.contains("too large"), "the reason names the oversized head: {}", a.reason);

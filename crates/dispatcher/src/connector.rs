@@ -6,7 +6,7 @@
 //! slip a private address in. [`precheck`] runs the same judgement before every attempt, because a pooled
 //! connection skips the connector.
 //!
-//! Redirects and proxies: neither the sender's pool (`sender/pool.rs`, hyper's `client::conn`) nor hyper-util's
+//! Redirects and proxies: neither the sender's client (`sender/pool.rs` over `sender/h1`) nor hyper-util's
 //! legacy client (the tests') follows redirects (a 3xx is just a response) or reads
 //! `HTTP_PROXY`/`HTTPS_PROXY`/`NO_PROXY`; this connector opens a direct TCP connection and nothing else. Both are
 //! pinned by tests in `tests/egress_connector.rs`.

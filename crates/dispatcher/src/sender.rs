@@ -1,8 +1,11 @@
 //! One HTTP try: egress check, connect (through the guarded connector), POST, read at most the response cap,
 //! all under the policy's single deadline. Never follows redirects, never uses a proxy.
 
+mod h1;
 mod plan;
 mod pool;
+#[cfg(test)]
+mod wire_tests;
 
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
@@ -14,7 +17,6 @@ use hookline_core::model::Header;
 use hookline_core::policy::Policy;
 use hookline_core::Outcome;
 use hookline_kafka::state::SubscriptionEntry;
-use http_body_util::{BodyExt, Full};
 
 use crate::connector::{self, GuardedConnector, PrecheckError, Resolve};
 
@@ -295,11 +297,7 @@ impl Sender {
                 Ok(h) => h,
                 Err(e) => return (Outcome::InvalidUrl, format!("invalid request: {e}"), String::new(), Vec::new()),
             };
-            let mut req = http::Request::new(Full::new(body));
-            *req.method_mut() = http::Method::POST;
-            *req.uri_mut() = uri;
-            *req.headers_mut() = headers;
-            let (resp, lease) = match route.pool.send(req).await {
+            let resp = match route.pool.send(&uri, headers, body).await {
                 Ok(r) => r,
                 Err(e) => {
                     let (o, r, x) = classify_error(&e);
@@ -313,10 +311,11 @@ impl Sender {
                 .and_then(|v| v.to_str().ok())
                 .map(str::to_owned);
             let response_headers = if record { kept_response_headers(resp.headers()) } else { Vec::new() };
-            let (excerpt, ended) = read_capped(resp.into_body(), policy.attempt.response_cap_bytes).await;
-            if ended {
-                route.pool.put_back(lease);
-            }
+            // The connection goes back to the pool when the body was read to its end and may be reused. Boxed:
+            // reading the body comes after the wait for the answer, whose state (held by every waiting delivery)
+            // need not have room for it.
+            let (excerpt, _ended) = Box::pin(route.pool.read_body(resp, policy.attempt.response_cap_bytes, EXCERPT_BYTES)).await;
+            let excerpt = String::from_utf8_lossy(&excerpt).into_owned();
             (Outcome::Http { status, retry_after }, format!("HTTP {status}"), excerpt, response_headers)
         };
         match tokio::time::timeout(timeout, exchange).await {
@@ -342,7 +341,7 @@ enum Destination<'a> {
     Planned(&'a Result<plan::PlannedTarget, hookline_core::egress::Refusal>),
 }
 
-/// The request's header map, sized for the headers, `extra` more and the two hyper adds (`host`, `content-length`)
+/// The request's header map, sized for the headers, `extra` more and the two the client adds (`host`, `content-length`)
 /// so that it is allocated once. An invalid name or value is reported as the request builder would.
 fn header_map<K: AsRef<str>>(
     headers: impl Iterator<Item = (K, Result<http::HeaderValue, http::header::InvalidHeaderValue>)>,
@@ -375,41 +374,6 @@ fn kept_response_headers(headers: &http::HeaderMap) -> Vec<Header> {
         out.push(hookline_kafka::state::logged_header(name.as_str(), value.as_bytes()));
     }
     out
-}
-
-/// Reads the body up to `cap` bytes and returns the start of it, and whether the body was read to its end; the
-/// rest is not read (the connection is then dropped rather than reused).
-async fn read_capped(mut body: hyper::body::Incoming, cap: u64) -> (String, bool) {
-    let mut excerpt = Vec::new();
-    let mut read: u64 = 0;
-    let mut ended = false;
-    loop {
-        if hyper::body::Body::is_end_stream(&body) {
-            ended = true;
-            break;
-        }
-        if read >= cap {
-            break;
-        }
-        match body.frame().await {
-            Some(Ok(frame)) => {
-                if let Some(data) = frame.data_ref() {
-                    read = read.saturating_add(data.len() as u64);
-                    if excerpt.len() < EXCERPT_BYTES {
-                        let take = (EXCERPT_BYTES - excerpt.len()).min(data.len());
-                        excerpt.extend_from_slice(&data[..take]);
-                    }
-                }
-            }
-            None => {
-                ended = true;
-                break;
-            }
-            // A broken body after the status arrived does not change the outcome: the status decides.
-            Some(Err(_)) => break,
-        }
-    }
-    (String::from_utf8_lossy(&excerpt).into_owned(), ended)
 }
 
 /// The rustls error inside `e`, looking through `io::Error` wrappers (hyper-rustls nests them, and

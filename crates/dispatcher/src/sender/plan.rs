@@ -123,7 +123,7 @@ impl SendPlan {
     ) -> Result<(Result<http::HeaderMap, String>, Vec<Header>), hookline_core::sign::SignError> {
         let mut values = self.headers.values(ids, body)?.into_iter();
         let n = self.slots.len() + 2 + self.custom.len();
-        // Two more for what hyper adds (`host`, `content-length`), so the map is allocated once.
+        // Two more for what the client adds (`host`, `content-length`), so the map is allocated once.
         let mut map = http::HeaderMap::with_capacity(n + 2);
         let mut logged = Vec::with_capacity(n);
         let mut bad = None;

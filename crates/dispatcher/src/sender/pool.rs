@@ -1,46 +1,30 @@
-//! The dispatcher's HTTP/1.1 client: per route (set of egress rules), idle connections kept by scheme and
-//! authority, each connection one hyper `client::conn::http1` handshake over the guarded connector.
+//! The dispatcher's HTTP/1.1 connections: per route (set of egress rules), idle connections kept by scheme and
+//! authority, each one opened by the guarded connector and spoken to with the dispatcher's own framing
+//! (`sender/h1`). A request's future drives its connection itself: there is no task per connection.
 //!
-//! Why not hyper-util's legacy `Client`: with 10,000 deliveries in flight there are 10,000 connections, and each
-//! request there costs a boxed response future (~2.6 KB, its pool checkout and connect state inlined) on top of
-//! the connection itself. Here a request is the connection's `send_request` future, inlined in the send step,
-//! and a connection's task holds the plain TCP stream inline (a TLS stream is boxed: it is much larger).
-//!
-//! Behaviour kept from the legacy client: origin-form request targets and a `Host` header; a request that a
-//! reused connection never sent (the receiver closed it while idle) goes once more on a new connection; no
-//! redirects, no proxies; idle connections closed after `IDLE_TIMEOUT`, at most `MAX_IDLE_PER_HOST` per host.
+//! Behaviour kept from hyper's clients: origin-form request targets and a `Host` header; a request that a reused
+//! connection did not answer (the receiver closed it while idle: the write failed, or the connection ended before
+//! any byte of a response) goes once more on a new connection; no redirects, no proxies; idle connections closed
+//! after `IDLE_TIMEOUT`, at most `MAX_IDLE_PER_HOST` per host.
 
 use std::collections::HashMap;
-use std::io;
-use std::pin::Pin;
 use std::sync::{Arc, Mutex, Weak};
-use std::task::{Context, Poll};
 use std::time::Duration;
 
 use bytes::Bytes;
-use http::uri::{Authority, PathAndQuery, Scheme};
-use http::{Request, Response, Uri};
-use http_body_util::Full;
-use hyper::body::Incoming;
-use hyper::client::conn::http1::{self, SendRequest};
-use hyper_rustls::{HttpsConnector, MaybeHttpsStream};
-use hyper_util::rt::TokioIo;
-use tokio::net::TcpStream;
+use http::uri::{Authority, Scheme};
+use http::{HeaderMap, Uri};
+use hyper_rustls::HttpsConnector;
 use tokio::time::Instant;
 use tower::Service;
 
+use super::h1;
 use crate::connector::GuardedConnector;
 
 /// Idle connections kept per scheme and authority (beyond it a finished connection is closed).
 pub const MAX_IDLE_PER_HOST: usize = 64;
 /// An idle connection older than this is closed rather than reused.
 pub const IDLE_TIMEOUT: Duration = Duration::from_secs(30);
-/// The largest response head (and body chunk buffered) hyper reads before failing the try as `connect_error`
-/// ("message head is too large"): 64 KiB, where hyper's default is ~400 KiB per connection. The attempt record
-/// keeps 4 KiB of response headers at most.
-pub const MAX_BUF_BYTES: usize = 64 * 1024;
-
-type Body = Full<Bytes>;
 
 #[derive(Clone, PartialEq, Eq, Hash, Debug)]
 struct Key {
@@ -49,15 +33,24 @@ struct Key {
 }
 
 struct Idle {
-    tx: SendRequest<Body>,
+    io: h1::Stream,
     since: Instant,
 }
 
-/// A connection whose response is being read. Give it back with [`Pool::put_back`] once the body was read to
-/// its end; dropped, it closes the connection.
-pub struct Lease {
+/// A response whose head was read; read its body with [`Pool::read_body`].
+pub struct Response {
+    inner: h1::Response,
     key: Key,
-    tx: SendRequest<Body>,
+}
+
+impl Response {
+    pub fn status(&self) -> http::StatusCode {
+        self.inner.status
+    }
+
+    pub fn headers(&self) -> &HeaderMap {
+        &self.inner.headers
+    }
 }
 
 /// Why a request got no response.
@@ -70,7 +63,7 @@ pub enum SendError {
     #[error("could not connect")]
     Connect(#[source] Box<dyn std::error::Error + Send + Sync>),
     #[error("request failed")]
-    Http(#[source] hyper::Error),
+    Http(#[source] h1::Error),
 }
 
 pub struct Pool {
@@ -84,11 +77,11 @@ struct Idles {
 }
 
 impl Idles {
-    /// Drops (so closes) every idle connection that is closed or past the idle timeout.
+    /// Drops (so closes) every idle connection that the receiver closed or that is past the idle timeout.
     fn sweep(&mut self, now: Instant) {
         let timeout = self.timeout;
         self.by_key.retain(|_, conns| {
-            conns.retain(|c| usable(c, now, timeout));
+            conns.retain_mut(|c| usable(c, now, timeout));
             !conns.is_empty()
         });
     }
@@ -120,163 +113,106 @@ impl Pool {
         Self { connector, idle }
     }
 
-    /// Sends `req` (an absolute URI; its target is sent in origin form with a `Host` header) on an idle
-    /// connection to its authority, or a new one.
-    pub async fn send(&self, mut req: Request<Body>) -> Result<(Response<Incoming>, Lease), SendError> {
-        let uri = std::mem::take(req.uri_mut());
-        let (key, origin) = split(&uri)?;
-        if !req.headers().contains_key(http::header::HOST) {
-            let host = http::HeaderValue::from_str(key.authority.as_str()).map_err(|_| SendError::Uri("the authority is not a valid Host header"))?;
-            req.headers_mut().insert(http::header::HOST, host);
-        }
-        *req.uri_mut() = origin;
-        // A reused connection may have been closed by the receiver while idle; the request, unsent, goes again on
-        // the next one (or a new one). A new connection's failure is the try's.
-        loop {
-            let (mut tx, reused) = match self.checkout(&key).await {
-                Some(tx) => (tx, true),
-                // Boxed: the handshake's state is large, and the send step lives as long as the request.
-                None => (Box::pin(self.connect(&uri)).await?, false),
-            };
-            match tx.try_send_request(req).await {
-                Ok(resp) => return Ok((resp, Lease { key, tx })),
-                Err(mut e) => match e.take_message() {
-                    Some(unsent) if reused => req = unsent,
-                    _ => return Err(SendError::Http(e.into_error())),
-                },
+    /// POSTs `body` with `headers` to `uri` (absolute; sent in origin form with a `Host` header) on an idle
+    /// connection to its authority, or a new one, and reads the response head.
+    ///
+    /// Not an `async fn`: the head is encoded before the future is made, so the future does not hold the map.
+    pub fn send<'a>(&'a self, uri: &'a Uri, headers: HeaderMap, body: Bytes) -> impl std::future::Future<Output = Result<Response, SendError>> + 'a {
+        let prepared = key(uri).map(|key| {
+            let target = uri.path_and_query().map_or("/", |p| p.as_str());
+            let head = h1::encode_head(target, key.authority.as_str(), &headers, body.len());
+            (key, head, h1::asks_close(&headers))
+        });
+        drop(headers);
+        async move {
+            let (key, mut head, close) = prepared?;
+            let mut reuse = true;
+            loop {
+                let (mut io, reused) = match reuse.then(|| self.checkout(&key)).flatten() {
+                    Some(io) => (io, true),
+                    // Boxed: the connector's state is large, and the send step lives as long as the request.
+                    None => (Box::pin(self.connect(uri)).await?, false),
+                };
+                match h1::write_request(&mut io, &head, &body).await {
+                    Ok(()) => {}
+                    // The receiver closed the kept connection while it was idle: once more, on a new one.
+                    Err(e) if reused && e.unanswered() => {
+                        reuse = false;
+                        continue;
+                    }
+                    Err(e) => return Err(SendError::Http(e)),
+                }
+                if !reused {
+                    // A new connection's request is never sent again: its head is not kept while the answer is
+                    // awaited.
+                    head = Vec::new();
+                }
+                match h1::read_response(io, close).await {
+                    Ok(inner) => return Ok(Response { inner, key }),
+                    Err(e) if reused && e.unanswered() => reuse = false,
+                    Err(e) => return Err(SendError::Http(e)),
+                }
             }
         }
     }
 
-    /// Keeps a connection whose response was read to its end, for the next request to its host.
-    pub fn put_back(&self, lease: Lease) {
-        if lease.tx.is_closed() {
-            return;
+    /// Reads the response's body until its end or `cap` bytes, keeping its first `keep` bytes; the connection is
+    /// kept for the next request to its host when it can take one. Whether the body was read to its end.
+    pub async fn read_body(&self, resp: Response, cap: u64, keep: usize) -> (Vec<u8>, bool) {
+        let read = resp.inner.read_body(cap, keep).await;
+        if let Some(io) = read.reusable {
+            self.put_back(resp.key, io);
         }
+        (read.excerpt, read.ended)
+    }
+
+    fn put_back(&self, key: Key, io: h1::Stream) {
         let now = Instant::now();
         let mut idle = self.idle.lock().expect("pool lock");
         let timeout = idle.timeout;
-        let conns = idle.by_key.entry(lease.key).or_default();
-        conns.retain(|c| usable(c, now, timeout));
+        let conns = idle.by_key.entry(key).or_default();
+        conns.retain_mut(|c| usable(c, now, timeout));
         if conns.len() < MAX_IDLE_PER_HOST {
-            conns.push(Idle { tx: lease.tx, since: now });
+            conns.push(Idle { io, since: now });
         }
     }
 
-    /// The most recently used idle connection to `key` that is still open, ready for a request.
-    async fn checkout(&self, key: &Key) -> Option<SendRequest<Body>> {
-        loop {
-            let candidate = {
-                let mut idle = self.idle.lock().expect("pool lock");
-                let now = Instant::now();
-                let timeout = idle.timeout;
-                let conns = idle.by_key.get_mut(key)?;
-                let found = loop {
-                    match conns.pop() {
-                        Some(c) if usable(&c, now, timeout) => break Some(c.tx),
-                        Some(_) => continue,
-                        None => break None,
-                    }
-                };
-                if conns.is_empty() {
-                    idle.by_key.remove(key);
-                }
-                found?
-            };
-            let mut tx = candidate;
-            // Put back right after its response ended, a connection may not have taken up its next request yet;
-            // it does at once, or turns out closed.
-            if tx.is_ready() || tx.ready().await.is_ok() {
-                return Some(tx);
+    /// The most recently used idle connection to `key` that is still open.
+    fn checkout(&self, key: &Key) -> Option<h1::Stream> {
+        let mut idle = self.idle.lock().expect("pool lock");
+        let now = Instant::now();
+        let timeout = idle.timeout;
+        let conns = idle.by_key.get_mut(key)?;
+        let found = loop {
+            let Some(mut c) = conns.pop() else { break None };
+            if usable(&mut c, now, timeout) {
+                break Some(c.io);
             }
-        }
-    }
-
-    async fn connect(&self, uri: &Uri) -> Result<SendRequest<Body>, SendError> {
-        let stream = self.connector.clone().call(uri.clone()).await.map_err(SendError::Connect)?;
-        let io = match stream {
-            MaybeHttpsStream::Http(tcp) => Stream::Plain(tcp),
-            tls => Stream::Tls(Box::new(tls)),
         };
-        let (tx, conn) = http1::Builder::new().max_buf_size(MAX_BUF_BYTES).handshake(io).await.map_err(SendError::Http)?;
-        // Ends when the connection closes: the receiver closed it, a try timed out during its exchange, or the
-        // pool dropped its last handle.
-        tokio::spawn(async move {
-            let _ = conn.await;
-        });
-        Ok(tx)
+        if conns.is_empty() {
+            idle.by_key.remove(key);
+        }
+        found
+    }
+
+    async fn connect(&self, uri: &Uri) -> Result<h1::Stream, SendError> {
+        let stream = self.connector.clone().call(uri.clone()).await.map_err(SendError::Connect)?;
+        Ok(h1::Stream::from_connector(stream))
     }
 }
 
-fn usable(c: &Idle, now: Instant, timeout: Duration) -> bool {
-    !c.tx.is_closed() && now.duration_since(c.since) < timeout
+fn usable(c: &mut Idle, now: Instant, timeout: Duration) -> bool {
+    now.duration_since(c.since) < timeout && !c.io.closed_while_idle()
 }
 
-/// The pool key and the origin-form target (`/path?query`) of an absolute URI.
-fn split(uri: &Uri) -> Result<(Key, Uri), SendError> {
+/// The pool key of an absolute URI.
+fn key(uri: &Uri) -> Result<Key, SendError> {
     let scheme = uri.scheme().cloned().ok_or(SendError::Uri("no scheme"))?;
     if scheme != Scheme::HTTP && scheme != Scheme::HTTPS {
         return Err(SendError::Uri("not http or https"));
     }
     let authority = uri.authority().cloned().ok_or(SendError::Uri("no host"))?;
-    let path = uri.path_and_query().cloned().unwrap_or_else(|| PathAndQuery::from_static("/"));
-    let origin = Uri::from(path);
-    Ok((Key { scheme, authority }, origin))
-}
-
-type TlsStream = MaybeHttpsStream<TokioIo<TcpStream>>;
-
-/// A connection's transport: plain TCP inline, TLS boxed (rustls' connection state is much larger than a socket,
-/// and every connection's task holds its stream).
-enum Stream {
-    Plain(TokioIo<TcpStream>),
-    Tls(Box<TlsStream>),
-}
-
-impl hyper::rt::Read for Stream {
-    fn poll_read(self: Pin<&mut Self>, cx: &mut Context<'_>, buf: hyper::rt::ReadBufCursor<'_>) -> Poll<io::Result<()>> {
-        match self.get_mut() {
-            Stream::Plain(s) => Pin::new(s).poll_read(cx, buf),
-            Stream::Tls(s) => Pin::new(s.as_mut()).poll_read(cx, buf),
-        }
-    }
-}
-
-impl hyper::rt::Write for Stream {
-    fn poll_write(self: Pin<&mut Self>, cx: &mut Context<'_>, buf: &[u8]) -> Poll<io::Result<usize>> {
-        match self.get_mut() {
-            Stream::Plain(s) => Pin::new(s).poll_write(cx, buf),
-            Stream::Tls(s) => Pin::new(s.as_mut()).poll_write(cx, buf),
-        }
-    }
-
-    fn poll_flush(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
-        match self.get_mut() {
-            Stream::Plain(s) => Pin::new(s).poll_flush(cx),
-            Stream::Tls(s) => Pin::new(s.as_mut()).poll_flush(cx),
-        }
-    }
-
-    fn poll_shutdown(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
-        match self.get_mut() {
-            Stream::Plain(s) => Pin::new(s).poll_shutdown(cx),
-            Stream::Tls(s) => Pin::new(s.as_mut()).poll_shutdown(cx),
-        }
-    }
-
-    fn is_write_vectored(&self) -> bool {
-        match self {
-            Stream::Plain(s) => s.is_write_vectored(),
-            Stream::Tls(s) => s.is_write_vectored(),
-        }
-    }
-
-    fn poll_write_vectored(self: Pin<&mut Self>, cx: &mut Context<'_>, bufs: &[io::IoSlice<'_>]) -> Poll<io::Result<usize>> {
-        match self.get_mut() {
-            Stream::Plain(s) => Pin::new(s).poll_write_vectored(cx, bufs),
-            Stream::Tls(s) => Pin::new(s.as_mut()).poll_write_vectored(cx, bufs),
-        }
-    }
+    Ok(Key { scheme, authority })
 }
 
 #[cfg(test)]
@@ -284,20 +220,20 @@ mod tests {
     use super::*;
 
     #[test]
-    fn requests_go_in_origin_form_keyed_by_scheme_and_authority() {
-        let (key, origin) = split(&"https://hooks.example.com:8443/a/b?x=1".parse().unwrap()).unwrap();
-        assert_eq!((key.scheme.as_str(), key.authority.as_str(), origin.to_string().as_str()), ("https", "hooks.example.com:8443", "/a/b?x=1"));
-        let (_, origin) = split(&"http://[::1]:8080".parse().unwrap()).unwrap();
-        assert_eq!(origin.to_string(), "/");
-        assert!(matches!(split(&"/relative".parse().unwrap()), Err(SendError::Uri(_))));
-        assert!(matches!(split(&"ftp://example.com/".parse().unwrap()), Err(SendError::Uri(_))));
+    fn connections_are_keyed_by_scheme_and_authority() {
+        let key = key(&"https://hooks.example.com:8443/a/b?x=1".parse().unwrap()).unwrap();
+        assert_eq!((key.scheme.as_str(), key.authority.as_str()), ("https", "hooks.example.com:8443"));
+        assert!(matches!(super::key(&"/relative".parse().unwrap()), Err(SendError::Uri(_))));
+        assert!(matches!(super::key(&"ftp://example.com/".parse().unwrap()), Err(SendError::Uri(_))));
     }
 
-    /// Every connection's task holds its stream: a plain connection's should be the socket, not room for TLS.
+    /// Every waiting delivery holds its stream: a plain connection's should be the socket, not room for TLS.
     #[test]
     fn a_plain_stream_is_small() {
-        let (plain, maybe_tls) = (std::mem::size_of::<Stream>(), std::mem::size_of::<MaybeHttpsStream<TokioIo<TcpStream>>>());
-        assert!(plain <= 48 && maybe_tls > 256, "plain {plain} bytes, with room for TLS {maybe_tls}");
+        use hyper_rustls::MaybeHttpsStream;
+        use hyper_util::rt::TokioIo;
+        let (plain, maybe_tls) = (std::mem::size_of::<h1::Stream>(), std::mem::size_of::<MaybeHttpsStream<TokioIo<tokio::net::TcpStream>>>());
+        assert!(plain <= 40 && maybe_tls > 256, "plain {plain} bytes, with room for TLS {maybe_tls}");
     }
 
     /// An idle connection is closed once it is past the idle timeout, even if no request comes to sweep it.
@@ -330,11 +266,10 @@ mod tests {
         let guard = Arc::new(hookline_core::egress::EgressGuard::new(&settings, &Default::default()).unwrap());
         let connector = GuardedConnector::new(guard, Arc::new(crate::connector::SystemResolver));
         let pool = Pool::with_idle_timeout(crate::connector::https_connector(connector), Duration::from_millis(200));
-        let mut req = Request::new(Full::new(Bytes::new()));
-        *req.uri_mut() = format!("http://{addr}/").parse().unwrap();
-        let (resp, lease) = pool.send(req).await.unwrap();
+        let uri: Uri = format!("http://{addr}/").parse().unwrap();
+        let resp = pool.send(&uri, HeaderMap::new(), Bytes::new()).await.unwrap();
         assert_eq!(resp.status(), 200);
-        pool.put_back(lease);
+        assert_eq!(pool.read_body(resp, 1024, 512).await, (Vec::new(), true));
         assert_eq!(pool.idle.lock().unwrap().by_key.values().map(Vec::len).sum::<usize>(), 1, "kept");
         let deadline = std::time::Instant::now() + Duration::from_secs(10);
         while closed.load(Ordering::SeqCst) == 0 && std::time::Instant::now() < deadline {
@@ -342,5 +277,100 @@ mod tests {
         }
         assert_eq!(closed.load(Ordering::SeqCst), 1, "the receiver saw the idle connection closed");
         assert!(pool.idle.lock().unwrap().by_key.is_empty());
+    }
+
+    /// A CA and a leaf for 127.0.0.1, made with the `openssl` command: (CA PEM, leaf PEM, leaf key PEM).
+    fn test_pki() -> (Vec<u8>, Vec<u8>, Vec<u8>) {
+        let dir = std::env::temp_dir().join(format!("hookline-pool-tls-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let run = |args: &[&str]| {
+            let out = std::process::Command::new("openssl").args(args).current_dir(&dir).output().expect("the openssl command");
+            assert!(out.status.success(), "openssl {args:?}: {}", String::from_utf8_lossy(&out.stderr));
+        };
+        let ec = ["-newkey", "ec", "-pkeyopt", "ec_paramgen_curve:prime256v1", "-nodes"];
+        let mut ca = vec!["req", "-x509", "-days", "2", "-keyout", "ca.key", "-out", "ca.pem", "-subj", "/CN=hookline pool test ca"];
+        ca.extend(ec);
+        ca.extend(["-addext", "basicConstraints=critical,CA:TRUE", "-addext", "keyUsage=critical,keyCertSign,cRLSign"]);
+        run(&ca);
+        std::fs::write(dir.join("leaf.ext"), "basicConstraints=CA:FALSE\nkeyUsage=critical,digitalSignature\nextendedKeyUsage=serverAuth\nsubjectAltName=IP:127.0.0.1\n").unwrap();
+        let mut leaf = vec!["req", "-keyout", "leaf.key", "-out", "leaf.csr", "-subj", "/CN=leaf"];
+        leaf.extend(ec);
+        run(&leaf);
+        run(&["x509", "-req", "-in", "leaf.csr", "-CA", "ca.pem", "-CAkey", "ca.key", "-CAcreateserial", "-days", "2", "-out", "leaf.pem", "-extfile", "leaf.ext"]);
+        let read = |f: &str| std::fs::read(dir.join(f)).unwrap();
+        let pki = (read("ca.pem"), read("leaf.pem"), read("leaf.key"));
+        let _ = std::fs::remove_dir_all(&dir);
+        pki
+    }
+
+    /// Over TLS (the connector's rustls stream, unwrapped from hyper's adapters): requests and responses go
+    /// through, and a kept-alive connection takes the next request without a new handshake.
+    #[tokio::test]
+    async fn tls_connections_are_spoken_to_and_reused() {
+        use rustls::pki_types::pem::PemObject;
+        use rustls::pki_types::{CertificateDer, PrivateKeyDer};
+        use std::sync::atomic::{AtomicUsize, Ordering};
+        use tokio::io::{AsyncReadExt, AsyncWriteExt};
+        let (ca, leaf, key) = test_pki();
+        let provider = Arc::new(rustls::crypto::ring::default_provider());
+        let chain: Vec<CertificateDer<'static>> = CertificateDer::pem_slice_iter(&leaf).map(Result::unwrap).collect();
+        let server = rustls::ServerConfig::builder_with_provider(provider.clone())
+            .with_safe_default_protocol_versions()
+            .unwrap()
+            .with_no_client_auth()
+            .with_single_cert(chain, PrivateKeyDer::from_pem_slice(&key).unwrap())
+            .unwrap();
+        let acceptor = tokio_rustls::TlsAcceptor::from(Arc::new(server));
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let addr = listener.local_addr().unwrap();
+        let handshakes = Arc::new(AtomicUsize::new(0));
+        let h = handshakes.clone();
+        tokio::spawn(async move {
+            while let Ok((sock, _)) = listener.accept().await {
+                let Ok(mut tls) = acceptor.accept(sock).await else { continue };
+                h.fetch_add(1, Ordering::SeqCst);
+                tokio::spawn(async move {
+                    let mut buf = Vec::new();
+                    let mut chunk = [0u8; 4096];
+                    loop {
+                        // Each request is a head and a 5-byte body.
+                        while buf.windows(4).position(|w| w == b"\r\n\r\n").is_none_or(|i| buf.len() < i + 4 + 5) {
+                            match tls.read(&mut chunk).await {
+                                Ok(0) | Err(_) => return,
+                                Ok(n) => buf.extend_from_slice(&chunk[..n]),
+                            }
+                        }
+                        let end = buf.windows(4).position(|w| w == b"\r\n\r\n").unwrap() + 4 + 5;
+                        let body = buf[end - 5..end].to_vec();
+                        buf.drain(..end);
+                        let reply = [&b"HTTP/1.1 200 OK\r\ntransfer-encoding: chunked\r\n\r\n5\r\n"[..], &body, b"\r\n0\r\n\r\n"].concat();
+                        if tls.write_all(&reply).await.is_err() {
+                            return;
+                        }
+                    }
+                });
+            }
+        });
+        let mut roots = rustls::RootCertStore::empty();
+        for c in CertificateDer::pem_slice_iter(&ca) {
+            roots.add(c.unwrap()).unwrap();
+        }
+        let client = rustls::ClientConfig::builder_with_provider(provider)
+            .with_safe_default_protocol_versions()
+            .unwrap()
+            .with_root_certificates(roots)
+            .with_no_client_auth();
+        let settings = hookline_core::egress::EgressSettings { allow_ranges: vec!["127.0.0.1/32".into()], ..Default::default() };
+        let guard = Arc::new(hookline_core::egress::EgressGuard::new(&settings, &Default::default()).unwrap());
+        let connector = GuardedConnector::new(guard, Arc::new(crate::connector::SystemResolver));
+        let https = hyper_rustls::HttpsConnectorBuilder::new().with_tls_config(client).https_only().enable_http1().wrap_connector(connector);
+        let pool = Pool::new(https);
+        let uri: Uri = format!("https://{addr}/hook").parse().unwrap();
+        for body in ["hello", "again"] {
+            let resp = pool.send(&uri, HeaderMap::new(), Bytes::from_static(body.as_bytes())).await.unwrap();
+            assert_eq!(resp.status(), 200);
+            assert_eq!(pool.read_body(resp, 1024, 512).await, (body.as_bytes().to_vec(), true));
+        }
+        assert_eq!(handshakes.load(Ordering::SeqCst), 1, "the second request went on the kept TLS connection");
     }
 }
