@@ -7,16 +7,21 @@
 //! connection) at once, and only the rest goes to a worker.
 
 use std::future::Future;
+use std::panic::AssertUnwindSafe;
 use std::pin::Pin;
-use std::task::{Context, Waker};
+use std::task::{Context, Poll, Waker};
 
 /// Polls `fut` once here, then (unless it finished) spawns it. The first poll is given a waker that does nothing:
 /// a newly spawned task is always polled, and a future registers the waker of its latest poll with what it waits
-/// on (the `Future` contract), so a wake-up missed in between is made good by that poll.
+/// on (the `Future` contract), so a wake-up missed in between is made good by that poll. A panic in the first poll
+/// ends that future only, as it would end a spawned task, not the caller (the consume loop).
 pub fn spawn<F: Future<Output = ()> + Send + 'static>(fut: F) {
     let mut fut: Pin<Box<F>> = Box::pin(fut);
-    if fut.as_mut().poll(&mut Context::from_waker(Waker::noop())).is_pending() {
-        tokio::spawn(fut);
+    let first = std::panic::catch_unwind(AssertUnwindSafe(|| fut.as_mut().poll(&mut Context::from_waker(Waker::noop()))));
+    match first {
+        Ok(Poll::Pending) => drop(tokio::spawn(fut)),
+        Ok(Poll::Ready(())) => {}
+        Err(_) => tracing::error!("a lane's job panicked when it started; it was dropped"),
     }
 }
 
@@ -55,6 +60,16 @@ mod tests {
         });
         assert_eq!(n.load(Ordering::SeqCst), 1);
         assert_eq!(Arc::strong_count(&n), 1, "the future was dropped once it finished");
+    }
+
+    #[tokio::test]
+    async fn a_panic_in_the_first_poll_ends_that_future_not_the_caller() {
+        spawn(async { panic!("a bug in a job") });
+        let (tx, rx) = tokio::sync::oneshot::channel::<()>();
+        spawn(async move {
+            let _ = tx.send(());
+        });
+        rx.await.expect("the next job still runs");
     }
 
     /// A wake-up that comes between the first poll and the task's first poll (the noop waker's) is not lost.

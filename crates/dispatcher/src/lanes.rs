@@ -265,7 +265,8 @@ impl Lanes {
                 }
             }
         };
-        if crate::steps::inline_on() { crate::inline::spawn(runner) } else { drop(tokio::spawn(runner)) }
+        // Started where it is submitted (the consume loop): see `inline.rs`.
+        crate::inline::spawn(runner);
     }
 
     /// Whether a lane holds at least `max_depth` jobs and would need longer than `drain` to finish them at the pace

@@ -18,7 +18,6 @@ mod rate;
 mod records;
 pub mod sender;
 mod stalls;
-pub mod steps;
 
 use std::panic::AssertUnwindSafe;
 use std::sync::Arc;
@@ -254,7 +253,6 @@ pub async fn run(config: Config, shutdown: CancellationToken, options: Options) 
         drain: Duration::from_millis(config.dispatcher.drain_timeout_ms),
         stall: options.stall_polling.clone(),
     };
-    steps::start(reader_stop.clone());
     let worker = Worker::subscribe(kafka, settings, ctx.liveness.clone(), Some(revoke))?;
     let mut handler = Dispatch {
         ctx: ctx.clone(),
@@ -271,7 +269,6 @@ pub async fn run(config: Config, shutdown: CancellationToken, options: Options) 
     let _ = ctx.producer.flush(Duration::from_secs(10));
     reader_stop.cancel();
     ctx.tracer.flush().await;
-    steps::dump();
     tracing::info!("dispatcher stopped");
     Ok(())
 }
@@ -358,22 +355,17 @@ impl Handler for Dispatch {
             return;
         }
         let job_ctx = ctx.clone();
-        let submitted_us = hookline_service::now_us();
-        let queued = steps::on() && ctx.lanes.depth(&lane) >= 16;
-        steps::record(0, submitted_us - received_us);
         // Built when the lane runs it: a queued job holds the task, not a delivery's whole future.
         ctx.lanes.submit(&lane, Box::new(move |run| {
             Box::pin(async move {
-                let first_us = hookline_service::now_us();
-                steps::record(if queued { 2 } else { 1 }, first_us - submitted_us);
-                let (slot, released) = if steps::release_on() { deliver::Slot::new() } else { (deliver::Slot::none(), tokio::sync::oneshot::channel().1) };
+                let (slot, released) = deliver::Slot::new();
                 let delivery = Box::pin(async move {
-                    let work = steps::JOB_START.scope(first_us, async {
+                    let work = async {
                         match run {
                             Run::Now => deliver::deliver_in_lane(job_ctx.clone(), task, p, &slot).await,
                             Run::Shed(stuck) => deliver::spill(job_ctx.clone(), task, stuck).await,
                         }
-                    });
+                    };
                     if guarded(&job_ctx, work, &raw, &source, p, o).await.is_ok() {
                         done.complete();
                     }
@@ -381,7 +373,6 @@ impl Handler for Dispatch {
                 // The lane's slot is held until the endpoint has answered (see `deliver::Slot`); the delivery's
                 // records are then written on a task of their own while the lane starts its next job.
                 deliver::hold_slot(delivery, released).await;
-                steps::record(5, hookline_service::now_us() - first_us);
             })
         }));
     }
