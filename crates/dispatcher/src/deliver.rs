@@ -53,8 +53,54 @@ pub(crate) async fn fence(ctx: &Ctx, partition: i32) -> Result<(), Aborted> {
     }
 }
 
+/// A lane slot a delivery holds while it talks to the endpoint. [`Slot::release`] gives it back as soon as the
+/// attempt's last try has its answer: the lane caps concurrent requests to one endpoint
+/// (`dispatcher.per_subscription_concurrency`), and the records that follow (attempt, retry or dead letter,
+/// endpoint state) wait for the broker's acknowledgements, which took the slot for as long as the broker's tail
+/// (tens to hundreds of ms on a loaded host) while the lane's next deliveries queued behind it. The delivery
+/// itself, and so its offset, still completes only once those records are acknowledged.
+#[derive(Default)]
+pub struct Slot(std::sync::Mutex<Option<tokio::sync::oneshot::Sender<()>>>);
+
+impl Slot {
+    /// A slot and what resolves when it is released (an error if the delivery ended without releasing it).
+    pub fn new() -> (Self, tokio::sync::oneshot::Receiver<()>) {
+        let (tx, rx) = tokio::sync::oneshot::channel();
+        (Self(std::sync::Mutex::new(Some(tx))), rx)
+    }
+
+    /// No lane to give back to (ordered subscriptions keep theirs until the end: see `ordering.rs`).
+    pub fn none() -> Self {
+        Self::default()
+    }
+
+    fn release(&self) {
+        if let Some(tx) = self.0.lock().unwrap_or_else(|e| e.into_inner()).take() {
+            let _ = tx.send(());
+        }
+    }
+}
+
+/// Drives `delivery` on the caller's task (the lane's runner) until it releases its [`Slot`] (`released`) or ends;
+/// what is left of it then runs on a task of its own and the caller returns, so the lane can start its next job. A
+/// future moved to a new task registers that task's waker at its next poll, which a new task always gets.
+pub(crate) async fn hold_slot(mut delivery: BoxFuture<'static, ()>, released: tokio::sync::oneshot::Receiver<()>) {
+    tokio::select! {
+        biased;
+        _ = &mut delivery => {}
+        Ok(()) = released => {
+            tokio::spawn(delivery);
+        }
+    }
+}
+
 /// Runs inside the subscription's lane (see `lanes.rs`), so it is the only place that waits for an endpoint.
 pub async fn deliver(ctx: Arc<Ctx>, task: DeliveryTask, partition: i32) -> Result<(), Aborted> {
+    deliver_in_lane(ctx, task, partition, &Slot::none()).await
+}
+
+/// [`deliver`], giving the lane's slot back (`slot`) once the endpoint has answered the attempt's last try.
+pub async fn deliver_in_lane(ctx: Arc<Ctx>, task: DeliveryTask, partition: i32, slot: &Slot) -> Result<(), Aborted> {
     tracing::debug!(delivery = %task.delivery_id, partition, "task received");
     let ready = tokio::select! {
         // A synced partition's task runs even during the drain, as before: only a wait for a sync gives up.
@@ -130,15 +176,15 @@ pub async fn deliver(ctx: Arc<Ctx>, task: DeliveryTask, partition: i32) -> Resul
     // Before a lease is written: a shutdown while waiting for the turn leaves no attempt behind.
     Box::pin(rate_turn(&ctx, &task.subscription_id, &entry)).await?;
     if policy.in_flight == InFlightRule::Count {
-        return Box::pin(leased_attempt(&ctx, task, &entry, &policy, partition)).await;
+        return Box::pin(leased_attempt(&ctx, task, &entry, &policy, partition, slot)).await;
     }
     let Some(task) = Box::pin(admitted(&ctx, task, &policy, partition)).await? else { return Ok(()) };
-    Box::pin(attempt(&ctx, task, &entry, &policy, partition)).await
+    Box::pin(attempt(&ctx, task, &entry, &policy, partition, slot)).await
 }
 
 /// An attempt under a lease (`in_flight = "count"`): an attempt an earlier owner left in flight counts; otherwise
 /// the lease is written (acknowledged) before the attempt and removed after its outcome is written.
-async fn leased_attempt(ctx: &Ctx, task: DeliveryTask, entry: &Arc<SubscriptionEntry>, policy: &Policy, partition: i32) -> Result<(), Aborted> {
+async fn leased_attempt(ctx: &Ctx, task: DeliveryTask, entry: &Arc<SubscriptionEntry>, policy: &Policy, partition: i32, slot: &Slot) -> Result<(), Aborted> {
     let attempt_no = task.attempts_made + 1;
     let absolute = task.prior_attempts + attempt_no;
     let topic = ctx.topics.inflight();
@@ -158,7 +204,7 @@ async fn leased_attempt(ctx: &Ctx, task: DeliveryTask, entry: &Arc<SubscriptionE
             ..Default::default()
         };
         ctx.produce_to_partition(topic, partition, &key, Some(&lease.encode_to_vec())).await?;
-        attempt(ctx, task, entry, policy, partition).await?;
+        attempt(ctx, task, entry, policy, partition, slot).await?;
     }
     ctx.produce_to_partition(topic, partition, &key, None).await
 }
@@ -427,7 +473,7 @@ enum AfterTry {
     Done,
 }
 
-async fn attempt(ctx: &Ctx, mut task: DeliveryTask, entry: &Arc<SubscriptionEntry>, policy: &Policy, partition: i32) -> Result<(), Aborted> {
+async fn attempt(ctx: &Ctx, mut task: DeliveryTask, entry: &Arc<SubscriptionEntry>, policy: &Policy, partition: i32, slot: &Slot) -> Result<(), Aborted> {
     let attempt_no = task.attempts_made + 1;
     let event = task.event.as_ref();
     let body = match request::body(policy, event.unwrap_or(&Event::default())) {
@@ -484,7 +530,7 @@ async fn attempt(ctx: &Ctx, mut task: DeliveryTask, entry: &Arc<SubscriptionEntr
                 Box::pin(breaker_changed(ctx, partition, &task.subscription_id, change)).await?;
             }
         }
-        match Box::pin(conclude_try(ctx, partition, &task, entry, policy, attempt_no, try_no, started_us, result, span)).await? {
+        match Box::pin(conclude_try(ctx, partition, &task, entry, policy, attempt_no, try_no, started_us, result, span, slot)).await? {
             AfterTry::TryAgain(wait_ms) => {
                 tokio::select! {
                     _ = tokio::time::sleep(Duration::from_millis(wait_ms)) => {}
@@ -512,6 +558,7 @@ async fn conclude_try(
     started_us: i64,
     result: crate::sender::TryResult,
     span: Option<Span>,
+    slot: &Slot,
 ) -> Result<AfterTry, Aborted> {
     let ended = now_ms();
     let progress = Progress {
@@ -522,6 +569,10 @@ async fn conclude_try(
         wall_clock_ms: ended,
     };
     let decision = decide(policy, &progress, &result.outcome, &mut rand::rng());
+    // The attempt's tries are over (a micro-retry tries again within the lane): what is left is records.
+    if !matches!(decision.next, Next::MicroRetry(_)) {
+        slot.release();
+    }
     metrics::counter!("hookline_attempts_total", "outcome" => outcome_class(&result.outcome)).increment(1);
     metrics::histogram!("hookline_attempt_duration_ms").record(result.duration.as_secs_f64() * 1000.0);
     // Records count attempts across replays (as the attempt header does); the engine counts this run's.
@@ -747,9 +798,9 @@ fn outcome_class(o: &hookline_core::Outcome) -> &'static str {
 mod tests {
     use super::*;
 
-    fn output_size<F, A, B, C, R>(_: &F) -> usize
+    fn output_size4<F, A, B, C, D, R>(_: &F) -> usize
     where
-        F: Fn(A, B, C) -> R,
+        F: Fn(A, B, C, D) -> R,
     {
         std::mem::size_of::<R>()
     }
@@ -757,10 +808,11 @@ mod tests {
     /// A delivery's future lives as long as the delivery (10k of them with 10k in flight): every branch and step
     /// that is not waiting on the endpoint is boxed, so it stays small. It was 8.6 KB before; 1,232 bytes after the
     /// task's event (held by value across the steps) gained `only_subscription_id` and the try its recorded headers;
-    /// 1,312 with the latency split's three stamps on the task and the try's start in µs.
+    /// 1,312 with the latency split's three stamps on the task and the try's start in µs; 1,328 with the lane slot it
+    /// gives back once the endpoint answered.
     #[tokio::test]
     async fn a_delivery_future_stays_small() {
-        assert!(output_size(&deliver) <= 1_312, "deliver: {} bytes", output_size(&deliver));
+        assert!(output_size4(&deliver_in_lane) <= 1_328, "deliver_in_lane: {} bytes", output_size4(&deliver_in_lane));
         let sender = crate::sender::Sender::new(Default::default(), Arc::new(crate::connector::SystemResolver));
         let policy = hookline_core::policy::builtin("standard").unwrap();
         let send = sender.send_owned("k", &policy, "http://127.0.0.1:1/", Default::default(), &[], Bytes::new());
@@ -773,6 +825,62 @@ mod tests {
         let ids = request::AttemptIds { event_id: "e", event_type: "t", delivery_id: "d", attempt_number: 1, now_ms: 0 };
         let planned = sender.send_planned(&plan, &policy, &ids, None, Bytes::new());
         assert!(std::mem::size_of_val(&planned) <= 2_200, "planned send: {} bytes", std::mem::size_of_val(&planned));
+    }
+
+    /// One lane slot (`per_subscription_concurrency = 1`); each job as the dispatcher's lane job runs a delivery.
+    fn in_lane(delivery: impl FnOnce(Slot) -> BoxFuture<'static, ()> + Send + 'static) -> crate::lanes::Job {
+        Box::new(move |_| {
+            Box::pin(async move {
+                let (slot, released) = Slot::new();
+                hold_slot(delivery(slot), released).await
+            })
+        })
+    }
+
+    #[tokio::test]
+    async fn a_lane_starts_its_next_delivery_once_the_endpoint_answered_while_the_records_wait_for_the_broker() {
+        use tokio::sync::oneshot;
+        let lanes = crate::lanes::Lanes::new(1);
+        let (ack_tx, ack_rx) = oneshot::channel::<()>();
+        let (first_done_tx, mut first_done) = oneshot::channel::<()>();
+        let (second_started_tx, second_started) = oneshot::channel::<()>();
+        lanes.submit("s", in_lane(move |slot| Box::pin(async move {
+            // The endpoint answered the last try: the slot goes back; the records then wait for the broker.
+            slot.release();
+            let _ = ack_rx.await;
+            let _ = first_done_tx.send(());
+        })));
+        lanes.submit("s", in_lane(move |_| Box::pin(async move {
+            let _ = second_started_tx.send(());
+        })));
+        tokio::time::timeout(Duration::from_secs(10), second_started).await.expect("the next delivery starts").unwrap();
+        assert!(first_done.try_recv().is_err(), "the first delivery still waits for its acknowledgement");
+        ack_tx.send(()).unwrap();
+        // Moved to a task of its own, it is still woken by what it was waiting for, and finishes.
+        tokio::time::timeout(Duration::from_secs(10), first_done).await.expect("the first delivery finishes").unwrap();
+        assert_eq!(lanes.depth("s"), 0);
+    }
+
+    #[tokio::test]
+    async fn a_delivery_that_does_not_release_its_slot_holds_the_lane_until_it_ends() {
+        use tokio::sync::oneshot;
+        let lanes = crate::lanes::Lanes::new(1);
+        let (end_tx, end_rx) = oneshot::channel::<()>();
+        let (second_started_tx, mut second_started) = oneshot::channel::<()>();
+        // A micro-retry, or an ordered delivery: the slot is kept for the whole delivery.
+        lanes.submit("s", in_lane(move |_slot| Box::pin(async move {
+            let _ = end_rx.await;
+        })));
+        lanes.submit("s", in_lane(move |_| Box::pin(async move {
+            let _ = second_started_tx.send(());
+        })));
+        for _ in 0..20 {
+            tokio::task::yield_now().await;
+        }
+        assert!(second_started.try_recv().is_err(), "the lane's one slot is still taken");
+        assert_eq!(lanes.depth("s"), 2);
+        end_tx.send(()).unwrap();
+        tokio::time::timeout(Duration::from_secs(10), second_started).await.expect("the next delivery starts").unwrap();
     }
 
     #[test]

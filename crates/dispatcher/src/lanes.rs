@@ -240,7 +240,7 @@ impl Lanes {
     /// A lane's runner: runs `job`, then what its lane queued, while the lane is within its cap.
     fn run(self: &Arc<Self>, key: String, job: Job) {
         let lanes = self.clone();
-        tokio::spawn(async move {
+        let runner = async move {
             let mut job = job;
             loop {
                 let started = Instant::now();
@@ -264,7 +264,9 @@ impl Lanes {
                     }
                 }
             }
-        });
+        };
+        // Started where it is submitted (the consume loop): see `inline.rs`.
+        crate::inline::spawn(runner);
     }
 
     /// Whether a lane holds at least `max_depth` jobs and would need longer than `drain` to finish them at the pace

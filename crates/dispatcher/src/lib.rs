@@ -9,6 +9,7 @@ mod limits;
 pub mod connector;
 mod deliver;
 mod forget;
+mod inline;
 pub mod lanes;
 mod leases;
 mod ordering;
@@ -357,15 +358,21 @@ impl Handler for Dispatch {
         // Built when the lane runs it: a queued job holds the task, not a delivery's whole future.
         ctx.lanes.submit(&lane, Box::new(move |run| {
             Box::pin(async move {
-                let work = async {
-                    match run {
-                        Run::Now => deliver::deliver(job_ctx.clone(), task, p).await,
-                        Run::Shed(stuck) => deliver::spill(job_ctx.clone(), task, stuck).await,
+                let (slot, released) = deliver::Slot::new();
+                let delivery = Box::pin(async move {
+                    let work = async {
+                        match run {
+                            Run::Now => deliver::deliver_in_lane(job_ctx.clone(), task, p, &slot).await,
+                            Run::Shed(stuck) => deliver::spill(job_ctx.clone(), task, stuck).await,
+                        }
+                    };
+                    if guarded(&job_ctx, work, &raw, &source, p, o).await.is_ok() {
+                        done.complete();
                     }
-                };
-                if guarded(&job_ctx, work, &raw, &source, p, o).await.is_ok() {
-                    done.complete();
-                }
+                });
+                // The lane's slot is held until the endpoint has answered (see `deliver::Slot`); the delivery's
+                // records are then written on a task of their own while the lane starts its next job.
+                deliver::hold_slot(delivery, released).await;
             })
         }));
     }
