@@ -1,4 +1,5 @@
-//! `isolation`: 20 endpoints, every event to all of them. Run A: all 20 healthy. Run B: 2 of them (10%) hang
+//! `isolation`: 20 endpoints, every event to all of them. Run A: all 20 healthy (the 2 on the second receiver
+//! port are not counted: the figure is the other 18's in every run). Run B: 2 of them (10%) hang
 //! until the policy's 2 s timeout, on a second receiver port. Run C: 2 of them rate-limit, answering each
 //! delivery's first try with 429 + `Retry-After: 1` (their policy's `[concurrency]` pauses the whole endpoint for
 //! it). Same events, same healthy deliveries in every run. One measurement runs A B A C A: `isolation_ratio` =
@@ -109,7 +110,13 @@ async fn one_run(args: &BenchArgs, trouble: Trouble, events: Option<u64>) -> any
         .map(|k| json!({"url": recv.url(&format!("ok/{k}")), "event_types": ["iso", "bench.warm"], "policy": "standard"}))
         .collect();
     match trouble {
-        Trouble::None => {}
+        // The same 20 endpoints, the 2 on the second port healthy too (answering 204, not counted): B and C then
+        // differ from A only in what those 2 do, not in how many tasks each event fans out to.
+        Trouble::None => {
+            for k in healthy..ENDPOINTS {
+                bodies.push(json!({"url": recv.url2(&format!("ok/{k}")), "event_types": ["iso", "bench.warm"], "policy": "standard"}));
+            }
+        }
         Trouble::Hang => {
             let policy = hang_policy()?;
             for k in healthy..ENDPOINTS {
@@ -128,7 +135,7 @@ async fn one_run(args: &BenchArgs, trouble: Trouble, events: Option<u64>) -> any
     let publisher = Publisher::new(cluster.producer(5)?, cluster.topics().events().to_owned());
     cluster.warm_up(&publisher, &recv, subs).await?;
     let extra = match trouble {
-        Trouble::None => String::new(),
+        Trouble::None => format!(" + {HANGING} healthy (not counted) on the second port"),
         Trouble::Hang => format!(" + {HANGING} hanging until the {HANG_TIMEOUT_MS} ms timeout"),
         Trouble::RateLimit => format!(" + {HANGING} answering 429 + Retry-After: 1 first"),
     };
