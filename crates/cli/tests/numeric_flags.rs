@@ -51,6 +51,7 @@ fn flags() -> Vec<(Vec<&'static str>, &'static str, Vec<&'static str>, bool)> {
         (vec!["bench", "throughput"], "--per-wait", parse_only(), false),
         (vec!["bench", "throughput"], "--isolation-s", parse_only(), false),
         (vec!["bench", "throughput"], "--in-flight", parse_only(), false),
+        (vec!["bench", "throughput"], "--repeat", parse_only(), false),
         (vec!["soak"], "--events", parse_only(), false),
         (vec!["soak"], "--rate", parse_only(), false),
         (vec!["soak"], "--fault-every-s", parse_only(), false),

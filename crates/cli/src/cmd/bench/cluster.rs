@@ -7,6 +7,7 @@
 use std::collections::HashMap;
 use std::io::{BufRead, BufReader, Read};
 use std::net::SocketAddr;
+use std::path::{Path, PathBuf};
 use std::process::{Child, ChildStdin, Command, ExitCode, Stdio};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -113,6 +114,11 @@ pub struct Proc {
 impl Proc {
     pub(super) fn spawn(role: &'static str, config: &Config, capture_stdout: bool) -> anyhow::Result<Self> {
         let exe = std::env::current_exe().context("locating the hookline executable")?;
+        Self::spawn_from(&exe, role, config, capture_stdout)
+    }
+
+    /// Like [`Proc::spawn`], from the executable `exe` (`--against`: another build's services).
+    pub(super) fn spawn_from(exe: &Path, role: &'static str, config: &Config, capture_stdout: bool) -> anyhow::Result<Self> {
         let toml = toml::to_string(config)?;
         let mut child = Command::new(exe)
             .args(["bench", "--serve", role])
@@ -121,7 +127,7 @@ impl Proc {
             .stdout(if capture_stdout { Stdio::piped() } else { Stdio::null() })
             .stderr(Stdio::inherit())
             .spawn()
-            .with_context(|| format!("starting the {role} child"))?;
+            .with_context(|| format!("starting the {role} child ({})", exe.display()))?;
         let stdin = child.stdin.take();
         Ok(Self { pid: child.id(), child, stdin })
     }
@@ -146,6 +152,11 @@ impl Proc {
                 Ok(None) => std::thread::sleep(Duration::from_millis(20)),
             }
         }
+    }
+
+    /// The child's exit status, if it has exited.
+    pub fn exited(&mut self) -> Option<std::process::ExitStatus> {
+        self.child.try_wait().ok().flatten()
     }
 
     pub fn cpu_s(&self) -> f64 {
@@ -241,6 +252,8 @@ pub struct Cluster {
     pub ingest: Proc,
     pub dispatcher: Proc,
     pub scheduler: Proc,
+    /// The executable the services run from: this one, or `--against`'s (the broker is always this one's).
+    pub exe: PathBuf,
     http: Client<HttpConnector, Full<Bytes>>,
     /// Set when the topics live on a real cluster (deleted on stop).
     real_topics: bool,
@@ -281,11 +294,15 @@ impl Cluster {
         config.retry_scheduler.health_addr = std::net::TcpListener::bind("127.0.0.1:0")?.local_addr()?;
         tune(&mut config);
         config.validate().map_err(|e| anyhow::anyhow!("{e}"))?;
-        let ingest = Proc::spawn("ingest", &config, false)?;
-        let dispatcher = Proc::spawn("dispatcher", &config, false)?;
-        let scheduler = Proc::spawn("retry-scheduler", &config, false)?;
+        let exe = match &args.services_exe {
+            Some(p) => p.clone(),
+            None => std::env::current_exe().context("locating the hookline executable")?,
+        };
+        let ingest = Proc::spawn_from(&exe, "ingest", &config, false)?;
+        let dispatcher = Proc::spawn_from(&exe, "dispatcher", &config, false)?;
+        let scheduler = Proc::spawn_from(&exe, "retry-scheduler", &config, false)?;
         let http = Client::builder(TokioExecutor::new()).build_http();
-        let cluster = Self { config, api, broker, ingest, dispatcher, scheduler, http, real_topics };
+        let mut cluster = Self { config, api, broker, ingest, dispatcher, scheduler, exe, http, real_topics };
         // Ready when the API answers /readyz (its tables are read).
         let deadline = Instant::now() + Duration::from_secs(60);
         loop {
@@ -293,6 +310,12 @@ impl Cluster {
             if let Ok(Ok(r)) = tokio::time::timeout(Duration::from_secs(2), cluster.http.request(req)).await {
                 if r.status().is_success() {
                     break;
+                }
+            }
+            // A child that exited (e.g. another build refusing this build's config: its error is on stderr above).
+            for (role, p) in [("ingest", &mut cluster.ingest), ("dispatcher", &mut cluster.dispatcher), ("retry-scheduler", &mut cluster.scheduler)] {
+                if let Some(status) = p.exited() {
+                    anyhow::bail!("the {role} child ({}) exited before the pipeline was ready: {status}", cluster.exe.display());
                 }
             }
             anyhow::ensure!(Instant::now() < deadline, "ingest did not become ready within 60 s");

@@ -15,6 +15,7 @@ mod list;
 mod log;
 mod memory;
 mod receiver;
+mod repeat;
 mod retry_precision;
 mod scale;
 mod split;
@@ -128,13 +129,23 @@ pub struct BenchArgs {
     /// retry-precision: events per wait value.
     #[arg(long, default_value_t = 60, value_parser = clap::builder::RangedU64ValueParser::<usize>::new().range(1..=100_000))]
     per_wait: usize,
-    /// isolation: seconds of publishing in the all-healthy run (the hanging run publishes the same events).
+    /// isolation: seconds of publishing in the first all-healthy run (the other four runs of A B A C A publish the
+    /// same events).
     #[arg(long, default_value_t = 15, value_parser = clap::value_parser!(u64).range(1..=86_400))]
     isolation_s: u64,
-    /// isolation: runs A, B and C this many times in turn and reports each ratio with its minimum and median (the
-    /// target is met only if every repeat meets it).
+    /// Every scenario: runs it this many times and reports each figure with its min / median / max (the target is
+    /// met only if every repeat meets it). With --against: this many pairs.
     #[arg(long, default_value_t = 1, value_parser = clap::builder::RangedU64ValueParser::<usize>::new().range(1..=100))]
     repeat: usize,
+    /// A/B: another hookline executable whose services (ingest, dispatcher, retry-scheduler; the broker stays this
+    /// build's) run the same scenario, interleaved with this build's (this, other, other, this, …, --repeat pairs);
+    /// each figure is reported for both builds with its ratio (this ÷ other) per pair, min and median. Not for the
+    /// in-process scenarios (fanout, list, log); `all` runs those once per repeat, unpaired.
+    #[arg(long, value_name = "PATH")]
+    against: Option<std::path::PathBuf>,
+    /// Set by the --against driver: the executable the services of a run start from (default: this one).
+    #[arg(skip)]
+    services_exe: Option<std::path::PathBuf>,
     /// memory: deliveries held in flight.
     #[arg(long, default_value_t = 10_000, value_parser = clap::builder::RangedU64ValueParser::<usize>::new().range(1..=1_000_000))]
     in_flight: usize,
@@ -170,6 +181,15 @@ pub fn run(args: BenchArgs) -> anyhow::Result<ExitCode> {
         return cluster::serve(role, &toml);
     }
     let scenario = args.scenario.expect("clap requires a scenario");
+    if scenario != Scenario::All && !repeat::supports_against(scenario) && args.against.is_some() {
+        anyhow::bail!(
+            "--against: {} runs in-process (no services to swap between builds); use it with throughput, latency, \
+             retry-precision, isolation, memory, scale-out, steady, subscriptions or all",
+            scenario.name()
+        );
+    }
+    // Before anything starts: the other build must exist and answer as hookline.
+    let other = args.against.as_deref().map(repeat::check_against).transpose()?;
     let rt = tokio::runtime::Builder::new_multi_thread()
         .worker_threads(2)
         .thread_name("bench-main")
@@ -195,20 +215,7 @@ pub fn run(args: BenchArgs) -> anyhow::Result<ExitCode> {
         for s in list {
             eprintln!("\n━━ hookline bench {} ━━", s.name());
             let t = Instant::now();
-            let (mut obj, met) = match s {
-                Scenario::Throughput => throughput::run(&args).await?,
-                Scenario::Latency => latency::run(&args).await?,
-                Scenario::RetryPrecision => retry_precision::run(&args).await?,
-                Scenario::Isolation => isolation::run(&args).await?,
-                Scenario::Memory => memory::run(&args).await?,
-                Scenario::Fanout => fanout::run(&args).await?,
-                Scenario::List => list::run(&args).await?,
-                Scenario::Log => log::run(&args).await?,
-                Scenario::ScaleOut => scale::run(&args).await?,
-                Scenario::Steady => steady::run(&args).await?,
-                Scenario::Subscriptions => subscriptions::run(&args).await?,
-                Scenario::All => unreachable!(),
-            };
+            let (mut obj, met) = repeat::run(&args, s, other.as_ref()).await?;
             met_all &= met;
             obj.insert("seconds".into(), json!(round(t.elapsed().as_secs_f64(), 1)));
             let mut o = Map::new();
@@ -237,6 +244,24 @@ pub fn run(args: BenchArgs) -> anyhow::Result<ExitCode> {
     rt.shutdown_timeout(Duration::from_secs(5));
     result?;
     Ok(ExitCode::SUCCESS)
+}
+
+/// One run of one scenario (`All` is expanded by the caller).
+async fn one(args: &BenchArgs, s: Scenario) -> anyhow::Result<(Map<String, Value>, bool)> {
+    match s {
+        Scenario::Throughput => throughput::run(args).await,
+        Scenario::Latency => latency::run(args).await,
+        Scenario::RetryPrecision => retry_precision::run(args).await,
+        Scenario::Isolation => isolation::run(args).await,
+        Scenario::Memory => memory::run(args).await,
+        Scenario::Fanout => fanout::run(args).await,
+        Scenario::List => list::run(args).await,
+        Scenario::Log => log::run(args).await,
+        Scenario::ScaleOut => scale::run(args).await,
+        Scenario::Steady => steady::run(args).await,
+        Scenario::Subscriptions => subscriptions::run(args).await,
+        Scenario::All => anyhow::bail!("`all` is expanded into its scenarios before they run"),
+    }
 }
 
 /// A scenario object as JSON text with `scenario` first and `machine` last.

@@ -74,7 +74,7 @@ pub async fn run(args: &BenchArgs) -> anyhow::Result<(Map<String, Value>, bool)>
             sent += 1;
         }
         if second.is_none() && start.elapsed() >= join_at {
-            second = Some(Proc::spawn("dispatcher", &second_config, false)?);
+            second = Some(Proc::spawn_from(&cluster.exe, "dispatcher", &second_config, false)?);
             joined_us = Some(recv.state.mono_us());
             eprintln!("  [{:>6.1}s] second dispatcher started", start.elapsed().as_secs_f64());
         }
