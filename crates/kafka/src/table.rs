@@ -293,7 +293,7 @@ mod tests {
         assert_eq!(c.get("queued.max.messages.kbytes"), Some("4096"));
         assert_eq!(c.get("queued.min.messages"), Some("10000"));
         // librdkafka checks the combination (fetch.max.bytes against message.max.bytes) when the client is made.
-        let consumer: StreamConsumer<QuietEof> = c.create_with_context(QuietEof::default()).unwrap();
+        let consumer: rdkafka::consumer::BaseConsumer<QuietEof> = c.create_with_context(QuietEof::default()).unwrap();
         drop(consumer);
     }
 
