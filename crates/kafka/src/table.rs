@@ -5,6 +5,7 @@ use std::collections::{HashMap, HashSet};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
+use rdkafka::config::ClientConfig;
 use rdkafka::consumer::{Consumer, StreamConsumer};
 use rdkafka::error::KafkaError;
 use rdkafka::{Message, Offset, TopicPartitionList};
@@ -121,6 +122,28 @@ pub(crate) fn fetch_metadata(
     }
 }
 
+/// How much of a table's topic librdkafka may fetch ahead of what the reader applied, in KiB. Its default
+/// (`queued.max.messages.kbytes` = 64 MiB, `queued.min.messages` = 100,000 per partition) prefetches a whole
+/// compacted topic of a few hundred thousand records into its queue while the reader decodes them; that memory is
+/// freed once read but stays in the process's RSS (the allocator keeps it). The reader applies records faster than
+/// 4 MiB takes to fetch, so catching up is not slower with the cap. `fetch.max.bytes` follows it (librdkafka
+/// clamps it to this, and to at least `message.max.bytes`).
+pub const PREFETCH_KBYTES: u32 = 4 * 1024;
+/// Records per partition librdkafka keeps fetched ahead (its default is 100,000).
+pub const PREFETCH_MESSAGES: u32 = 10_000;
+
+/// The table reader's client: [`table_consumer_config`] with its prefetch bounded ([`PREFETCH_KBYTES`]) unless
+/// `kafka.properties` sets those keys.
+pub fn reader_config(settings: &KafkaSettings, client_id: &str) -> Result<ClientConfig, KafkaError> {
+    let mut c = table_consumer_config(settings, client_id)?;
+    for (key, value) in [("queued.max.messages.kbytes", PREFETCH_KBYTES), ("queued.min.messages", PREFETCH_MESSAGES)] {
+        if !settings.properties.contains_key(key) {
+            c.set(key, value.to_string());
+        }
+    }
+    Ok(c)
+}
+
 #[derive(Default)]
 struct Positions {
     /// Next offset to read, per partition.
@@ -192,7 +215,7 @@ where
     let topic = topic.to_owned();
     let kafka = |source| TableError::Kafka { topic: topic.clone(), source };
     let consumer: StreamConsumer<QuietEof> =
-        table_consumer_config(settings, client_id).map_err(kafka)?.create_with_context(QuietEof::default()).map_err(kafka)?;
+        reader_config(settings, client_id).map_err(kafka)?.create_with_context(QuietEof::default()).map_err(kafka)?;
     let consumer = Arc::new(consumer);
     let partitions = {
         let (c, t) = (consumer.clone(), topic.clone());
@@ -257,4 +280,29 @@ where
         }
     });
     Ok(handle)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_table_reader_prefetches_at_most_four_mib_and_librdkafka_accepts_it() {
+        let settings = KafkaSettings::default();
+        let c = reader_config(&settings, "t").unwrap();
+        assert_eq!(c.get("queued.max.messages.kbytes"), Some("4096"));
+        assert_eq!(c.get("queued.min.messages"), Some("10000"));
+        // librdkafka checks the combination (fetch.max.bytes against message.max.bytes) when the client is made.
+        let consumer: rdkafka::consumer::BaseConsumer<QuietEof> = c.create_with_context(QuietEof::default()).unwrap();
+        drop(consumer);
+    }
+
+    #[test]
+    fn kafka_properties_override_the_prefetch_cap() {
+        let mut settings = KafkaSettings::default();
+        settings.properties.insert("queued.max.messages.kbytes".into(), "65536".into());
+        let c = reader_config(&settings, "t").unwrap();
+        assert_eq!(c.get("queued.max.messages.kbytes"), Some("65536"));
+        assert_eq!(c.get("queued.min.messages"), Some("10000"));
+    }
 }
