@@ -6,6 +6,8 @@ mod plan;
 mod pool;
 #[cfg(test)]
 mod wire_tests;
+#[cfg(test)]
+mod test_server;
 
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
@@ -451,7 +453,9 @@ mod tests {
     }
 
     use std::sync::atomic::{AtomicUsize, Ordering};
-    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    use tokio::io::AsyncWriteExt;
+
+    use super::test_server::{loopback_sender, read_request};
 
     /// A loopback receiver answering `200 ok` to every request; with `close_each`, it closes the connection after
     /// each answer without saying so (as a receiver's idle timeout does), else it keeps connections alive.
@@ -474,31 +478,8 @@ mod tests {
                 let hs = hs.clone();
                 tokio::spawn(async move {
                     let mut buf = Vec::new();
-                    let mut chunk = [0u8; 4096];
-                    loop {
-                        // One request: its head, then `content-length` bytes of body.
-                        let head_end = loop {
-                            if let Some(i) = buf.windows(4).position(|w| w == b"\r\n\r\n") {
-                                break i + 4;
-                            }
-                            match sock.read(&mut chunk).await {
-                                Ok(0) | Err(_) => return,
-                                Ok(n) => buf.extend_from_slice(&chunk[..n]),
-                            }
-                        };
-                        hs.lock().unwrap().push(String::from_utf8_lossy(&buf[..head_end]).into_owned());
-                        let head = String::from_utf8_lossy(&buf[..head_end]).to_ascii_lowercase();
-                        let len: usize = head
-                            .lines()
-                            .find_map(|l| l.strip_prefix("content-length:").map(|v| v.trim().parse().unwrap_or(0)))
-                            .unwrap_or(0);
-                        while buf.len() < head_end + len {
-                            match sock.read(&mut chunk).await {
-                                Ok(0) | Err(_) => return,
-                                Ok(n) => buf.extend_from_slice(&chunk[..n]),
-                            }
-                        }
-                        buf.drain(..head_end + len);
+                    while let Some(head) = read_request(&mut sock, &mut buf).await {
+                        hs.lock().unwrap().push(head);
                         r.fetch_add(1, Ordering::SeqCst);
                         if sock.write_all(b"HTTP/1.1 200 OK\r\ncontent-length: 2\r\n\r\nok").await.is_err() {
                             return;
@@ -514,10 +495,6 @@ mod tests {
         (addr, conns, requests, heads)
     }
 
-    fn loopback_sender() -> Sender {
-        let settings = EgressSettings { allow_ranges: vec!["127.0.0.1/32".into()], allow_http: true, ..Default::default() };
-        Sender::new(settings, Arc::new(crate::connector::SystemResolver))
-    }
 
     async fn post(sender: &Sender, url: &str) -> TryResult {
         let policy = hookline_core::policy::builtin("standard").unwrap();

@@ -3,8 +3,9 @@
 
 use std::sync::atomic::{AtomicUsize, Ordering};
 
-use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::io::AsyncWriteExt;
 
+use super::test_server::{loopback_sender, read_request};
 use super::*;
 
 /// What the server does after writing a reply.
@@ -49,27 +50,7 @@ async fn server(replies: Vec<Reply>) -> Server {
             let (r, replies) = (r.clone(), replies.clone());
             tokio::spawn(async move {
                 let mut buf = Vec::new();
-                let mut chunk = [0u8; 4096];
-                loop {
-                    let head_end = loop {
-                        if let Some(i) = buf.windows(4).position(|w| w == b"\r\n\r\n") {
-                            break i + 4;
-                        }
-                        match sock.read(&mut chunk).await {
-                            Ok(0) | Err(_) => return,
-                            Ok(n) => buf.extend_from_slice(&chunk[..n]),
-                        }
-                    };
-                    let head = String::from_utf8_lossy(&buf[..head_end]).to_ascii_lowercase();
-                    let len: usize =
-                        head.lines().find_map(|l| l.strip_prefix("content-length:").map(|v| v.trim().parse().unwrap())).unwrap_or(0);
-                    while buf.len() < head_end + len {
-                        match sock.read(&mut chunk).await {
-                            Ok(0) | Err(_) => return,
-                            Ok(n) => buf.extend_from_slice(&chunk[..n]),
-                        }
-                    }
-                    buf.drain(..head_end + len);
+                while read_request(&mut sock, &mut buf).await.is_some() {
                     let n = r.fetch_add(1, Ordering::SeqCst);
                     match replies[n.min(replies.len() - 1)].clone() {
                         Reply::Drop => return,
@@ -95,11 +76,6 @@ async fn server(replies: Vec<Reply>) -> Server {
     Server { url, conns, requests }
 }
 
-fn sender() -> Sender {
-    let settings = EgressSettings { allow_ranges: vec!["127.0.0.1/32".into()], allow_http: true, ..Default::default() };
-    Sender::new(settings, Arc::new(crate::connector::SystemResolver))
-}
-
 async fn post(sender: &Sender, url: &str) -> TryResult {
     let policy = hookline_core::policy::builtin("standard").unwrap();
     sender.send("k", &policy, url, &Default::default(), Bytes::from_static(b"{\"a\":1}")).await
@@ -115,7 +91,7 @@ const OK: &str = "HTTP/1.1 200 OK\r\ncontent-length: 2\r\n\r\nok";
 async fn a_chunked_body_with_extensions_and_trailers_is_read_and_its_connection_reused() {
     let chunked = "HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\n4;name=\"v\"\r\nWiki\r\n5 ; x\r\npedia\r\n0;end\r\nX-Checksum: 1\r\nX-More: 2\r\n\r\n";
     let s = server(vec![reply(chunked, After::Keep)]).await;
-    let sender = sender();
+    let sender = loopback_sender();
     for _ in 0..2 {
         let r = post(&sender, &s.url).await;
         assert_eq!((&r.outcome, r.response_excerpt.as_str()), (&Outcome::http(200), "Wikipedia"), "{}", r.reason);
@@ -128,7 +104,7 @@ async fn a_response_in_many_tiny_writes_is_read_whole() {
     let body = "x".repeat(300);
     let raw = format!("HTTP/1.1 202 Accepted\r\nX-One: 1\r\nTransfer-Encoding: chunked\r\n\r\n12c\r\n{body}\r\n0\r\n\r\n");
     let s = server(vec![Reply::Send { bytes: raw.into_bytes(), step: 1, after: After::Keep }, reply(OK, After::Keep)]).await;
-    let sender = sender();
+    let sender = loopback_sender();
     let r = post(&sender, &s.url).await;
     assert_eq!(r.outcome, Outcome::http(202), "{}", r.reason);
     assert_eq!(r.response_excerpt, body);
@@ -139,7 +115,7 @@ async fn a_response_in_many_tiny_writes_is_read_whole() {
 #[tokio::test]
 async fn a_close_delimited_body_is_read_to_the_close_and_the_connection_not_reused() {
     let s = server(vec![reply("HTTP/1.1 200 OK\r\n\r\nuntil the end", After::Close)]).await;
-    let sender = sender();
+    let sender = loopback_sender();
     for _ in 0..2 {
         let r = post(&sender, &s.url).await;
         assert_eq!((&r.outcome, r.response_excerpt.as_str()), (&Outcome::http(200), "until the end"), "{}", r.reason);
@@ -152,7 +128,7 @@ async fn a_close_delimited_body_is_read_to_the_close_and_the_connection_not_reus
 async fn interim_responses_are_skipped() {
     let raw = "HTTP/1.1 100 Continue\r\n\r\nHTTP/1.1 103 Early Hints\r\nLink: </style.css>; rel=preload\r\n\r\nHTTP/1.1 201 Created\r\nContent-Length: 4\r\nRetry-After: 7\r\n\r\ndone";
     let s = server(vec![reply(raw, After::Keep)]).await;
-    let r = post(&sender(), &s.url).await;
+    let r = post(&loopback_sender(), &s.url).await;
     assert_eq!(r.outcome, Outcome::Http { status: 201, retry_after: Some("7".into()) }, "{}", r.reason);
     assert_eq!(r.response_excerpt, "done");
 }
@@ -161,7 +137,7 @@ async fn interim_responses_are_skipped() {
 async fn a_204_has_no_body_and_keeps_the_connection() {
     // A content-length on a 204 does not make it carry a body: the next bytes are the next response.
     let s = server(vec![reply("HTTP/1.1 204 No Content\r\ncontent-length: 5\r\n\r\n", After::Keep), reply(OK, After::Keep)]).await;
-    let sender = sender();
+    let sender = loopback_sender();
     let r = post(&sender, &s.url).await;
     assert_eq!((&r.outcome, r.response_excerpt.as_str()), (&Outcome::http(204), ""), "{}", r.reason);
     let r = post(&sender, &s.url).await;
@@ -178,7 +154,7 @@ async fn a_connection_the_receiver_asked_to_close_is_not_reused() {
         reply("HTTP/1.0 200 OK\r\nConnection: keep-alive\r\ncontent-length: 2\r\n\r\nok", After::Keep),
     ])
     .await;
-    let sender = sender();
+    let sender = loopback_sender();
     for n in 1..=4 {
         let r = post(&sender, &s.url).await;
         assert_eq!(r.outcome, Outcome::http(200), "try {n}: {}", r.reason);
@@ -190,7 +166,7 @@ async fn a_connection_the_receiver_asked_to_close_is_not_reused() {
 async fn a_reused_connection_closed_before_answering_sends_the_request_once_more_on_a_new_one() {
     // The kept connection looks open when taken, and the receiver closes it on reading the request.
     let s = server(vec![reply(OK, After::Keep), Reply::Drop, reply(OK, After::Keep)]).await;
-    let sender = sender();
+    let sender = loopback_sender();
     assert_eq!(post(&sender, &s.url).await.outcome, Outcome::http(200));
     let r = post(&sender, &s.url).await;
     assert_eq!((&r.outcome, r.response_excerpt.as_str()), (&Outcome::http(200), "ok"), "{}", r.reason);
@@ -200,7 +176,7 @@ async fn a_reused_connection_closed_before_answering_sends_the_request_once_more
 #[tokio::test]
 async fn a_new_connection_closed_before_answering_is_a_connect_error_sent_once() {
     let s = server(vec![Reply::Drop]).await;
-    let r = post(&sender(), &s.url).await;
+    let r = post(&loopback_sender(), &s.url).await;
     assert_eq!(r.outcome, Outcome::ConnectError);
     assert_eq!(r.reason, "connection failed: request failed: connection closed before a response");
     assert_eq!((conns(&s), s.requests.load(Ordering::SeqCst)), (1, 1));
@@ -210,13 +186,13 @@ async fn a_new_connection_closed_before_answering_is_a_connect_error_sent_once()
 async fn a_head_over_64_kib_fails_the_try() {
     let raw = format!("HTTP/1.1 200 OK\r\nx-big: {}\r\ncontent-length: 2\r\n\r\nok", "a".repeat(70_000));
     let s = server(vec![reply(raw, After::Keep)]).await;
-    let r = post(&sender(), &s.url).await;
+    let r = post(&loopback_sender(), &s.url).await;
     assert_eq!(r.outcome, Outcome::ConnectError);
     assert_eq!(r.reason, "connection failed: request failed: message head is too large (over 65536 bytes)");
     // Just under the cap is fine.
     let raw = format!("HTTP/1.1 200 OK\r\nx-big: {}\r\ncontent-length: 2\r\n\r\nok", "a".repeat(60_000));
     let s = server(vec![reply(raw, After::Keep)]).await;
-    assert_eq!(post(&sender(), &s.url).await.outcome, Outcome::http(200));
+    assert_eq!(post(&loopback_sender(), &s.url).await.outcome, Outcome::http(200));
 }
 
 #[tokio::test]
@@ -229,7 +205,7 @@ async fn conflicting_framing_fails_the_try_with_its_reason() {
         ("HTTP/1.1 OK\r\n\r\n", "invalid response head: invalid response status"),
     ] {
         let s = server(vec![reply(raw, After::Keep)]).await;
-        let r = post(&sender(), &s.url).await;
+        let r = post(&loopback_sender(), &s.url).await;
         assert_eq!((&r.outcome, r.reason.as_str()), (&Outcome::ConnectError, format!("connection failed: request failed: {why}").as_str()), "{raw:?}");
     }
 }
@@ -237,7 +213,7 @@ async fn conflicting_framing_fails_the_try_with_its_reason() {
 #[tokio::test]
 async fn a_broken_chunked_body_keeps_the_status_but_not_the_connection() {
     let s = server(vec![reply("HTTP/1.1 500 Oops\r\ntransfer-encoding: chunked\r\n\r\n2\r\nokXX0\r\n\r\n", After::Keep), reply(OK, After::Keep)]).await;
-    let sender = sender();
+    let sender = loopback_sender();
     let r = post(&sender, &s.url).await;
     assert_eq!((&r.outcome, r.response_excerpt.as_str()), (&Outcome::http(500), "ok"), "the status decides: {}", r.reason);
     assert_eq!(post(&sender, &s.url).await.outcome, Outcome::http(200));
@@ -250,7 +226,7 @@ async fn a_body_over_the_cap_is_cut_and_its_connection_not_reused() {
     let cap = policy.attempt.response_cap_bytes as usize;
     let big = "y".repeat(cap + 10_000);
     let s = server(vec![reply(format!("HTTP/1.1 200 OK\r\ncontent-length: {}\r\n\r\n{big}", big.len()), After::Keep), reply(OK, After::Keep)]).await;
-    let sender = sender();
+    let sender = loopback_sender();
     let r = post(&sender, &s.url).await;
     assert_eq!(r.outcome, Outcome::http(200));
     assert_eq!(r.response_excerpt.len(), EXCERPT_BYTES);
