@@ -218,6 +218,23 @@ pub async fn run(args: &BenchArgs) -> anyhow::Result<(Map<String, Value>, bool)>
         out.insert("dispatcher_over_kafka_floor".into(), json!(round(c("dispatcher") / fc(paced, "total"), 2)));
         out.insert("dispatcher_librdkafka_over_kafka_floor_librdkafka".into(), json!(round(c("dispatcher_librdkafka") / fc(paced, "librdkafka"), 2)));
     }
+    // #17's CPU figures: each service's CPU per delivery over the raw client's per request, and the least each could
+    // be with this Kafka client. Per delivery the dispatcher makes the raw client's request and does the floor's
+    // Kafka work (a record in, a record out, an offset); ingest does it again at least (the task out; the event in,
+    // shared by the fan-out, and the attempt in for the delivery log).
+    let raw_cpu = raw.cpu.get("raw_client").and_then(Value::as_f64).unwrap_or(f64::NAN);
+    let hookline_cpu = c("dispatcher") + c("ingest") + c("retry_scheduler");
+    let dispatcher_over_raw = c("dispatcher") / raw_cpu;
+    let hookline_over_raw = hookline_cpu / raw_cpu;
+    let floor = fc(paced, "total");
+    let dispatcher_bound = (raw_cpu + floor) / raw_cpu;
+    let hookline_bound = (raw_cpu + 2.0 * floor) / raw_cpu;
+    out.insert("dispatcher_over_raw".into(), json!(round(dispatcher_over_raw, 2)));
+    out.insert("hookline_over_raw".into(), json!(round(hookline_over_raw, 2)));
+    if paced.is_some() {
+        out.insert("dispatcher_least_over_raw".into(), json!(round(dispatcher_bound, 2)));
+        out.insert("hookline_least_over_raw".into(), json!(round(hookline_bound, 2)));
+    }
     let met = ratio >= 0.5 && f.complete;
     let pair = |k: &str| format!("{:.4} / {:.4}", fc(paced, k), fc(batched, k));
     let floor_rows = [
@@ -229,6 +246,8 @@ pub async fn run(args: &BenchArgs) -> anyhow::Result<(Map<String, Value>, bool)>
         row("    the loop (bench-kfloor)", pair("loop"), "", None),
         row("  cpu s/1k: broker", pair("broker"), "", None),
         row("dispatcher ÷ paced floor", format!("{:.2}", c("dispatcher") / fc(paced, "total")), "", None),
+        row("least dispatcher ÷ raw client (raw + floor)", format!("{dispatcher_bound:.2}"), "", None),
+        row("least hookline ÷ raw client (raw + 2 floors)", format!("{hookline_bound:.2}"), "", None),
     ];
     print_table(
         "throughput",
@@ -254,6 +273,8 @@ pub async fn run(args: &BenchArgs) -> anyhow::Result<(Map<String, Value>, bool)>
                 "",
                 None,
             ),
+            row("dispatcher ÷ raw client", format!("{dispatcher_over_raw:.2}"), "≤ 2", Some(dispatcher_over_raw <= 2.0)),
+            row("hookline ÷ raw client", format!("{hookline_over_raw:.2}"), "≤ 3", Some(hookline_over_raw <= 3.0)),
             row(
                 "raw cpu s/1k: receiver",
                 format!("{:.3}", raw.cpu.get("receiver").and_then(Value::as_f64).unwrap_or(f64::NAN)),
