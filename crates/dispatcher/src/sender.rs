@@ -495,7 +495,6 @@ mod tests {
         (addr, conns, requests, heads)
     }
 
-
     async fn post(sender: &Sender, url: &str) -> TryResult {
         let policy = hookline_core::policy::builtin("standard").unwrap();
         sender.send("k", &policy, url, &Default::default(), Bytes::from_static(b"{\"a\":1}")).await

@@ -39,6 +39,6 @@ pub async fn read_request(sock: &mut TcpStream, buf: &mut Vec<u8>) -> Option<Str
             Ok(n) => buf.extend_from_slice(&chunk[..n]),
         }
     }
-    buf.drain(..head_end + len);
+    buf.drain(..head_end.saturating_add(len));
     Some(head)
 }
