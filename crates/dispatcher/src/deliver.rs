@@ -11,7 +11,7 @@ use futures::future::BoxFuture;
 use futures::FutureExt as _;
 use hookline_core::breaker::{Admission, BreakerChange};
 use hookline_core::model::{
-    AttemptRecord, DeliveryTask, EndpointCondition, EndpointState, Event, OpsEvent, RetryEnvelope, TaskOrigin,
+    DeliveryTask, EndpointCondition, EndpointState, Event, OpsEvent, RetryEnvelope, TaskOrigin,
 };
 use hookline_core::policy::{ConcurrencyRule, DisableAction, InactiveAction, InFlightRule, Policy};
 use hookline_core::request;
@@ -23,9 +23,10 @@ use hookline_service::traces::Span;
 use prost::Message;
 
 use crate::breakers::Pause;
+use crate::meters::Ended;
 use crate::lanes::Stuck;
 use crate::outcomes::Claim;
-use crate::records::{self, RecordState, TryContext, Untried, Words};
+use crate::records::{self, Concluding, RecordState, TryContext, TryRecord, Untried, Words};
 use crate::{now_ms, Ctx};
 
 /// The delivery was not finished because the process is shutting down: its offset must not be committed.
@@ -137,7 +138,7 @@ pub async fn deliver_in_lane(ctx: Arc<Ctx>, task: DeliveryTask, partition: i32, 
             }
             .record();
             conclude(&ctx, &task, rec).await?;
-            metrics::counter!("hookline_deliveries_total", "outcome" => "cancelled").increment(1);
+            ctx.meters.delivery(Ended::Final(FinalState::Cancelled)).increment(1);
             Ok(())
         })
         .await;
@@ -155,7 +156,7 @@ pub async fn deliver_in_lane(ctx: Arc<Ctx>, task: DeliveryTask, partition: i32, 
                 ctx.tracer.dead_letter(&dl, None);
                 conclude(&ctx, &task, rec).await?;
                 metrics::counter!("hookline_dead_lettered_total", "reason" => DeadLetterReason::InvalidPolicy.as_str()).increment(1);
-                metrics::counter!("hookline_deliveries_total", "outcome" => "dead").increment(1);
+                ctx.meters.delivery(Ended::Final(FinalState::Dead)).increment(1);
                 Ok(())
             })
             .await;
@@ -257,7 +258,7 @@ async fn lost_attempt(
             let dl = records::Dead { task: &last, reason: DeadLetterReason::LeaseExpired, detail: reason.clone(), state, words, attempts, last_outcome: outcome.as_str().into(), at_ms: now }.letter();
             ctx.produce_dead_letter(&task.subscription_id, &dl).await?;
             ctx.tracer.dead_letter(&dl, None);
-            metrics::counter!("hookline_deliveries_total", "outcome" => state.as_str()).increment(1);
+            ctx.meters.delivery(Ended::Final(state)).increment(1);
             metrics::counter!("hookline_dead_lettered_total", "reason" => DeadLetterReason::LeaseExpired.as_str()).increment(1);
             if state == FinalState::Dead {
                 follow_ups(ctx, &task, policy, &reason, now).await?;
@@ -292,13 +293,13 @@ async fn inactive(
             let state = RecordState::Final(FinalState::Cancelled);
             let rec = Untried { task, outcome: UntriedOutcome::Inactive, reason: why, state, words: Words::Policy(policy), at_ms: now }.record();
             conclude(ctx, task, rec).await?;
-            metrics::counter!("hookline_deliveries_total", "outcome" => "cancelled").increment(1);
+            ctx.meters.delivery(Ended::Final(FinalState::Cancelled)).increment(1);
         }
         InactiveAction::Skip => {
             let state = RecordState::Skipped;
             let rec = Untried { task, outcome: UntriedOutcome::Inactive, reason: why, state, words: Words::Policy(policy), at_ms: now }.record();
             conclude(ctx, task, rec).await?;
-            metrics::counter!("hookline_deliveries_total", "outcome" => "skipped").increment(1);
+            ctx.meters.delivery(Ended::Skipped).increment(1);
         }
     }
     let _ = entry;
@@ -488,7 +489,7 @@ async fn attempt(ctx: &Ctx, mut task: DeliveryTask, entry: &Arc<SubscriptionEntr
             ctx.tracer.dead_letter(&dl, None);
             conclude(ctx, &task, rec).await?;
             metrics::counter!("hookline_dead_lettered_total", "reason" => DeadLetterReason::Oversize.as_str()).increment(1);
-            metrics::counter!("hookline_deliveries_total", "outcome" => "dead").increment(1);
+            ctx.meters.delivery(Ended::Final(FinalState::Dead)).increment(1);
             return Ok(());
         }
     };
@@ -573,23 +574,23 @@ async fn conclude_try(
     if !matches!(decision.next, Next::MicroRetry(_)) {
         slot.release();
     }
-    metrics::counter!("hookline_attempts_total", "outcome" => outcome_class(&result.outcome)).increment(1);
-    metrics::histogram!("hookline_attempt_duration_ms").record(result.duration.as_secs_f64() * 1000.0);
+    ctx.meters.attempt(&result.outcome).increment(1);
+    ctx.meters.attempt_duration_ms().record(result.duration.as_secs_f64() * 1000.0);
     // Records count attempts across replays (as the attempt header does); the engine counts this run's.
     let started_at_ms = started_us.div_euclid(1000);
     let cx = TryContext { task, attempt: task.prior_attempts + attempt_no, try_no, started_at_ms, started_at_us: started_us, policy };
-    let mut result = result;
-
-    let rec = match decision.next {
+    // The try's record borrows the result: built once the branch has done its work (its due is the branch's).
+    let traceparent = span.as_ref().map(|s| s.headers().0).unwrap_or_default();
+    let due = match decision.next {
         Next::MicroRetry(wait) => {
-            let mut rec = records::attempt_record(&cx, &mut result, &decision, due_at_ms(ended, wait.ms));
-            traced(&mut rec, span);
-            ctx.produce(ctx.topics.attempts(), &task.subscription_id, &rec).await?;
+            let mut rec = TryRecord::new(&cx, &result, &decision, due_at_ms(ended, wait.ms));
+            rec.traceparent = &traceparent;
+            traced(&rec, span);
+            ctx.produce_encoded(ctx.topics.attempts(), &task.subscription_id, rec.encode()).await?;
             return Ok(AfterTry::TryAgain(wait.ms));
         }
         Next::NextAttempt(wait) => {
             let due = due_at_ms(ended, wait.ms);
-            let rec = records::attempt_record(&cx, &mut result, &decision, due);
             let mut next = task.clone();
             next.attempts_made = attempt_no;
             next.due_at_ms = due;
@@ -597,15 +598,14 @@ async fn conclude_try(
             next.origin = TaskOrigin::Retry as i32;
             Box::pin(schedule(ctx, next, wait.ms, ended)).await?;
             metrics::counter!("hookline_deliveries_retried_total").increment(1);
-            rec
+            due
         }
         Next::Final(state) => {
-            let rec = records::attempt_record(&cx, &mut result, &decision, 0);
-            metrics::counter!("hookline_deliveries_total", "outcome" => state.as_str()).increment(1);
+            ctx.meters.delivery(Ended::Final(state)).increment(1);
             if state == FinalState::Succeeded {
                 if let Some(ev) = &task.event {
                     if ev.accepted_at_ms > 0 {
-                        metrics::histogram!("hookline_delivery_latency_ms").record((ended - ev.accepted_at_ms) as f64);
+                        ctx.meters.delivery_latency_ms().record((ended - ev.accepted_at_ms) as f64);
                     }
                 }
             } else {
@@ -623,11 +623,12 @@ async fn conclude_try(
                     Box::pin(follow_ups(ctx, task, policy, &result.reason, ended)).await?;
                 }
             }
-            rec
+            0
         }
     };
-    let mut rec = rec;
-    traced(&mut rec, span);
+    let mut rec = TryRecord::new(&cx, &result, &decision, due);
+    rec.traceparent = &traceparent;
+    traced(&rec, span);
     let event = match decision.verdict {
         Verdict::Success => HealthEvent::Success,
         _ if decision.counts_toward_disable => HealthEvent::CountedFailure,
@@ -638,11 +639,10 @@ async fn conclude_try(
     Ok(AfterTry::Done)
 }
 
-/// Ends the try's span (tracing on) with what its record says, and names the span in the record.
-fn traced(rec: &mut AttemptRecord, span: Option<Span>) {
+/// Ends the try's span (tracing on) with what its record says (the record names the span: `traceparent`).
+fn traced(rec: &TryRecord<'_>, span: Option<Span>) {
     if let Some(span) = span {
-        rec.traceparent = span.headers().0;
-        span.finish_attempt(rec);
+        span.finish_attempt(&rec.to_record());
     }
 }
 
@@ -653,16 +653,16 @@ fn next_attempt(task: &DeliveryTask) -> u32 {
 
 /// Writes the record that concludes the task's attempt, and remembers it. It is the last record the attempt writes
 /// (after its retry or dead letter, follow-ups and endpoint state), so its presence means the attempt is complete.
-fn conclude<'a>(ctx: &'a Ctx, task: &'a DeliveryTask, mut rec: AttemptRecord) -> BoxFuture<'a, Result<(), Aborted>> {
+fn conclude<'a>(ctx: &'a Ctx, task: &'a DeliveryTask, rec: impl Concluding) -> BoxFuture<'a, Result<(), Aborted>> {
+    let attempt = next_attempt(task);
+    let last = rec.next_due_at_ms() == 0;
+    let payload = rec.concluding(attempt, &task.run_id);
     Box::pin(async move {
-        let attempt = next_attempt(task);
-        rec.concludes_attempt = attempt;
-        rec.run_id.clone_from(&task.run_id);
         // No next attempt: an ordered delivery's key is released before this record says it concluded.
-        if rec.next_due_at_ms == 0 {
+        if last {
             crate::ordering::before_final(ctx, task).await?;
         }
-        ctx.produce(ctx.topics.attempts(), &task.subscription_id, &rec).await?;
+        ctx.produce_encoded(ctx.topics.attempts(), &task.subscription_id, payload).await?;
         ctx.outcomes.concluded(ctx.outcomes.key(&task.delivery_id, &task.run_id, attempt), now_ms());
         Ok(())
     })
@@ -773,25 +773,6 @@ async fn update_health(
         ctx.produce(ctx.topics.ops(), id, &ev).await?;
     }
     Ok(())
-}
-
-fn outcome_class(o: &hookline_core::Outcome) -> &'static str {
-    use hookline_core::Outcome::*;
-    match o {
-        Http { status, .. } => match status {
-            200..=299 => "2xx",
-            300..=399 => "3xx",
-            429 => "429",
-            400..=499 => "4xx",
-            500..=599 => "5xx",
-            _ => "other_status",
-        },
-        Timeout => "timeout",
-        ConnectError => "connect_error",
-        TlsError => "tls_error",
-        EgressRefused => "egress_refused",
-        InvalidUrl => "invalid_url",
-    }
 }
 
 #[cfg(test)]

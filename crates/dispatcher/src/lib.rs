@@ -12,6 +12,7 @@ mod forget;
 mod inline;
 pub mod lanes;
 mod leases;
+mod meters;
 mod ordering;
 mod outcomes;
 mod rate;
@@ -108,6 +109,8 @@ pub(crate) struct Ctx {
     pub dlq: hookline_kafka::dead_letters::DeadLetterWriter,
     /// When the consume loop last polled: no send starts once it has been silent near `max.poll.interval.ms`.
     pub liveness: Arc<Liveness>,
+    /// The per-delivery metrics' handles.
+    pub meters: meters::Meters,
 }
 
 impl Ctx {
@@ -118,7 +121,11 @@ impl Ctx {
     /// The produce futures are boxed: a delivery's future would otherwise carry the largest of them inline (several
     /// KiB) for its whole life, also while it only waits for the endpoint's answer.
     pub fn produce<'a>(&'a self, topic: &'a str, key: &'a str, msg: &impl prost::Message) -> BoxFuture<'a, Result<(), Aborted>> {
-        let payload = msg.encode_to_vec();
+        self.produce_encoded(topic, key, msg.encode_to_vec())
+    }
+
+    /// [`Ctx::produce`] of a record already encoded.
+    pub fn produce_encoded<'a>(&'a self, topic: &'a str, key: &'a str, payload: Vec<u8>) -> BoxFuture<'a, Result<(), Aborted>> {
         Box::pin(async move { self.produce_bytes(topic, key, &payload, None).await })
     }
 
@@ -225,6 +232,7 @@ pub async fn run(config: Config, shutdown: CancellationToken, options: Options) 
         tracer: hookline_service::traces::Tracer::new(&config.telemetry, "dispatcher"),
         dlq: hookline_kafka::dead_letters::DeadLetterWriter::new(config.dlq.format, &config.kafka),
         liveness: Liveness::new(Duration::from_millis(kafka.max_poll_interval_ms)),
+        meters: meters::Meters::default(),
     });
 
     tokio::spawn(ctx.stalls.clone().detect_freezes(reader_stop.clone()));
@@ -299,7 +307,7 @@ impl Handler for Dispatch {
         let received_us = hookline_service::now_us();
         let ctx = &self.ctx;
         let (p, o) = (done.partition(), done.offset());
-        metrics::gauge!("hookline_dispatcher_in_flight").set(ctl.in_flight() as f64);
+        ctx.meters.in_flight().set(ctl.in_flight() as f64);
         // Kept (one copy; the task's byte fields are slices of it) for the dead letter of a panic.
         let raw = Bytes::copy_from_slice(m.payload().unwrap_or_default());
         let task = match m.payload().map(|_| DeliveryTask::decode(raw.clone())) {

@@ -7,6 +7,8 @@ use hookline_core::{Decision, FinalState, Next, Policy, UntriedOutcome, Verdict}
 
 use crate::sender::TryResult;
 
+mod wire;
+
 /// Where a record leaves its delivery.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum RecordState {
@@ -67,48 +69,211 @@ pub struct TryContext<'a> {
     pub policy: &'a hookline_core::Policy,
 }
 
-/// The record of a try; its state and status word follow from `decision`. The headers are moved out of `result`
-/// (the rest of it is still read afterwards).
-pub fn attempt_record(cx: &TryContext<'_>, result: &mut TryResult, decision: &Decision, next_due_at_ms: i64) -> AttemptRecord {
-    let event = cx.task.event.as_ref();
-    let rule = cx.policy.classify.get(decision.rule);
-    let state = match decision.next {
-        Next::Final(s) => RecordState::Final(s),
-        Next::MicroRetry(_) | Next::NextAttempt(_) => RecordState::Pending,
-    };
-    AttemptRecord {
-        delivery_id: cx.task.delivery_id.clone(),
-        subscription_id: cx.task.subscription_id.clone(),
-        event_id: event.map(|e| e.id.clone()).unwrap_or_default(),
-        event_type: event.map(|e| e.r#type.clone()).unwrap_or_default(),
-        attempt: cx.attempt,
-        r#try: cx.try_no,
-        started_at_ms: cx.started_at_ms,
-        duration_ms: result.duration.as_millis() as i64,
-        outcome: result.outcome.token(),
-        http_status: result.outcome.status().map(u32::from).unwrap_or(0),
-        reason: result.reason.clone(),
-        response_excerpt: result.response_excerpt.clone(),
-        verdict: decision.verdict.as_str().to_owned(),
-        counts_toward_disable: decision.counts_toward_disable,
-        next_due_at_ms,
-        final_state: state.final_word().to_owned(),
-        status_word: Words::Policy(cx.policy).status(state).to_owned(),
-        phase: AttemptPhase::Finished as i32,
-        policy: cx.policy.name.clone(),
-        request_headers: std::mem::take(&mut result.request_headers),
-        response_headers: std::mem::take(&mut result.response_headers),
-        decided_by: decision.decided_by.to_wire(),
-        // 1-based; 0 when no rule matched (an unvalidated policy's fallback).
-        rule: rule.map_or(0, |_| u32::try_from(decision.rule).map_or(0, |i| i.saturating_add(1))),
-        rule_when: rule.map(|r| r.when.join(" ")).unwrap_or_default(),
-        // Set by `deliver::conclude` on the record that ends the attempt.
-        concludes_attempt: 0,
-        run_id: String::new(),
-        // Set by `deliver` when tracing is on.
-        traceparent: String::new(),
-        received_at_us: cx.task.received_at_us,
-        started_at_us: cx.started_at_us,
+/// The record of a try, borrowing what it is made of (the task, the policy, the try's result); its state and
+/// status word follow from the decision. Encoded ([`TryRecord::encode`]) to the bytes prost gives the
+/// [`AttemptRecord`] with the same values ([`TryRecord::to_record`]), without copying each field into an owned
+/// `String` first and freeing them all after: building, encoding and dropping the owned record were ~6 % of the
+/// dispatcher's CPU in `bench throughput`'s profile (docs/benchmarks.md, "Dispatcher CPU per delivery").
+pub struct TryRecord<'a> {
+    task: &'a DeliveryTask,
+    attempt: u32,
+    try_no: u32,
+    started_at_ms: i64,
+    started_at_us: i64,
+    policy: &'a Policy,
+    result: &'a TryResult,
+    decision: &'a Decision,
+    next_due_at_ms: i64,
+    /// Set by `deliver` when tracing is on.
+    pub traceparent: &'a str,
+}
+
+/// How an attempt's closing record is written (see `deliver::conclude`): its bytes, with the attempt it concludes
+/// and its run set.
+pub trait Concluding {
+    fn next_due_at_ms(&self) -> i64;
+    fn concluding(self, attempt: u32, run_id: &str) -> Vec<u8>;
+}
+
+impl Concluding for AttemptRecord {
+    fn next_due_at_ms(&self) -> i64 {
+        self.next_due_at_ms
+    }
+
+    fn concluding(mut self, attempt: u32, run_id: &str) -> Vec<u8> {
+        use prost::Message as _;
+        self.concludes_attempt = attempt;
+        run_id.clone_into(&mut self.run_id);
+        self.encode_to_vec()
+    }
+}
+
+impl Concluding for TryRecord<'_> {
+    fn next_due_at_ms(&self) -> i64 {
+        self.next_due_at_ms
+    }
+
+    fn concluding(self, attempt: u32, run_id: &str) -> Vec<u8> {
+        self.encode_with(attempt, run_id)
+    }
+}
+
+/// A try's outcome token (`Outcome::token`) without a `String`: a status's digits are written to a small buffer.
+enum Token {
+    Status([u8; 5], usize),
+    Word(&'static str),
+}
+
+impl Token {
+    fn of(o: &hookline_core::Outcome) -> Self {
+        use hookline_core::Outcome::*;
+        match o {
+            Http { status, .. } => {
+                let mut digits = [0u8; 5];
+                let mut n = *status;
+                let mut i = digits.len();
+                loop {
+                    i -= 1;
+                    digits[i] = b'0' + (n % 10) as u8;
+                    n /= 10;
+                    if n == 0 {
+                        break;
+                    }
+                }
+                Token::Status(digits, i)
+            }
+            Timeout => Token::Word("timeout"),
+            ConnectError => Token::Word("connect_error"),
+            TlsError => Token::Word("tls_error"),
+            EgressRefused => Token::Word("egress_refused"),
+            InvalidUrl => Token::Word("invalid_url"),
+        }
+    }
+
+    fn as_bytes(&self) -> &[u8] {
+        match self {
+            Token::Status(d, i) => &d[*i..],
+            Token::Word(w) => w.as_bytes(),
+        }
+    }
+}
+
+impl<'a> TryRecord<'a> {
+    pub fn new(cx: &TryContext<'a>, result: &'a TryResult, decision: &'a Decision, next_due_at_ms: i64) -> Self {
+        TryRecord {
+            task: cx.task,
+            attempt: cx.attempt,
+            try_no: cx.try_no,
+            started_at_ms: cx.started_at_ms,
+            started_at_us: cx.started_at_us,
+            policy: cx.policy,
+            result,
+            decision,
+            next_due_at_ms,
+            traceparent: "",
+        }
+    }
+
+    fn state(&self) -> RecordState {
+        match self.decision.next {
+            Next::Final(s) => RecordState::Final(s),
+            Next::MicroRetry(_) | Next::NextAttempt(_) => RecordState::Pending,
+        }
+    }
+
+    fn rule(&self) -> Option<&'a hookline_core::policy::Rule> {
+        self.policy.classify.get(self.decision.rule)
+    }
+
+    /// 1-based; 0 when no rule matched (an unvalidated policy's fallback).
+    fn rule_no(&self) -> u32 {
+        self.rule().map_or(0, |_| u32::try_from(self.decision.rule).map_or(0, |i| i.saturating_add(1)))
+    }
+
+    fn duration_ms(&self) -> i64 {
+        self.result.duration.as_millis() as i64
+    }
+
+    /// The owned record with the same values (for a try's span when tracing is on, and the tests).
+    pub fn to_record(&self) -> AttemptRecord {
+        let event = self.task.event.as_ref();
+        let state = self.state();
+        AttemptRecord {
+            delivery_id: self.task.delivery_id.clone(),
+            subscription_id: self.task.subscription_id.clone(),
+            event_id: event.map(|e| e.id.clone()).unwrap_or_default(),
+            event_type: event.map(|e| e.r#type.clone()).unwrap_or_default(),
+            attempt: self.attempt,
+            r#try: self.try_no,
+            started_at_ms: self.started_at_ms,
+            duration_ms: self.duration_ms(),
+            outcome: self.result.outcome.token(),
+            http_status: self.result.outcome.status().map(u32::from).unwrap_or(0),
+            reason: self.result.reason.clone(),
+            response_excerpt: self.result.response_excerpt.clone(),
+            verdict: self.decision.verdict.as_str().to_owned(),
+            counts_toward_disable: self.decision.counts_toward_disable,
+            next_due_at_ms: self.next_due_at_ms,
+            final_state: state.final_word().to_owned(),
+            status_word: Words::Policy(self.policy).status(state).to_owned(),
+            phase: AttemptPhase::Finished as i32,
+            policy: self.policy.name.clone(),
+            request_headers: self.result.request_headers.clone(),
+            response_headers: self.result.response_headers.clone(),
+            decided_by: self.decision.decided_by.to_wire(),
+            rule: self.rule_no(),
+            rule_when: self.rule().map(|r| r.when.join(" ")).unwrap_or_default(),
+            // Set on the record that ends the attempt (`Concluding`).
+            concludes_attempt: 0,
+            run_id: String::new(),
+            traceparent: self.traceparent.to_owned(),
+            received_at_us: self.task.received_at_us,
+            started_at_us: self.started_at_us,
+        }
+    }
+
+    /// The record's bytes (not concluding an attempt: a micro-retry's try).
+    pub fn encode(&self) -> Vec<u8> {
+        self.encode_with(0, "")
+    }
+
+    /// The record's bytes with `concludes_attempt` and `run_id` set; field by field as `AttemptRecord`'s
+    /// declaration orders them (proto/hookline/v1/hookline.proto).
+    fn encode_with(&self, concludes_attempt: u32, run_id: &str) -> Vec<u8> {
+        let (task, result, decision) = (self.task, self.result, self.decision);
+        let event = task.event.as_ref();
+        let state = self.state();
+        let mut w = wire::Writer::with_capacity(512);
+        w.str(1, &task.delivery_id);
+        w.str(2, &task.subscription_id);
+        w.str(3, event.map_or("", |e| e.id.as_str()));
+        w.str(4, event.map_or("", |e| e.r#type.as_str()));
+        w.uint(5, u64::from(self.attempt));
+        w.uint(6, u64::from(self.try_no));
+        w.int(7, self.started_at_ms);
+        w.int(8, self.duration_ms());
+        w.bytes(9, Token::of(&result.outcome).as_bytes());
+        w.uint(10, result.outcome.status().map_or(0, u64::from));
+        w.str(11, &result.reason);
+        w.str(12, &result.response_excerpt);
+        w.str(13, decision.verdict.as_str());
+        w.uint(14, u64::from(decision.counts_toward_disable));
+        w.int(15, self.next_due_at_ms);
+        w.str(16, state.final_word());
+        w.str(17, Words::Policy(self.policy).status(state));
+        w.int(18, i64::from(AttemptPhase::Finished as i32));
+        w.str(19, &self.policy.name);
+        w.uint(20, u64::from(concludes_attempt));
+        w.str(21, run_id);
+        w.str(22, self.traceparent);
+        w.headers(23, &result.request_headers);
+        w.headers(24, &result.response_headers);
+        w.int(25, i64::from(decision.decided_by.to_wire()));
+        w.uint(26, u64::from(self.rule_no()));
+        w.joined(27, self.rule().map_or(&[][..], |r| &r.when[..]));
+        w.int(28, task.received_at_us);
+        w.int(29, self.started_at_us);
+        w.0
     }
 }
 
@@ -227,6 +392,7 @@ fn follow_up_id(delivery_id: &str, emit_type: &str) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use hookline_core::model::Header;
     use prost::Message;
 
     /// The record a closing used to be built as, field by field from positional words (the shape before the
@@ -328,21 +494,131 @@ mod tests {
         let t = task();
         let fynapse = hookline_core::policy::builtin("fynapse").unwrap();
         let cx = TryContext { task: &t, attempt: 3, try_no: 1, started_at_ms: 7, started_at_us: 7_000, policy: &fynapse };
-        let mut result = TryResult {
-            outcome: hookline_core::Outcome::http(503),
-            reason: "HTTP 503".into(),
-            response_excerpt: String::new(),
-            duration: std::time::Duration::from_millis(12),
-            request_headers: Vec::new(),
-            response_headers: Vec::new(),
-        };
+        let result = try_result(hookline_core::Outcome::http(503), Vec::new(), Vec::new());
         let progress = hookline_core::Progress { attempt: 1, try_no: 1, first_attempt_at_ms: 0, now_ms: 0, wall_clock_ms: 0 };
         let decision = hookline_core::decide(&fynapse, &progress, &result.outcome, &mut rand::rng());
-        let rec = attempt_record(&cx, &mut result, &decision, 99);
+        let rec = TryRecord::new(&cx, &result, &decision, 99).to_record();
         assert_eq!((rec.verdict.as_str(), rec.final_state.as_str()), (decision.verdict.as_str(), ""));
         assert_eq!(rec.status_word, fynapse.status_words.pending);
         let dead = Decision { next: Next::Final(FinalState::Dead), verdict: Verdict::Terminal, ..decision };
-        let rec = attempt_record(&cx, &mut result, &dead, 0);
+        let rec = TryRecord::new(&cx, &result, &dead, 0).to_record();
         assert_eq!((rec.verdict.as_str(), rec.final_state.as_str(), rec.status_word.as_str()), ("terminal", "dead", fynapse.status_word(FinalState::Dead)));
+    }
+
+    fn try_result(outcome: hookline_core::Outcome, request_headers: Vec<Header>, response_headers: Vec<Header>) -> TryResult {
+        TryResult {
+            reason: format!("because of {outcome}"),
+            outcome,
+            response_excerpt: "{\"ok\":false}".into(),
+            duration: std::time::Duration::from_millis(12),
+            request_headers,
+            response_headers,
+        }
+    }
+
+    fn header(name: &str, value: &[u8]) -> Header {
+        Header { name: name.into(), value: bytes::Bytes::copy_from_slice(value) }
+    }
+
+    /// The record of a try as it was built before `TryRecord` (field by field into the owned struct).
+    fn legacy_try_record(cx: &TryContext<'_>, result: &TryResult, decision: &Decision, next_due_at_ms: i64) -> AttemptRecord {
+        let event = cx.task.event.as_ref();
+        let rule = cx.policy.classify.get(decision.rule);
+        let state = match decision.next {
+            Next::Final(s) => RecordState::Final(s),
+            Next::MicroRetry(_) | Next::NextAttempt(_) => RecordState::Pending,
+        };
+        AttemptRecord {
+            delivery_id: cx.task.delivery_id.clone(),
+            subscription_id: cx.task.subscription_id.clone(),
+            event_id: event.map(|e| e.id.clone()).unwrap_or_default(),
+            event_type: event.map(|e| e.r#type.clone()).unwrap_or_default(),
+            attempt: cx.attempt,
+            r#try: cx.try_no,
+            started_at_ms: cx.started_at_ms,
+            duration_ms: result.duration.as_millis() as i64,
+            outcome: result.outcome.token(),
+            http_status: result.outcome.status().map(u32::from).unwrap_or(0),
+            reason: result.reason.clone(),
+            response_excerpt: result.response_excerpt.clone(),
+            verdict: decision.verdict.as_str().to_owned(),
+            counts_toward_disable: decision.counts_toward_disable,
+            next_due_at_ms,
+            final_state: state.final_word().to_owned(),
+            status_word: Words::Policy(cx.policy).status(state).to_owned(),
+            phase: AttemptPhase::Finished as i32,
+            policy: cx.policy.name.clone(),
+            request_headers: result.request_headers.clone(),
+            response_headers: result.response_headers.clone(),
+            decided_by: decision.decided_by.to_wire(),
+            rule: rule.map_or(0, |_| u32::try_from(decision.rule).map_or(0, |i| i.saturating_add(1))),
+            rule_when: rule.map(|r| r.when.join(" ")).unwrap_or_default(),
+            received_at_us: cx.task.received_at_us,
+            started_at_us: cx.started_at_us,
+            ..Default::default()
+        }
+    }
+
+    /// A try's record, encoded from borrowed values, is byte for byte what prost encodes for the record the
+    /// dispatcher built before: every outcome kind (a status's digits, the words), decisions of every kind, with
+    /// and without headers (an empty name or value, non-UTF-8 bytes), a rule of several matchers, no event,
+    /// negative and large numbers, fields past tag 15 (two-byte keys), and with the attempt it concludes set.
+    #[test]
+    fn a_tries_record_encodes_as_prost_encodes_the_owned_record() {
+        use hookline_core::Outcome;
+        let mut t = task();
+        t.received_at_us = 1_764_000_000_123_456;
+        let no_event = DeliveryTask { event: None, received_at_us: -5, ..task() };
+        let policies = ["standard", "fynapse", "lucibook", "relay", "gauge"].map(|p| hookline_core::policy::builtin(p).unwrap());
+        let outcomes = [
+            Outcome::http(0),
+            Outcome::http(7),
+            Outcome::http(204),
+            Outcome::http(429),
+            Outcome::http(503),
+            Outcome::http(65_535),
+            Outcome::Timeout,
+            Outcome::ConnectError,
+            Outcome::TlsError,
+            Outcome::EgressRefused,
+            Outcome::InvalidUrl,
+        ];
+        let headers = vec![header("Content-Type", b"application/json"), header("", b""), header("x-bin", &[0xff, 0x00, 0x80]), header("X-Empty", b"")];
+        let long = vec![header("x-long", &[b'a'; 300])];
+        let (mut checked, mut joined) = (0, 0);
+        for policy in &policies {
+            for (k, outcome) in outcomes.iter().enumerate() {
+                for (task, started_at_ms) in [(&t, 1_764_000_000_123), (&no_event, -1)] {
+                    let cx = TryContext { task, attempt: 1 + k as u32, try_no: (k % 3) as u32, started_at_ms, started_at_us: started_at_ms.saturating_mul(1000), policy };
+                    let (req, resp) = match k % 3 {
+                        0 => (Vec::new(), Vec::new()),
+                        1 => (headers.clone(), long.clone()),
+                        _ => (long.clone(), headers.clone()),
+                    };
+                    let result = try_result(outcome.clone(), req, resp);
+                    for attempt in [1, 2, 9] {
+                        let progress = hookline_core::Progress { attempt, try_no: 1, first_attempt_at_ms: 1, now_ms: 2, wall_clock_ms: 2 };
+                        let decision = hookline_core::decide(policy, &progress, outcome, &mut rand::rng());
+                        for due in [0, 1_764_000_060_000, i64::MAX] {
+                            let mut rec = TryRecord::new(&cx, &result, &decision, due);
+                            rec.traceparent = if due == 0 { "" } else { "00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01" };
+                            let mut want = legacy_try_record(&cx, &result, &decision, due);
+                            want.traceparent = rec.traceparent.to_owned();
+                            assert_eq!(rec.to_record(), want, "{} {outcome:?} {decision:?}", policy.name);
+                            assert_eq!(rec.encode(), want.encode_to_vec(), "{} {outcome:?} {decision:?}", policy.name);
+                            let concluding = rec.concluding(9, "run_7");
+                            want.concludes_attempt = 9;
+                            want.run_id = "run_7".into();
+                            assert_eq!(concluding, want.clone().concluding(9, "run_7"));
+                            assert_eq!(concluding, want.encode_to_vec());
+                            checked += 1;
+                            joined += usize::from(want.rule_when.contains(' '));
+                        }
+                    }
+                }
+            }
+        }
+        assert_eq!(checked, 5 * 11 * 2 * 3 * 3);
+        assert!(joined > 0, "some try matched a rule of several matchers, so `rule_when` was written joined");
     }
 }
