@@ -1,7 +1,9 @@
 //! One delivery task, top to bottom: subscription lookup → inactive handling → lane → request → tries →
 //! engine decision → produced records (attempt, retry | dead letter, endpoint state, ops, follow-ups).
 
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
+use std::task::Poll;
 use std::time::Duration;
 
 use bytes::Bytes;
@@ -61,13 +63,16 @@ pub(crate) async fn fence(ctx: &Ctx, partition: i32) -> Result<(), Aborted> {
 /// (tens to hundreds of ms on a loaded host) while the lane's next deliveries queued behind it. The delivery
 /// itself, and so its offset, still completes only once those records are acknowledged.
 #[derive(Default)]
-pub struct Slot(std::sync::Mutex<Option<tokio::sync::oneshot::Sender<()>>>);
+pub struct Slot(Option<Arc<AtomicBool>>);
+
+/// What [`hold_slot`] looks at: whether the delivery gave its [`Slot`] back.
+pub struct Released(Arc<AtomicBool>);
 
 impl Slot {
-    /// A slot and what resolves when it is released (an error if the delivery ended without releasing it).
-    pub fn new() -> (Self, tokio::sync::oneshot::Receiver<()>) {
-        let (tx, rx) = tokio::sync::oneshot::channel();
-        (Self(std::sync::Mutex::new(Some(tx))), rx)
+    /// A slot and what [`hold_slot`] watches for its release.
+    pub fn new() -> (Self, Released) {
+        let flag = Arc::new(AtomicBool::new(false));
+        (Self(Some(flag.clone())), Released(flag))
     }
 
     /// No lane to give back to (ordered subscriptions keep theirs until the end: see `ordering.rs`).
@@ -75,9 +80,11 @@ impl Slot {
         Self::default()
     }
 
+    /// Only the delivery that owns the slot calls this, inside its own poll (the slot is moved into its future and
+    /// is not `Clone`), so [`hold_slot`] sees it when that poll returns: no wake-up is needed.
     fn release(&self) {
-        if let Some(tx) = self.0.lock().unwrap_or_else(|e| e.into_inner()).take() {
-            let _ = tx.send(());
+        if let Some(flag) = &self.0 {
+            flag.store(true, Ordering::Release);
         }
     }
 }
@@ -85,13 +92,16 @@ impl Slot {
 /// Drives `delivery` on the caller's task (the lane's runner) until it releases its [`Slot`] (`released`) or ends;
 /// what is left of it then runs on a task of its own and the caller returns, so the lane can start its next job. A
 /// future moved to a new task registers that task's waker at its next poll, which a new task always gets.
-pub(crate) async fn hold_slot(mut delivery: BoxFuture<'static, ()>, released: tokio::sync::oneshot::Receiver<()>) {
-    tokio::select! {
-        biased;
-        _ = &mut delivery => {}
-        Ok(()) = released => {
-            tokio::spawn(delivery);
-        }
+pub(crate) async fn hold_slot(mut delivery: BoxFuture<'static, ()>, released: Released) {
+    let rest = std::future::poll_fn(|cx| match delivery.as_mut().poll(cx) {
+        Poll::Ready(()) => Poll::Ready(false),
+        // Released during the poll that just returned (see `Slot::release`).
+        Poll::Pending if released.0.load(Ordering::Acquire) => Poll::Ready(true),
+        Poll::Pending => Poll::Pending,
+    })
+    .await;
+    if rest {
+        tokio::spawn(delivery);
     }
 }
 
@@ -479,22 +489,13 @@ async fn attempt(ctx: &Ctx, mut task: DeliveryTask, entry: &Arc<SubscriptionEntr
     let event = task.event.as_ref();
     let body = match request::body(policy, event.unwrap_or(&Event::default())) {
         Ok(b) => b,
-        Err(e) => {
-            let now = now_ms();
-            let detail = e.to_string();
-            let (state, outcome, words) = (FinalState::Dead, UntriedOutcome::Oversize, Words::Policy(policy));
-            let rec = Untried { task: &task, outcome, reason: detail.clone(), state: RecordState::Final(state), words, at_ms: now }.record();
-            let dl = records::Dead { task: &task, reason: DeadLetterReason::Oversize, detail, state, words, attempts: task.attempts_made, last_outcome: outcome.as_str().into(), at_ms: now }.letter();
-            ctx.produce_dead_letter(&task.subscription_id, &dl).await?;
-            ctx.tracer.dead_letter(&dl, None);
-            conclude(ctx, &task, rec).await?;
-            metrics::counter!("hookline_dead_lettered_total", "reason" => DeadLetterReason::Oversize.as_str()).increment(1);
-            ctx.meters.delivery(Ended::Final(FinalState::Dead)).increment(1);
-            return Ok(());
-        }
+        // Boxed: this future waits for the endpoint with every other delivery in flight, and should not carry the
+        // records of a branch it did not take.
+        Err(e) => return Box::pin(oversize(ctx, &task, policy, e)).await,
     };
-    // The body is handed to the request, not kept: hyper frees it once it is written, so a delivery waiting for
-    // its answer does not hold it. A micro-retry builds it again (byte for byte the same; it was built once).
+    // The body is handed to the request, not kept: the pool frees it once written on a new connection (a reused
+    // one keeps it, to send it again should that connection turn out closed), so a delivery waiting for its answer
+    // does not hold it. A micro-retry builds it again (byte for byte the same; it was built once).
     let mut body = Some(body);
     let mut try_no = 1;
     loop {
@@ -533,15 +534,36 @@ async fn attempt(ctx: &Ctx, mut task: DeliveryTask, entry: &Arc<SubscriptionEntr
         }
         match Box::pin(conclude_try(ctx, partition, &task, entry, policy, attempt_no, try_no, started_us, result, span, slot)).await? {
             AfterTry::TryAgain(wait_ms) => {
-                tokio::select! {
-                    _ = tokio::time::sleep(Duration::from_millis(wait_ms)) => {}
-                    _ = ctx.shutdown.cancelled() => return Err(Aborted),
-                }
+                // Boxed: a timer is large, and only a micro-retry waits on one.
+                Box::pin(micro_retry_wait(ctx, wait_ms)).await?;
                 try_no += 1;
             }
             AfterTry::Done => return Ok(()),
         }
     }
+}
+
+/// The wait before a micro-retry's next try; `Aborted` if the process shuts down meanwhile.
+async fn micro_retry_wait(ctx: &Ctx, wait_ms: u64) -> Result<(), Aborted> {
+    tokio::select! {
+        _ = tokio::time::sleep(Duration::from_millis(wait_ms)) => Ok(()),
+        _ = ctx.shutdown.cancelled() => Err(Aborted),
+    }
+}
+
+/// The event's body is over the policy's limit: the delivery is dead without a request.
+async fn oversize(ctx: &Ctx, task: &DeliveryTask, policy: &Policy, e: request::BodyError) -> Result<(), Aborted> {
+    let now = now_ms();
+    let detail = e.to_string();
+    let (state, outcome, words) = (FinalState::Dead, UntriedOutcome::Oversize, Words::Policy(policy));
+    let rec = Untried { task, outcome, reason: detail.clone(), state: RecordState::Final(state), words, at_ms: now }.record();
+    let dl = records::Dead { task, reason: DeadLetterReason::Oversize, detail, state, words, attempts: task.attempts_made, last_outcome: outcome.as_str().into(), at_ms: now }.letter();
+    ctx.produce_dead_letter(&task.subscription_id, &dl).await?;
+    ctx.tracer.dead_letter(&dl, None);
+    conclude(ctx, task, rec).await?;
+    metrics::counter!("hookline_dead_lettered_total", "reason" => DeadLetterReason::Oversize.as_str()).increment(1);
+    ctx.meters.delivery(Ended::Final(FinalState::Dead)).increment(1);
+    Ok(())
 }
 
 /// Decides what a try's outcome means and writes it: for a micro-retry, the try's record; otherwise the next

@@ -174,6 +174,14 @@ impl Ctx {
 
 pub(crate) use hookline_service::now_ms;
 
+/// How much of `deliveries` librdkafka fetches ahead of the consume loop, in KiB. Its default (64 MiB) let it hold
+/// every task of a burst at once, in decompression buffers about 2.5× the records' size (30 MB with 10,000 tasks of
+/// ~1.2 KB fetched ahead in `bench memory`), before the loop took them; freed once taken, that memory stays in the
+/// process's RSS (glibc's arena of librdkafka's thread keeps it). The loop takes records as fast as it polls (a
+/// saturated dispatcher pauses its partitions instead), so a few hundred milliseconds of deliveries ahead is enough.
+/// `kafka.properties` may set `queued.max.messages.kbytes` instead.
+const PREFETCH_KBYTES: u32 = 4 * 1024;
+
 /// A lane at its depth that would need longer than this to drain counts as stuck (see `Lanes::stuck_for`).
 const STUCK_AFTER: Duration = Duration::from_secs(5);
 
@@ -260,6 +268,7 @@ pub async fn run(config: Config, shutdown: CancellationToken, options: Options) 
         paused_gauge: Some(metrics::gauge!("hookline_dispatcher_paused")),
         drain: Duration::from_millis(config.dispatcher.drain_timeout_ms),
         stall: options.stall_polling.clone(),
+        prefetch_kbytes: Some(PREFETCH_KBYTES),
     };
     let worker = Worker::subscribe(kafka, settings, ctx.liveness.clone(), Some(revoke))?;
     let mut handler = Dispatch {
@@ -388,21 +397,40 @@ impl Handler for Dispatch {
 
 /// Runs one delivery's work. A panic in it (a bug) dead-letters the task with the panic's message: left
 /// unfinished, its offset would hold back its partition's watermark, and so every later commit, until a rebalance.
-pub(crate) async fn guarded(
+///
+/// Not an `async fn`: `work` is boxed before the returned future exists. An async fn keeps its arguments in its
+/// state beside what it moves them into, so `work` (a whole delivery's future, waiting for its endpoint with 10,000
+/// others) would be held twice; and the panic's dead letter is built in a boxed step of its own.
+pub(crate) fn guarded<'a>(
+    ctx: &'a Ctx,
+    work: impl std::future::Future<Output = Result<(), Aborted>> + Send + 'a,
+    raw: &'a Bytes,
+    source_topic: &'a str,
+    partition: i32,
+    offset: i64,
+) -> impl std::future::Future<Output = Result<(), Aborted>> + Send + 'a {
+    let work = Box::pin(AssertUnwindSafe(work).catch_unwind());
+    async move {
+        if !ctx.liveness.is_live() {
+            Box::pin(deliver::fence(ctx, partition)).await?;
+        }
+        match work.await {
+            Ok(result) => result,
+            Err(panic) => Box::pin(dead_letter_panic(ctx, panic, raw, source_topic, partition, offset)).await,
+        }
+    }
+}
+
+/// The dead letter of a delivery whose handling panicked: the task as the record carried it (`raw`, and what it
+/// decodes to), with the panic's message.
+async fn dead_letter_panic(
     ctx: &Ctx,
-    work: impl std::future::Future<Output = Result<(), Aborted>>,
+    panic: Box<dyn std::any::Any + Send>,
     raw: &Bytes,
     source_topic: &str,
     partition: i32,
     offset: i64,
 ) -> Result<(), Aborted> {
-    if !ctx.liveness.is_live() {
-        Box::pin(deliver::fence(ctx, partition)).await?;
-    }
-    let panic = match AssertUnwindSafe(work).catch_unwind().await {
-        Ok(result) => return result,
-        Err(panic) => panic,
-    };
     let detail = panic
         .downcast_ref::<&str>()
         .map(|s| (*s).to_owned())

@@ -49,6 +49,7 @@ pub async fn run(f: Arc<Fanout>, config: &hookline_service::Config, client_id: &
         paused_gauge: Some(metrics::gauge!("hookline_fanout_paused")),
         drain: Duration::from_secs(10),
         stall: None,
+        prefetch_kbytes: None,
     };
     let liveness = Liveness::new(Duration::from_millis(config.kafka.max_poll_interval_ms));
     let worker = Worker::subscribe(&config.kafka, settings, liveness, None)?;

@@ -51,7 +51,22 @@ pub struct Settings {
     /// Test only (off when `None`): while it reads `true` the loop stops polling altogether, as a loop stuck in a
     /// long computation or a frozen process would. Never set in production.
     pub stall: Option<watch::Receiver<bool>>,
+    /// At most this many KiB of records librdkafka fetches ahead of the loop (`queued.max.messages.kbytes`; its
+    /// default is 64 MiB, and `fetch.max.bytes` follows it), unless `kafka.properties` sets that key. `None`:
+    /// librdkafka's default.
+    pub prefetch_kbytes: Option<u32>,
 }
+
+/// The consumer's config: hookline's group consumer settings with `settings`' prefetch bound.
+fn consumer_config(kafka: &KafkaSettings, settings: &Settings) -> Result<rdkafka::ClientConfig, KafkaError> {
+    let mut c = group_consumer_config(kafka, &settings.group_id, &settings.client_id)?;
+    if let Some(kbytes) = settings.prefetch_kbytes.filter(|_| !kafka.properties.contains_key(PREFETCH_KEY)) {
+        c.set(PREFETCH_KEY, kbytes.to_string());
+    }
+    Ok(c)
+}
+
+const PREFETCH_KEY: &str = "queued.max.messages.kbytes";
 
 /// Finish a revoked partition's work before letting go (see [`RevokeDrain`]), for the first topic of
 /// [`Settings::topics`].
@@ -303,8 +318,7 @@ impl Worker {
             ),
             None => RebalanceContext::new(settings.name),
         };
-        let consumer: StreamConsumer<RebalanceContext> =
-            group_consumer_config(kafka, &settings.group_id, &settings.client_id)?.create_with_context(context)?;
+        let consumer: StreamConsumer<RebalanceContext> = consumer_config(kafka, &settings)?.create_with_context(context)?;
         let topics: Vec<&str> = settings.topics.iter().map(String::as_str).collect();
         consumer.subscribe(&topics)?;
         let shared = Arc::new(Shared {

@@ -64,6 +64,7 @@ fn settings(topic: &str, max_in_flight: usize) -> Settings {
         paused_gauge: None,
         drain: Duration::from_secs(5),
         stall: None,
+        prefetch_kbytes: None,
     }
 }
 

@@ -292,6 +292,7 @@ pub async fn run(config: &hookline_service::Config, shutdown: CancellationToken)
         // The mail being sent gets `grace` (see `stopping`); this only bounds the wait for it.
         drain: grace + Duration::from_secs(1),
         stall: None,
+        prefetch_kbytes: None,
     };
     let liveness = Liveness::new(Duration::from_millis(config.kafka.max_poll_interval_ms));
     let worker = Worker::subscribe(&config.kafka, settings, liveness, None)?;

@@ -135,6 +135,7 @@ pub async fn run(config: Config, shutdown: CancellationToken, options: Options) 
         // Held records stay uncommitted; only finished forwards are stored. Give those a moment to land.
         drain: Duration::from_millis(config.retry_scheduler.drain_timeout_ms),
         stall: None,
+        prefetch_kbytes: None,
     };
     let liveness = Liveness::new(Duration::from_millis(config.kafka.max_poll_interval_ms));
     let worker = Worker::subscribe(&config.kafka, settings, liveness, None)?;

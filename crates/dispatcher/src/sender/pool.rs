@@ -126,6 +126,7 @@ impl Pool {
         drop(headers);
         async move {
             let (key, mut head, close) = prepared?;
+            let mut body = body;
             let mut reuse = true;
             loop {
                 let (mut io, reused) = match reuse.then(|| self.checkout(&key)).flatten() {
@@ -143,9 +144,10 @@ impl Pool {
                     Err(e) => return Err(SendError::Http(e)),
                 }
                 if !reused {
-                    // A new connection's request is never sent again: its head is not kept while the answer is
-                    // awaited.
+                    // A new connection's request is never sent again: neither its head nor its body (~1 KiB of a
+                    // typical event, one per delivery in flight) is kept while the answer is awaited.
                     head = Vec::new();
+                    body = Bytes::new();
                 }
                 match h1::read_response(io, close).await {
                     Ok(inner) => return Ok(Response { inner, key }),
@@ -277,6 +279,58 @@ mod tests {
         }
         assert_eq!(closed.load(Ordering::SeqCst), 1, "the receiver saw the idle connection closed");
         assert!(pool.idle.lock().unwrap().by_key.is_empty());
+    }
+
+    /// With 10,000 deliveries waiting for their answers, a body kept per request is ~10 MB: on a new connection
+    /// (never sent again) it is freed once written.
+    #[tokio::test]
+    async fn a_new_connections_request_body_is_freed_before_the_answer_comes() {
+        use std::sync::atomic::{AtomicBool, Ordering};
+        use tokio::io::{AsyncReadExt, AsyncWriteExt};
+        struct Watched(Vec<u8>, Arc<AtomicBool>);
+        impl AsRef<[u8]> for Watched {
+            fn as_ref(&self) -> &[u8] {
+                &self.0
+            }
+        }
+        impl Drop for Watched {
+            fn drop(&mut self) {
+                self.1.store(true, Ordering::SeqCst);
+            }
+        }
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let addr = listener.local_addr().unwrap();
+        let (read_tx, read_rx) = tokio::sync::oneshot::channel::<()>();
+        let (answer_tx, answer_rx) = tokio::sync::oneshot::channel::<()>();
+        tokio::spawn(async move {
+            let (mut sock, _) = listener.accept().await.unwrap();
+            let mut buf = Vec::new();
+            let mut chunk = [0u8; 4096];
+            // The head and the 5-byte body.
+            while buf.windows(4).position(|w| w == b"\r\n\r\n").is_none_or(|i| buf.len() < i + 4 + 5) {
+                let n = sock.read(&mut chunk).await.unwrap();
+                assert!(n > 0, "the request was cut short");
+                buf.extend_from_slice(&chunk[..n]);
+            }
+            let _ = read_tx.send(());
+            let _ = answer_rx.await;
+            let _ = sock.write_all(b"HTTP/1.1 200 OK\r\ncontent-length: 0\r\n\r\n").await;
+            let _ = sock.read(&mut chunk).await;
+        });
+        let settings = hookline_core::egress::EgressSettings { allow_ranges: vec!["127.0.0.1/32".into()], allow_http: true, ..Default::default() };
+        let guard = Arc::new(hookline_core::egress::EgressGuard::new(&settings, &Default::default()).unwrap());
+        let pool = Pool::new(crate::connector::https_connector(GuardedConnector::new(guard, Arc::new(crate::connector::SystemResolver))));
+        let uri: Uri = format!("http://{addr}/").parse().unwrap();
+        let freed = Arc::new(AtomicBool::new(false));
+        let send = pool.send(&uri, HeaderMap::new(), Bytes::from_owner(Watched(b"hello".to_vec(), freed.clone())));
+        tokio::pin!(send);
+        tokio::select! {
+            r = &mut send => panic!("answered before the server let it: {:?}", r.map(|r| r.status())),
+            r = read_rx => r.expect("the server read the request"),
+        }
+        assert!(freed.load(Ordering::SeqCst), "the body is still held while the answer is awaited");
+        answer_tx.send(()).unwrap();
+        assert_eq!(send.await.unwrap().status(), 200);
     }
 
     /// A CA and a leaf for 127.0.0.1, made with the `openssl` command: (CA PEM, leaf PEM, leaf key PEM).

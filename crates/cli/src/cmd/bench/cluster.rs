@@ -104,6 +104,18 @@ fn wait_stdin_eof() {
     }
 }
 
+/// A command prefix (split at whitespace) the dispatcher child is started under, e.g. `heaptrack -o /tmp/d` to
+/// see where its heap goes (`heaptrack` preloads itself into glibc's malloc, so only what goes through glibc is
+/// seen: a build whose `#[global_allocator]` is jemalloc shows librdkafka's allocations only). The pid the bench
+/// reads `/proc` of (RSS, CPU) is then the wrapper's, unless it `exec`s the dispatcher.
+pub const DISPATCHER_WRAPPER_ENV: &str = "HOOKLINE_BENCH_DISPATCHER_WRAPPER";
+
+/// The program and its arguments of a command prefix; `None` if it is blank.
+fn wrapped(prefix: &str) -> Option<(&str, impl Iterator<Item = &str>)> {
+    let mut words = prefix.split_whitespace();
+    words.next().map(|program| (program, words))
+}
+
 /// A child process; stopped (stdin closed, then killed if it lingers) when dropped.
 pub struct Proc {
     pub pid: u32,
@@ -117,10 +129,24 @@ impl Proc {
         Self::spawn_from(&exe, role, config, capture_stdout)
     }
 
-    /// Like [`Proc::spawn`], from the executable `exe` (`--against`: another build's services).
+    /// Like [`Proc::spawn`], from the executable `exe` (`--against`: another build's services). The dispatcher
+    /// starts under the command prefix in [`DISPATCHER_WRAPPER_ENV`] when it is set.
     pub(super) fn spawn_from(exe: &Path, role: &'static str, config: &Config, capture_stdout: bool) -> anyhow::Result<Self> {
         let toml = toml::to_string(config)?;
-        let mut child = Command::new(exe)
+        let wrapper = match role {
+            "dispatcher" => std::env::var(DISPATCHER_WRAPPER_ENV).ok(),
+            _ => None,
+        };
+        let mut command = match wrapper.as_deref().map(wrapped) {
+            Some(Some((program, args))) => {
+                let mut c = Command::new(program);
+                c.args(args).arg(exe);
+                c
+            }
+            Some(None) => anyhow::bail!("{DISPATCHER_WRAPPER_ENV} is set but names no command"),
+            None => Command::new(exe),
+        };
+        let mut child = command
             .args(["bench", "--serve", role])
             .env(CONFIG_ENV, &toml)
             .stdin(Stdio::piped())
@@ -598,5 +624,17 @@ impl Publisher {
                 self.failed.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
             }
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_wrapper_prefix_is_split_into_its_program_and_arguments() {
+        let (program, args) = wrapped("  heaptrack  -o /tmp/dispatcher ").expect("a command");
+        assert_eq!((program, args.collect::<Vec<_>>()), ("heaptrack", vec!["-o", "/tmp/dispatcher"]));
+        assert!(wrapped(" \t ").is_none(), "a blank prefix names no command");
     }
 }

@@ -4,8 +4,8 @@
 //! Why not hyper's `client::conn::http1`: each of its connections keeps a request channel (~8.9 KB), an 8 KiB write
 //! buffer and an 8 KiB read buffer while the request waits for its answer, and with 10,000 deliveries in flight
 //! there are 10,000 of them. Here a waiting request holds its socket and nothing else: the head is written from a
-//! buffer of its own size (freed once sent on a new connection), and the read buffer is taken only when the socket
-//! is readable, starting at [`INITIAL_READ_BYTES`] and growing up to [`MAX_HEAD_BYTES`] for the head.
+//! buffer of its own size (it and the body freed once sent on a new connection), and the read buffer is taken only
+//! when the socket is readable, starting at [`INITIAL_READ_BYTES`] and growing up to [`MAX_HEAD_BYTES`] for the head.
 
 mod body;
 mod request;
