@@ -120,6 +120,54 @@ async fn the_list_shows_each_endpoints_health_and_its_24h_success_rate() {
     p.stop().await;
 }
 
+/// The subscriptions with a record on the endpoint-state topic.
+async fn state_keys(p: &Pipeline) -> Vec<String> {
+    use rdkafka::Message as _;
+    let mut keys = Vec::new();
+    let topic = hookline_kafka::Topics::new("hookline.");
+    hookline_kafka::scan::scan(&p.config.kafka, topic.endpoint_state(), None, LIMIT, |m| {
+        keys.extend(m.key().map(|k| String::from_utf8_lossy(k).into_owned()));
+    })
+    .await
+    .expect("scan endpoint-state");
+    keys
+}
+
+/// An endpoint whose deliveries only succeeded gets no endpoint-state record (the dispatcher writes changes of
+/// health; unknown → healthy is none), and the API shows it as it shows a healthy endpoint that has one: the same
+/// health and counters, and its last success (from the delivery log), in the single read and the list.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_endpoint_that_only_succeeded_has_no_state_record_and_reads_like_a_healthy_one_that_has() {
+    let p = Pipeline::start(1).await;
+    p.script("flaky", vec![Some((503, None))]);
+    let (ok, _) = p.subscribe(json!({"url": p.url("ok"), "event_types": ["first.*"], "policy_toml": quick_gauge()})).await;
+    let (recovered, _) = p.subscribe(json!({"url": p.url("flaky"), "event_types": ["first.*"], "policy_toml": quick_gauge()})).await;
+    let before = now_ms();
+    p.publish("evt_first_1", "first.sent").await;
+    p.wait_finals(2, LIMIT).await;
+    // `recovered` failed once, then succeeded: its state was written (failing, then healthy again).
+    let has_success = |v: &serde_json::Value| v["last_success_at_ms"].as_i64().is_some();
+    let r = p.subscription_when(&recovered, has_success).await;
+    let o = p.subscription_when(&ok, has_success).await;
+    for key in ["health", "state", "endpoint_condition", "consecutive_failures", "first_failure_at_ms", "enabled", "paused", "disabled_reason"] {
+        assert_eq!(o[key], r[key], "{key}: {o} against {r}");
+    }
+    assert_eq!((o["health"].as_str(), o["endpoint_condition"].as_str(), o["consecutive_failures"].as_u64()), (Some("healthy"), Some("healthy"), Some(0)), "{o}");
+    for v in [&o, &r] {
+        let at = v["last_success_at_ms"].as_i64().unwrap();
+        assert!((before..=now_ms()).contains(&at), "the success of this run: {v}");
+    }
+    let (_, list) = p.call("GET", "/v1/subscriptions?limit=10", None).await;
+    let item = list["items"].as_array().unwrap().iter().find(|i| i["id"] == ok.as_str()).cloned().unwrap();
+    assert_eq!((&item["health"], &item["last_success_at_ms"]), (&o["health"], &o["last_success_at_ms"]), "{item}");
+    let (status, paused) = p.call("POST", &format!("/v1/subscriptions/{ok}/pause"), None).await;
+    assert_eq!((status, &paused["last_success_at_ms"]), (200, &o["last_success_at_ms"]), "{paused}");
+    let keys = state_keys(&p).await;
+    assert!(keys.contains(&recovered), "a failure and a recovery are written: {keys:?}");
+    assert!(!keys.contains(&ok), "a first success is not: {keys:?}");
+    p.stop().await;
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn replay_is_refused_while_paused_and_replays_what_was_missed_once_enabled() {
     let p = Pipeline::start(2).await;

@@ -99,8 +99,9 @@ pub struct ListQuery {
     after: Option<String>,
     /// Only this tenant's subscriptions (a tenant credential always gets only its own).
     tenant: Option<String>,
-    /// `success_24h`: add each item's last 24 h of outcomes (one delivery-log query for the page). Off by default,
-    /// so a plain page costs only the subscription index.
+    /// `success_24h`: add each item's last 24 h of outcomes (one delivery-log query for the page, a count per
+    /// state in a window). Off by default: a plain page asks the log only for the last success of endpoints without
+    /// a state (one index probe each).
     include: Option<Include>,
 }
 
@@ -160,7 +161,7 @@ pub async fn create(
             if !who.sees(&existing.sub.tenant) {
                 return Err(ApiError::new(StatusCode::CONFLICT, "idempotency_conflict", "this Idempotency-Key is already in use"));
             }
-            return replayed(&s, &existing, &fingerprint);
+            return replayed(&s, &existing, &fingerprint).await;
         }
     }
     let now = crate::now_ms();
@@ -209,7 +210,7 @@ pub async fn create(
 }
 
 /// A create retried with the Idempotency-Key of an existing subscription.
-fn replayed(s: &ApiState, existing: &SubscriptionEntry, fingerprint: &str) -> Result<Response, ApiError> {
+async fn replayed(s: &ApiState, existing: &SubscriptionEntry, fingerprint: &str) -> Result<Response, ApiError> {
     if existing.sub.create_fingerprint() != fingerprint {
         return Err(ApiError::new(
             StatusCode::CONFLICT,
@@ -217,7 +218,7 @@ fn replayed(s: &ApiState, existing: &SubscriptionEntry, fingerprint: &str) -> Re
             format!("this Idempotency-Key already created {} from a different request", existing.sub.id),
         ));
     }
-    let mut view = view(s, existing);
+    let mut view = shown(s, existing).await;
     // The secret that signs now: a rotation puts the new one first, without an expiry.
     let current = existing.sub.secrets.iter().find(|x| x.expires_at_ms == 0).or(existing.sub.secrets.first());
     view["secret"] = json!(current.map(|x| &*x.value).unwrap_or(""));
@@ -228,7 +229,7 @@ fn replayed(s: &ApiState, existing: &SubscriptionEntry, fingerprint: &str) -> Re
 
 pub async fn get(State(s): State<Arc<ApiState>>, Extension(who): Extension<Principal>, Path(id): Path<String>) -> Result<Json<Value>, ApiError> {
     let entry = find(&s, &who, &id)?;
-    Ok(Json(view(&s, &entry)))
+    Ok(Json(shown(&s, &entry).await))
 }
 
 /// A page in id order, through the table's ordered index (of one tenant, or of all for an admin).
@@ -252,6 +253,7 @@ pub async fn list(
     };
     let page = s.subs.page(tenant.as_deref(), q.after.as_deref(), limit);
     let mut items: Vec<Value> = page.items.iter().map(|e| view(&s, e)).collect();
+    add_last_success(&s, &mut items).await;
     if q.include == Some(Include::Success24h) {
         add_success_24h(&s, &mut items, &page.items).await;
     }
@@ -280,6 +282,35 @@ async fn add_success_24h(s: &ApiState, items: &mut [Value], page: &[Arc<Subscrip
             Some(stats) => success_view(stats.get(id)),
         };
     }
+}
+
+/// `last_success_at_ms` of views whose endpoint state has none, from the delivery log: its latest succeeded delivery.
+/// The dispatcher writes no state for an endpoint whose deliveries only succeeded (`health::Material`), so without
+/// this an endpoint that never failed would show no success at all. One query for the page; `null` when the store
+/// does not answer.
+async fn add_last_success(s: &ApiState, items: &mut [Value]) {
+    let ids: Vec<String> =
+        items.iter().filter(|v| v["last_success_at_ms"].is_null()).filter_map(|v| v["id"].as_str().map(str::to_owned)).collect();
+    if ids.is_empty() {
+        return;
+    }
+    match s.log.last_successes(&ids).await {
+        Ok(found) => {
+            for item in items.iter_mut().filter(|v| v["last_success_at_ms"].is_null()) {
+                if let Some(at) = item["id"].as_str().and_then(|id| found.get(id)) {
+                    item["last_success_at_ms"] = json!(at);
+                }
+            }
+        }
+        Err(e) => tracing::warn!(error = %e, "delivery log query failed; views without an endpoint state show no last success"),
+    }
+}
+
+/// [`view`] with its `last_success_at_ms` completed from the delivery log (see [`add_last_success`]).
+pub(super) async fn shown(s: &ApiState, e: &SubscriptionEntry) -> Value {
+    let mut v = view(s, e);
+    add_last_success(s, std::slice::from_mut(&mut v)).await;
+    v
 }
 
 /// `{"succeeded", "failed", "pending", "rate"}`: `failed` counts the deliveries that ended `failed` or `dead`;
@@ -369,7 +400,7 @@ pub async fn update(
         super::verify::challenge(&s, &mut sub, &pol).await;
     }
     write(&s, &sub).await?;
-    Ok(Json(view(&s, &SubscriptionEntry::new(sub))))
+    Ok(Json(shown(&s, &SubscriptionEntry::new(sub)).await))
 }
 
 pub async fn delete(State(s): State<Arc<ApiState>>, Extension(who): Extension<Principal>, Path(id): Path<String>) -> Result<StatusCode, ApiError> {
@@ -386,7 +417,7 @@ pub async fn pause(State(s): State<Arc<ApiState>>, Extension(who): Extension<Pri
     sub.paused = true;
     sub.updated_at_ms = crate::now_ms();
     write(&s, &sub).await?;
-    Ok(Json(view(&s, &SubscriptionEntry::new(sub))))
+    Ok(Json(shown(&s, &SubscriptionEntry::new(sub)).await))
 }
 
 /// Resumes a paused subscription, including one the policy paused automatically (LuciBook's auto-pause).
@@ -400,7 +431,7 @@ pub async fn resume(State(s): State<Arc<ApiState>>, Extension(who): Extension<Pr
     sub.resume_generation += 1;
     sub.updated_at_ms = crate::now_ms();
     write(&s, &sub).await?;
-    Ok(Json(view(&s, &SubscriptionEntry::new(sub))))
+    Ok(Json(shown(&s, &SubscriptionEntry::new(sub)).await))
 }
 
 #[derive(Deserialize, Default)]
@@ -452,7 +483,7 @@ pub async fn rotate_secret(
     sub.secrets.insert(0, Secret { value: secret.clone(), expires_at_ms: 0, ..Default::default() });
     sub.updated_at_ms = now;
     write(&s, &sub).await?;
-    let mut v = view(&s, &SubscriptionEntry::new(sub));
+    let mut v = shown(&s, &SubscriptionEntry::new(sub)).await;
     v["secret"] = json!(secret);
     v["previous_secrets_expire_at_ms"] = json!(until);
     Ok(Json(v))

@@ -114,5 +114,5 @@ pub async fn verify(
     challenge(&s, &mut sub, &policy).await;
     sub.updated_at_ms = crate::now_ms();
     super::subscriptions::write(&s, &sub).await?;
-    Ok(Json(super::subscriptions::view(&s, &SubscriptionEntry::new(sub))))
+    Ok(Json(super::subscriptions::shown(&s, &SubscriptionEntry::new(sub)).await))
 }

@@ -111,6 +111,38 @@ pub fn apply(state: &mut EndpointState, rule: Option<&DisableRule>, event: Healt
     }
 }
 
+/// The part of an endpoint's state its readers act on (the times only describe it): a change of it is written.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Material {
+    consecutive_failures: u32,
+    condition: i32,
+    generation: u64,
+    first_failure_at_ms: i64,
+}
+
+impl Material {
+    pub fn of(state: &EndpointState) -> Self {
+        Self {
+            consecutive_failures: state.consecutive_failures,
+            condition: state.condition,
+            generation: state.generation,
+            first_failure_at_ms: state.first_failure_at_ms,
+        }
+    }
+
+    /// Whether going from `before` to `self` is worth a record. Not from unknown to healthy without failures (an
+    /// endpoint's first success): every reader takes a missing state, or an unknown condition, as healthy with no
+    /// failures (the API's `last_success_at_ms` then comes from the delivery log), so the record would tell them
+    /// nothing, and a fan-out to many subscriptions would write one per subscription with traffic.
+    pub fn changed_from(self, before: Material) -> bool {
+        let as_assumed = before.condition == EndpointCondition::Unspecified as i32
+            && before.consecutive_failures == 0
+            && self.condition == EndpointCondition::Healthy as i32
+            && self.consecutive_failures == 0;
+        self != before && !as_assumed
+    }
+}
+
 /// The user resumed or re-enabled the endpoint: healthy, counters and reason cleared, `generation` (the
 /// subscription's `resume_generation`) recorded so that an older automatic pause no longer applies.
 pub fn resume(state: &mut EndpointState, generation: u64) {
@@ -257,6 +289,49 @@ mod tests {
         }
         assert_eq!(s.consecutive_failures, 10_000);
         assert_eq!(s.condition(), EndpointCondition::Failing);
+    }
+
+    /// What `Material::changed_from` says about one event applied to `state`.
+    fn written(mut state: EndpointState, rule: Option<&DisableRule>, event: HealthEvent) -> bool {
+        let before = Material::of(&state);
+        apply(&mut state, rule, event, 1_000);
+        Material::of(&state).changed_from(before)
+    }
+
+    #[test]
+    fn a_first_success_writes_nothing_and_every_other_change_of_health_is_written() {
+        let rule = lucibook();
+        let fresh = EndpointState::default();
+        assert!(!written(fresh.clone(), Some(&rule), HealthEvent::Success), "unknown → healthy: what a reader assumes of no state");
+        assert!(written(fresh.clone(), Some(&rule), HealthEvent::CountedFailure), "a first failure");
+        assert!(!written(fresh.clone(), Some(&rule), HealthEvent::UncountedFailure));
+        // A state written for something else first (an ordered key's head, a breaker) has an unknown condition too.
+        let other = EndpointState { concurrency_limit: 4, ..Default::default() };
+        assert!(!written(other, Some(&rule), HealthEvent::Success));
+        let mut healthy = fresh.clone();
+        apply(&mut healthy, Some(&rule), HealthEvent::Success, 1);
+        assert!(!written(healthy.clone(), Some(&rule), HealthEvent::Success), "healthy stays healthy: only the time moves");
+        assert!(written(healthy.clone(), Some(&rule), HealthEvent::CountedFailure));
+        let mut failing = fresh.clone();
+        apply(&mut failing, Some(&rule), HealthEvent::CountedFailure, 1);
+        assert!(written(failing.clone(), Some(&rule), HealthEvent::Success), "a recovery");
+        assert!(written(failing.clone(), Some(&rule), HealthEvent::CountedFailure), "one more failure");
+        let mut tripped = fresh.clone();
+        let one = DisableRule { after_consecutive_failures: Some(1), ..rule.clone() };
+        assert!(matches!(apply(&mut tripped, Some(&one), HealthEvent::CountedFailure, 1), Transition::Tripped { .. }));
+        assert!(written(fresh.clone(), Some(&one), HealthEvent::CountedFailure), "a pause at the first failure");
+        assert!(!written(tripped.clone(), Some(&one), HealthEvent::Success), "a paused endpoint stays paused");
+        // A resume of a paused endpoint is written (its generation and condition change), even before a success.
+        let mut resumed = tripped.clone();
+        let before = Material::of(&resumed);
+        resume(&mut resumed, 1);
+        assert!(Material::of(&resumed).changed_from(before));
+        // A resume of an endpoint with no state yet, then its first success: still healthy without failures.
+        let mut fresh_resumed = fresh.clone();
+        let before = Material::of(&fresh_resumed);
+        resume(&mut fresh_resumed, 2);
+        apply(&mut fresh_resumed, Some(&rule), HealthEvent::Success, 5);
+        assert!(!Material::of(&fresh_resumed).changed_from(before));
     }
 
     #[test]

@@ -749,13 +749,13 @@ async fn update_health(
     let id = &entry.sub.id;
     let topic = ctx.topics.endpoint_state();
     let (pending, transition, snapshot) = ctx.states.update(id, partition, |st: &mut EndpointState| {
-        let before = (st.consecutive_failures, st.condition, st.generation, st.first_failure_at_ms);
+        let before = health::Material::of(st);
         if entry.sub.resume_generation > st.generation {
             health::resume(st, entry.sub.resume_generation);
         }
         let transition = health::apply(st, policy.disable.as_ref(), event, now);
-        // A success on a healthy endpoint only moves last_success_at: not worth a record per delivery.
-        let material = (st.consecutive_failures, st.condition, st.generation, st.first_failure_at_ms) != before;
+        // Neither a success on a healthy endpoint (only last_success_at moves) nor a first success is written.
+        let material = health::Material::of(st).changed_from(before);
         let pending = material.then(|| {
             let payload = st.encode_to_vec();
             (ctx.enqueue(topic, id, &payload), payload)

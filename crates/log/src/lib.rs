@@ -117,6 +117,9 @@ pub enum LogStore {
 
 const DAY_MS: i64 = postgres::DAY_MS;
 
+/// Subscriptions per query of [`LogStore::last_successes`].
+const LAST_SUCCESS_CHUNK: usize = 250;
+
 impl LogStore {
     /// Opens (creating a SQLite file and its directory when missing) and applies missing migrations.
     pub async fn open(target: &Target) -> Result<Self, StoreError> {
@@ -244,6 +247,23 @@ impl LogStore {
             grouped.entry(id).or_default().push((state, n));
         }
         grouped.into_iter().map(|(id, counts)| Ok((id, stats(since_ms, until_ms, counts)?))).collect()
+    }
+
+    /// The `last_at_ms` of each of `ids`' latest succeeded delivery (the one first attempted last); a subscription
+    /// with none (or none left after retention) is absent. For the API's `last_success_at_ms` of an endpoint whose
+    /// state the dispatcher never wrote (it had no failure).
+    pub async fn last_successes(&self, ids: &[String]) -> Result<std::collections::HashMap<String, i64>, StoreError> {
+        let mut out = std::collections::HashMap::new();
+        // Under SQLite's limit of 500 terms in a compound SELECT.
+        for chunk in ids.chunks(LAST_SUCCESS_CHUNK) {
+            let q = sql::last_successes(self.dialect(), chunk);
+            let rows = match self {
+                Self::Sqlite(s) => s.keyed_counts(q).await?,
+                Self::Postgres(s) => s.keyed_counts(q).await?,
+            };
+            out.extend(rows.into_iter().map(|(id, _, at)| (id, at)));
+        }
+        Ok(out)
     }
 
     /// The latest try of each delivery of a page (keyed by delivery id), for the list's `last_attempt`.

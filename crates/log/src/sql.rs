@@ -156,6 +156,26 @@ pub fn stats_of_subscriptions(d: Dialect, ids: &[String], since_ms: i64, until_m
     }
 }
 
+/// `subscription_id, state, last_at_ms` of each of `ids`' latest succeeded delivery (by first attempt): one probe of
+/// the `deliveries_by_subscription_state` index per id, in one statement.
+pub fn last_successes(d: Dialect, ids: &[String]) -> Query {
+    let mut params: Vec<Param> = vec![Param::Text(DeliveryState::Succeeded.as_str().to_owned())];
+    let state = d.ph(1);
+    let branches: Vec<String> = ids
+        .iter()
+        .map(|id| {
+            params.push(Param::Text(id.clone()));
+            format!(
+                "SELECT * FROM (SELECT subscription_id, state, last_at_ms FROM deliveries WHERE subscription_id = {} \
+                 AND state = {state} ORDER BY first_at_ms DESC, delivery_id DESC LIMIT 1) AS s{}",
+                d.ph(params.len()),
+                params.len()
+            )
+        })
+        .collect();
+    Query { text: branches.join(" UNION ALL "), params }
+}
+
 /// `started_at_ms, duration_ms, verdict, final_state` of a subscription's tries in a window (the
 /// `attempts_by_subscription` index), newest first so a cut keeps the recent ones.
 pub fn attempt_points(d: Dialect, subscription_id: &str, since_ms: i64, until_ms: i64) -> Query {

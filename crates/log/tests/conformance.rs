@@ -86,6 +86,7 @@ conformance!(
     search_by_event_id_finds_every_subscription,
     stats_count_by_state_in_a_window,
     stats_of_a_page_of_subscriptions_in_one_query,
+    the_latest_success_of_a_page_of_subscriptions,
     attempt_points_are_one_subscriptions_tries_in_a_window,
     a_page_gets_the_latest_try_of_each_delivery,
     retention_skips_and_removes_old_history,
@@ -375,6 +376,26 @@ async fn stats_of_a_page_of_subscriptions_in_one_query(target: Target) {
     let some = store.stats_of_subscriptions(&ids[..1], T0 + 3_000, T0 + 4_000).await.unwrap();
     assert_eq!((some.len(), some["sub_a"].total), (1, 3));
     assert!(store.stats_of_subscriptions(&[], T0, T0 + DAY).await.unwrap().is_empty());
+}
+
+async fn the_latest_success_of_a_page_of_subscriptions(target: Target) {
+    let store = open(&target).await;
+    seed_many(&store).await;
+    // sub_a: every third delivery succeeded, the last of them dlv_a24; sub_b: all of them.
+    let late = attempt("dlv_c01", "sub_c", "evt_1", 1, T0 + 5_000, 503, "failed");
+    index(&store, Batch { attempts: vec![late], events: vec![], dead_letters: vec![] }).await;
+    let mut ids: Vec<String> = ["sub_a", "sub_b", "sub_c", "sub_none"].map(String::from).to_vec();
+    // More than one statement's worth: the page is split.
+    ids.extend((0..600).map(|i| format!("sub_pad_{i}")));
+    let last = store.last_successes(&ids).await.unwrap();
+    assert_eq!(last.get("sub_a").copied(), Some(store_last_at(&store, "dlv_a24").await));
+    assert_eq!(last.get("sub_b").copied(), Some(store_last_at(&store, "dlv_b24").await));
+    assert_eq!(last.len(), 2, "no success (sub_c), no deliveries (sub_none): absent; {last:?}");
+    assert!(store.last_successes(&[]).await.unwrap().is_empty());
+}
+
+async fn store_last_at(store: &LogStore, delivery: &str) -> i64 {
+    store.delivery(delivery).await.unwrap().expect("indexed").delivery.last_at_ms
 }
 
 async fn attempt_points_are_one_subscriptions_tries_in_a_window(target: Target) {
