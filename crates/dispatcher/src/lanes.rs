@@ -4,7 +4,7 @@
 //! deep backlog behind a hanging endpoint costs the task's own size, not a delivery's whole state machine.
 
 use std::collections::{HashMap, VecDeque};
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
@@ -29,8 +29,9 @@ pub enum StuckCause {
     /// It finishes work, but under 1/s or under a quarter of the mean pace of all lanes: its endpoint is slow,
     /// times out, or is rate-limited or paused, far below what the others manage.
     Slow,
-    /// It keeps pace with the others but would need longer than `EXEMPT_DRAIN_FACTOR` times the threshold to
-    /// finish what it holds: a healthy lane parked shows up here (and a paused one that runs fast between pauses).
+    /// It keeps pace with the others but holds more than all other lanes together (`DEEP_SHARE`) and would need
+    /// longer than `EXEMPT_DRAIN_FACTOR` times the threshold to finish it: one endpoint's burst taking up
+    /// `max_in_flight` (a healthy lane parked shows up here, and a paused one that runs fast between pauses).
     Deep,
 }
 
@@ -148,6 +149,12 @@ const RELATIVE_PACE: f64 = 0.25;
 /// time, not depth: a healthy lane 1,000–2,000 deep (the consumer fetched its partition ahead: the bench's window of
 /// 8,000 over 18 lanes) drains in 3–8 s at a few hundred a second, and was parked by a bound of 4 × the depth.
 const EXEMPT_DRAIN_FACTOR: u32 = 6;
+/// The share of what all lanes hold that a lane exempt by its relative pace must exceed to be parked for its
+/// drain time (`StuckCause::Deep`): more than all the others together. Drain times alone are not relative: when
+/// the whole host stalls (session 7: load 15–26) every lane's pace falls together, and healthy lanes a few hundred
+/// deep each needed over 30 s, so the bound parked them (5,869 `deep` spills in one bench run) and fed the retry
+/// ladder on the cores the deliveries needed. A lane's share of the work does not move when all slow alike.
+const DEEP_SHARE: f64 = 0.5;
 
 /// The weight of the newest job in a lane's moving mean job time.
 const JOB_TIME_WEIGHT: f64 = 0.125;
@@ -168,6 +175,9 @@ pub struct Lanes {
     /// Every lane's completions together: only its pace is used (the process's jobs per second). Locked after
     /// `lanes`.
     all: Mutex<Lane>,
+    /// Jobs running or queued in all lanes (the sum of their depths), changed under the `lanes` lock: read only
+    /// when a lane is judged for `StuckCause::Deep`, so that judging takes no scan of the lanes.
+    held: AtomicUsize,
 }
 
 impl Lanes {
@@ -178,7 +188,13 @@ impl Lanes {
             caps: Mutex::new(HashMap::new()),
             any_caps: AtomicBool::new(false),
             all: Mutex::new(Lane::new(Instant::now())),
+            held: AtomicUsize::new(0),
         })
+    }
+
+    /// `n` jobs left the lanes (finished or shed). Called under the `lanes` lock, as every change of `held` is.
+    fn released(&self, n: usize) {
+        self.held.store(self.held.load(Ordering::Relaxed).saturating_sub(n), Ordering::Relaxed);
     }
 
     fn cap_of(&self, key: &str) -> usize {
@@ -228,6 +244,7 @@ impl Lanes {
                 Some(l) => l,
                 None => lanes.entry(key.to_owned()).or_insert_with(|| Lane::new(Instant::now())),
             };
+            self.held.fetch_add(1, Ordering::Relaxed);
             if lane.running >= cap {
                 lane.queue.push_back(job);
                 return;
@@ -250,6 +267,7 @@ impl Lanes {
                 let Some(lane) = all.get_mut(&key) else { return };
                 let now = Instant::now();
                 lane.finished(now, now - started);
+                lanes.released(1);
                 lanes.all.lock().expect("all lanes' pace lock").finished(now, now - started);
                 // Over a cap that shrank meanwhile: this runner stops, the others go on.
                 let next = if lane.running > cap { None } else { lane.queue.pop_front() };
@@ -273,7 +291,8 @@ impl Lanes {
     /// it can finish jobs (or has finished none for that long): its endpoint hangs or is far too slow for its load,
     /// so new work for it should wait elsewhere. A deep lane that drains quickly is just busy, and so is one that
     /// can finish work at a fair share of the mean pace of all lanes (see `RELATIVE_PACE`), unless it would need
-    /// over `EXEMPT_DRAIN_FACTOR` times `drain` even so.
+    /// over `EXEMPT_DRAIN_FACTOR` times `drain` even so and holds more than all other lanes together
+    /// (`DEEP_SHARE`).
     pub fn is_stuck(&self, key: &str, max_depth: usize, drain: Duration) -> bool {
         self.stuck_for(key, max_depth, drain).is_some()
     }
@@ -307,6 +326,11 @@ impl Lanes {
         if needed < drain.saturating_mul(EXEMPT_DRAIN_FACTOR) {
             return None;
         }
+        // Keeping pace but long to drain: parked only if it alone holds most of the work (see `DEEP_SHARE`).
+        let held = self.held.load(Ordering::Relaxed).max(1) as f64;
+        if ((l.running + l.queue.len()) as f64) <= held * DEEP_SHARE {
+            return None;
+        }
         Some(Stuck { drain: needed, cause: StuckCause::Deep })
     }
 
@@ -318,6 +342,7 @@ impl Lanes {
         let mut lanes = self.lanes.lock().expect("lanes lock");
         let Some(l) = lanes.get_mut(key) else { return Vec::new() };
         let excess = (l.running + l.queue.len()).saturating_sub(keep).min(l.queue.len());
+        self.released(excess);
         let at = l.queue.len() - excess;
         l.queue.split_off(at).into()
     }
@@ -499,6 +524,69 @@ mod tests {
         let s = lanes.stuck_for("huge", 250, stuck).expect("over 30 s to drain: it would hold too much of max_in_flight");
         assert_eq!(s.cause, StuckCause::Deep);
         assert!(s.drain > Duration::from_secs(30), "{s:?}");
+    }
+
+    /// Session 7 (#17): when the whole host stalls every lane's pace falls together, and healthy lanes a few
+    /// hundred deep each need over 30 s to drain at it. None of them is behind the others: none is parked.
+    #[tokio::test(start_paused = true)]
+    async fn a_host_wide_slowdown_parks_no_lane() {
+        let lanes = Lanes::new(1);
+        let keys: Vec<String> = (0..18).map(|i| format!("l{i}")).collect();
+        // Endpoints that answer in 10 ms, on a host that makes every job take 10 times that: 10 jobs/s each.
+        for (i, k) in keys.iter().enumerate() {
+            for _ in 0..300 + 20 * i {
+                lanes.submit(k, sleeper(100));
+            }
+        }
+        tokio::time::sleep(Duration::from_millis(2_050)).await;
+        let threshold = Duration::from_secs(5);
+        let over_30_s = keys.iter().filter(|k| lanes.depth(k) > 300).count();
+        assert!(over_30_s >= 12, "most lanes need over 6 × the threshold at 10 jobs/s: {over_30_s}");
+        for k in &keys {
+            assert_eq!(lanes.stuck_for(k, 256, threshold), None, "{k}: {} deep", lanes.depth(k));
+        }
+    }
+
+    /// The same pace for all but one lane: the lane that alone is far slower still spills (`slow`), and so does one
+    /// that keeps pace but alone holds more than all the others together and needs over 30 s (`deep`).
+    #[tokio::test(start_paused = true)]
+    async fn a_lane_alone_far_behind_the_others_still_parks() {
+        let lanes = Lanes::new(1);
+        let keys: Vec<String> = (0..16).map(|i| format!("l{i}")).collect();
+        for k in &keys {
+            for _ in 0..1_000 {
+                lanes.submit(k, sleeper(10));
+            }
+        }
+        for _ in 0..400 {
+            lanes.submit("slower", sleeper(100));
+        }
+        for _ in 0..20_000 {
+            lanes.submit("burst", sleeper(10));
+        }
+        tokio::time::sleep(Duration::from_millis(2_050)).await;
+        let threshold = Duration::from_secs(5);
+        for k in &keys {
+            assert_eq!(lanes.stuck_for(k, 256, threshold), None, "{k}");
+        }
+        assert_eq!(lanes.stuck_for("slower", 256, threshold).map(|s| s.cause), Some(StuckCause::Slow), "10 times slower than the rest");
+        let s = lanes.stuck_for("burst", 256, threshold).expect("it holds most of the work and needs minutes");
+        assert_eq!(s.cause, StuckCause::Deep);
+        assert!(s.drain > Duration::from_secs(150), "{s:?}");
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn the_sum_of_depths_follows_submits_finishes_and_sheds() {
+        let lanes = Lanes::new(2);
+        for _ in 0..5 {
+            lanes.submit("a", sleeper(10));
+            lanes.submit("b", Box::new(|_| Box::pin(std::future::pending())));
+        }
+        assert_eq!(lanes.held.load(Ordering::Relaxed), 10);
+        assert_eq!(lanes.shed("b", 3).len(), 2);
+        assert_eq!(lanes.held.load(Ordering::Relaxed), 8);
+        tokio::time::sleep(Duration::from_secs(1)).await;
+        assert_eq!((lanes.depth("a"), lanes.held.load(Ordering::Relaxed)), (0, 3), "a's five finished; b holds 3");
     }
 
     /// Session 6 (#17): in the bench's run B a healthy lane 1,000–2,000 deep (the consumer fetched its partition
