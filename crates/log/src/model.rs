@@ -486,7 +486,12 @@ fn event_row(ev: &Event, at_ms: i64) -> EventRow {
 
 /// Headers as the stored JSON text: `[["name","value"],...]` (order and repeats kept).
 pub fn headers_to_json(headers: &[(String, String)]) -> String {
-    serde_json::to_string(&redact_headers(headers)).unwrap_or_else(|_| "[]".into())
+    // Redacted as written, borrowing the strings (no copy of the pairs per attempt).
+    let pairs: Vec<(&str, &str)> = headers
+        .iter()
+        .map(|(name, value)| (name.as_str(), if hookline_core::request::is_secret_header(name) { REDACTED } else { value.as_str() }))
+        .collect();
+    serde_json::to_string(&pairs).unwrap_or_else(|_| "[]".into())
 }
 
 pub fn headers_from_json(text: &str) -> Vec<(String, String)> {

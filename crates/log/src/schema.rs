@@ -85,7 +85,91 @@ CREATE INDEX events_by_time ON events (at_ms);
      ALTER TABLE attempts ADD COLUMN rule INTEGER NOT NULL DEFAULT 0; \
      ALTER TABLE attempts ADD COLUMN rule_when TEXT NOT NULL DEFAULT '';",
 ),
+(5, "deliveries, attempts, events: rowid tables, keys in narrow unique indexes", SQLITE_ROWID_TABLES),
 ];
+
+/// Migration 5 (SQLite): the three tables become rowid tables; their keys move to unique indexes. Keyed by hashes
+/// and random ids, a `WITHOUT ROWID` table puts each whole row (an attempt with its headers and excerpt: often
+/// over the ~1 KB an index page keeps in place, so an overflow page as well) at a random place in the file: every
+/// indexed row dirtied one or two random pages of wide rows, split them often, and made the random-access part of
+/// the file too large for the writer's cache. Now rows are appended (the right-most pages, shared by a batch) and
+/// only the key's narrow index entry lands at a random place. The rows are copied in their time order, so a file
+/// migrated reads like one written since. Column order is unchanged (`INSERT INTO t VALUES (…)` still lines up).
+const SQLITE_ROWID_TABLES: &str = r#"
+CREATE TABLE deliveries_v5 (
+    delivery_id TEXT NOT NULL,
+    subscription_id TEXT NOT NULL,
+    tenant TEXT NOT NULL,
+    event_id TEXT NOT NULL,
+    event_type TEXT NOT NULL,
+    state TEXT NOT NULL,
+    status_word TEXT NOT NULL,
+    first_at_ms INTEGER NOT NULL,
+    last_at_ms INTEGER NOT NULL,
+    attempts_made INTEGER NOT NULL,
+    last_http_status INTEGER NOT NULL,
+    last_outcome TEXT NOT NULL,
+    run_id TEXT NOT NULL,
+    dead_letter_reason TEXT NOT NULL
+);
+INSERT INTO deliveries_v5 SELECT * FROM deliveries ORDER BY first_at_ms, delivery_id;
+DROP TABLE deliveries;
+ALTER TABLE deliveries_v5 RENAME TO deliveries;
+CREATE UNIQUE INDEX deliveries_key ON deliveries (delivery_id);
+CREATE INDEX deliveries_by_subscription ON deliveries (subscription_id, first_at_ms DESC, delivery_id DESC);
+CREATE INDEX deliveries_by_subscription_state ON deliveries (subscription_id, state, first_at_ms DESC, delivery_id DESC);
+CREATE INDEX deliveries_by_subscription_type ON deliveries (subscription_id, event_type, first_at_ms DESC, delivery_id DESC);
+CREATE INDEX deliveries_by_tenant ON deliveries (tenant, first_at_ms DESC, delivery_id DESC);
+CREATE INDEX deliveries_by_event ON deliveries (event_id);
+CREATE INDEX deliveries_by_last_at ON deliveries (last_at_ms);
+
+CREATE TABLE attempts_v5 (
+    delivery_id TEXT NOT NULL,
+    run_id TEXT NOT NULL,
+    attempt INTEGER NOT NULL,
+    try_no INTEGER NOT NULL,
+    started_at_ms INTEGER NOT NULL,
+    subscription_id TEXT NOT NULL,
+    duration_ms INTEGER NOT NULL,
+    outcome TEXT NOT NULL,
+    http_status INTEGER NOT NULL,
+    reason TEXT NOT NULL,
+    request_headers TEXT NOT NULL,
+    body_ref TEXT NOT NULL,
+    response_headers TEXT NOT NULL,
+    response_excerpt TEXT NOT NULL,
+    verdict TEXT NOT NULL,
+    counts_toward_disable INTEGER NOT NULL,
+    next_due_at_ms INTEGER NOT NULL,
+    final_state TEXT NOT NULL,
+    status_word TEXT NOT NULL,
+    policy TEXT NOT NULL,
+    concludes_attempt INTEGER NOT NULL,
+    traceparent TEXT NOT NULL,
+    decided_by TEXT NOT NULL DEFAULT '',
+    rule INTEGER NOT NULL DEFAULT 0,
+    rule_when TEXT NOT NULL DEFAULT ''
+);
+INSERT INTO attempts_v5 SELECT * FROM attempts ORDER BY started_at_ms, delivery_id;
+DROP TABLE attempts;
+ALTER TABLE attempts_v5 RENAME TO attempts;
+CREATE UNIQUE INDEX attempts_key ON attempts (delivery_id, run_id, attempt, try_no, started_at_ms);
+CREATE INDEX attempts_by_time ON attempts (started_at_ms);
+CREATE INDEX attempts_by_subscription ON attempts (subscription_id, started_at_ms);
+
+CREATE TABLE events_v5 (
+    event_id TEXT NOT NULL,
+    at_ms INTEGER NOT NULL,
+    event_type TEXT NOT NULL,
+    tenant TEXT NOT NULL,
+    payload BLOB NOT NULL
+);
+INSERT INTO events_v5 SELECT * FROM events ORDER BY at_ms, event_id;
+DROP TABLE events;
+ALTER TABLE events_v5 RENAME TO events;
+CREATE UNIQUE INDEX events_key ON events (event_id, at_ms);
+CREATE INDEX events_by_time ON events (at_ms);
+"#;
 
 /// PostgreSQL: `attempts` and `events` are range-partitioned by time (one partition per UTC day, created ahead by
 /// the store), so retention drops whole partitions. `deliveries` is one table (a row is updated over its life).
@@ -169,6 +253,9 @@ CREATE TABLE events (
      ADD COLUMN rule BIGINT NOT NULL DEFAULT 0, \
      ADD COLUMN rule_when TEXT NOT NULL DEFAULT '';",
 ),
+// PostgreSQL's tables are heaps already (rows appended, keys in their own B-trees): nothing to change. The version
+// is recorded so both lists keep one numbering.
+(5, "nothing (SQLite's tables became rowid tables)", "SELECT 1"),
 ];
 
 /// The same in both dialects (PostgreSQL creates it on every partition, present and future).

@@ -10,7 +10,7 @@ use rusqlite::types::Value;
 use rusqlite::{params, Connection, OpenFlags, OptionalExtension, TransactionBehavior};
 
 use crate::model::{
-    headers_to_json, DeliveryDetail, DeliveryRow, Folded, IndexSummary, ListQuery, Page, Scope, Stats, MAX_ATTEMPTS_RETURNED,
+    headers_to_json, AttemptRow, DeliveryDetail, DeliveryRow, EventRow, Folded, IndexSummary, ListQuery, Page, Scope, Stats, MAX_ATTEMPTS_RETURNED,
 };
 use crate::schema;
 use crate::sql::{self, Dialect, Param, RowGet};
@@ -143,16 +143,10 @@ impl SqliteStore {
 
     pub async fn delivery(&self, id: String) -> Result<Option<DeliveryDetail>, StoreError> {
         self.read(move |c| {
-            let q = format!("SELECT {} FROM deliveries WHERE delivery_id = ?1", sql::DELIVERY_COLS);
-            let Some(delivery) = c.query_row(&q, [&id], |r| Ok(sql::delivery(r))).optional()?.transpose()? else {
+            let Some(delivery) = c.query_row(&q::delivery(), [&id], |r| Ok(sql::delivery(r))).optional()?.transpose()? else {
                 return Ok(None);
             };
-            let q = format!(
-                "SELECT {} FROM attempts WHERE delivery_id = ?1 AND started_at_ms >= ?2 \
-                 ORDER BY started_at_ms, attempt, try_no LIMIT ?3",
-                sql::ATTEMPT_COLS
-            );
-            let mut stmt = c.prepare_cached(&q)?;
+            let mut stmt = c.prepare_cached(&q::attempts_of_delivery())?;
             let attempts = stmt
                 .query_map(params![id, delivery.first_at_ms, MAX_ATTEMPTS_RETURNED as i64], |r| Ok(sql::attempt(r)))?
                 .map(|r| r.map_err(StoreError::from).and_then(|x| x))
@@ -169,17 +163,11 @@ impl SqliteStore {
 
     pub async fn by_event_id(&self, event_id: String, tenant: Option<String>, limit: usize) -> Result<Vec<DeliveryRow>, StoreError> {
         self.read(move |c| {
-            let (q, p) = match tenant {
-                Some(t) => (
-                    format!("SELECT {} FROM deliveries WHERE event_id = ?1 AND tenant = ?2 ORDER BY first_at_ms DESC, delivery_id DESC LIMIT ?3", sql::DELIVERY_COLS),
-                    vec![Value::Text(event_id), Value::Text(t), Value::Integer(limit as i64)],
-                ),
-                None => (
-                    format!("SELECT {} FROM deliveries WHERE event_id = ?1 ORDER BY first_at_ms DESC, delivery_id DESC LIMIT ?2", sql::DELIVERY_COLS),
-                    vec![Value::Text(event_id), Value::Integer(limit as i64)],
-                ),
+            let (text, p) = match tenant {
+                Some(t) => (q::by_event_in_tenant(), vec![Value::Text(event_id), Value::Text(t), Value::Integer(limit as i64)]),
+                None => (q::by_event(), vec![Value::Text(event_id), Value::Integer(limit as i64)]),
             };
-            rows(c, &q, p)
+            rows(c, &text, p)
         })
         .await
     }
@@ -268,7 +256,7 @@ fn event(c: &Connection, event_id: &str) -> Result<Option<hookline_core::model::
         return Ok(None);
     }
     let payload: Option<Vec<u8>> = c
-        .prepare_cached("SELECT payload FROM events WHERE event_id = ?1 ORDER BY at_ms DESC LIMIT 1")?
+        .prepare_cached(q::EVENT)?
         .query_row([event_id], |r| r.get(0))
         .optional()?;
     payload.map(|p| crate::decode_event(&p)).transpose()
@@ -319,96 +307,281 @@ fn migrate(c: &mut Connection) -> Result<Vec<u32>, StoreError> {
     Ok(applied)
 }
 
+/// Rows per multi-row `INSERT`: one statement writes this many rows (its table and index cursors opened once, one
+/// step), far under SQLite's 32,766 parameters. A batch's last rows go one statement each.
+const ROWS_PER_STATEMENT: usize = 50;
+
+/// `INSERT INTO {head} VALUES (…), (…) {tail}` for `rows` rows of `per_row` placeholders; `row(base)` writes one
+/// row's tuple from placeholder `base + 1` (so a tuple may hold more than bare placeholders).
+fn multi_row(head: &str, tail: &str, rows: usize, row: impl Fn(usize) -> String, per_row: usize) -> String {
+    let tuples = (0..rows).map(|r| row(r * per_row)).collect::<Vec<_>>().join(", ");
+    format!("INSERT INTO {head} VALUES {tuples} {tail}")
+}
+
+/// A tuple of `n` placeholders from `base + 1`.
+fn tuple(base: usize, n: usize) -> String {
+    format!("({})", (base + 1..=base + n).map(|i| format!("?{i}")).collect::<Vec<_>>().join(", "))
+}
+
+/// Writes `items` with the `ROWS_PER_STATEMENT`-row statement, then the rest with the one-row statement. `bind`
+/// binds one item's values from placeholder `base + 1`.
+fn insert_all<T>(
+    tx: &rusqlite::Transaction<'_>,
+    sql: impl Fn(usize) -> String,
+    per_row: usize,
+    items: &[&T],
+    bind: impl Fn(&mut rusqlite::CachedStatement<'_>, usize, &T) -> rusqlite::Result<()>,
+) -> Result<(), StoreError> {
+    let mut chunks = items.chunks_exact(ROWS_PER_STATEMENT);
+    if items.len() >= ROWS_PER_STATEMENT {
+        let mut many = tx.prepare_cached(&sql(ROWS_PER_STATEMENT))?;
+        for chunk in &mut chunks {
+            for (i, item) in chunk.iter().enumerate() {
+                bind(&mut many, i * per_row, *item)?;
+            }
+            many.raw_execute()?;
+        }
+    }
+    let rest = chunks.remainder();
+    if !rest.is_empty() {
+        let mut one = tx.prepare_cached(&sql(1))?;
+        for item in rest {
+            bind(&mut one, 0, *item)?;
+            one.raw_execute()?;
+        }
+    }
+    Ok(())
+}
+
+const EVENT_COLS: &str = "event_id, at_ms, event_type, tenant, payload";
+const EVENT_WIDTH: usize = 5;
+const ATTEMPT_WIDTH: usize = 25;
+const DELIVERY_WIDTH: usize = 14;
+
 fn index(c: &mut Connection, f: &Folded) -> Result<IndexSummary, StoreError> {
     let tx = c.transaction_with_behavior(TransactionBehavior::Immediate)?;
+    let events: Vec<&EventRow> = f.events.iter().collect();
+    insert_all(
+        &tx,
+        |n| multi_row(&format!("events ({EVENT_COLS})"), "ON CONFLICT (event_id, at_ms) DO NOTHING", n, |b| tuple(b, EVENT_WIDTH), EVENT_WIDTH),
+        EVENT_WIDTH,
+        &events,
+        |s, b, e| {
+            s.raw_bind_parameter(b + 1, &e.event_id)?;
+            s.raw_bind_parameter(b + 2, e.at_ms)?;
+            s.raw_bind_parameter(b + 3, &e.event_type)?;
+            s.raw_bind_parameter(b + 4, &e.tenant)?;
+            s.raw_bind_parameter(b + 5, &e.payload)
+        },
+    )?;
     {
-        let mut insert = tx.prepare_cached(
-            "INSERT INTO events (event_id, at_ms, event_type, tenant, payload) VALUES (?1, ?2, ?3, ?4, ?5) \
-             ON CONFLICT (event_id, at_ms) DO NOTHING",
-        )?;
-        // Deliveries indexed before their event learn its tenant now.
-        let mut tenant = tx.prepare_cached("UPDATE deliveries SET tenant = ?2 WHERE event_id = ?1 AND tenant = ''")?;
-        for e in &f.events {
-            insert.execute(params![e.event_id, e.at_ms, e.event_type, e.tenant, e.payload])?;
-            if !e.tenant.is_empty() {
-                tenant.execute(params![e.event_id, e.tenant])?;
-            }
+        let mut tenant = tx.prepare_cached(q::TENANT_FILL)?;
+        for e in f.events.iter().filter(|e| !e.tenant.is_empty()) {
+            tenant.execute(params![e.event_id, e.tenant])?;
         }
     }
-    {
-        let q = format!(
-            "INSERT INTO attempts AS a ({}) VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11, ?12, ?13, ?14, ?15, ?16, \
-             ?17, ?18, ?19, ?20, ?21, ?22, ?23, ?24, ?25) {}",
-            sql::ATTEMPT_COLS,
-            sql::attempt_merge(Dialect::Sqlite)
-        );
-        let mut insert = tx.prepare_cached(&q)?;
-        for a in &f.attempts {
-            insert.execute(params![
-                a.delivery_id,
-                a.run_id,
-                a.attempt,
-                a.try_no,
-                a.started_at_ms,
-                a.subscription_id,
-                a.duration_ms,
-                a.outcome,
-                a.http_status,
-                a.reason,
-                headers_to_json(&a.request_headers),
-                a.body_ref,
-                headers_to_json(&a.response_headers),
-                a.response_excerpt,
-                a.verdict,
-                a.counts_toward_disable,
-                a.next_due_at_ms,
-                a.final_state,
-                a.status_word,
-                a.policy,
-                a.concludes_attempt,
-                a.traceparent,
-                a.decided_by.map_or("", |d| d.as_str()),
-                a.rule,
-                a.rule_when,
-            ])?;
-        }
-    }
-    {
-        let q = format!(
-            "INSERT INTO deliveries AS d ({}) VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11, ?12, ?13, ?14) {}",
-            sql::DELIVERY_COLS,
-            sql::delivery_merge(Dialect::Sqlite)
-        );
-        let mut upsert = tx.prepare_cached(&q)?;
-        // A delivery whose event is not in this batch learns its tenant from the stored event in the same statement
-        // (not by an UPDATE after it, which wrote the row and its tenant index a second time).
-        let q = format!(
-            "INSERT INTO deliveries AS d ({}) VALUES (?1, ?2, COALESCE((SELECT e.tenant FROM events e WHERE e.event_id = ?4 \
-             AND e.tenant <> '' ORDER BY e.at_ms DESC LIMIT 1), ''), ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11, ?12, ?13, ?14) {}",
-            sql::DELIVERY_COLS,
-            sql::delivery_merge(Dialect::Sqlite)
-        );
-        let mut upsert_looked_up = tx.prepare_cached(&q)?;
-        for d in &f.deliveries {
-            let stmt = if d.tenant.is_empty() && !d.event_id.is_empty() { &mut upsert_looked_up } else { &mut upsert };
-            stmt.execute(params![
-                d.delivery_id,
-                d.subscription_id,
-                d.tenant,
-                d.event_id,
-                d.event_type,
-                d.state.as_str(),
-                d.status_word,
-                d.first_at_ms,
-                d.last_at_ms,
-                d.attempts_made,
-                d.last_http_status,
-                d.last_outcome,
-                d.run_id,
-                d.dead_letter_reason,
-            ])?;
-        }
-    }
+    let attempts: Vec<&AttemptRow> = f.attempts.iter().collect();
+    let merge = sql::attempt_merge(Dialect::Sqlite);
+    insert_all(
+        &tx,
+        |n| multi_row(&format!("attempts AS a ({})", sql::ATTEMPT_COLS), &merge, n, |b| tuple(b, ATTEMPT_WIDTH), ATTEMPT_WIDTH),
+        ATTEMPT_WIDTH,
+        &attempts,
+        |s, b, a| {
+            s.raw_bind_parameter(b + 1, &a.delivery_id)?;
+            s.raw_bind_parameter(b + 2, &a.run_id)?;
+            s.raw_bind_parameter(b + 3, a.attempt)?;
+            s.raw_bind_parameter(b + 4, a.try_no)?;
+            s.raw_bind_parameter(b + 5, a.started_at_ms)?;
+            s.raw_bind_parameter(b + 6, &a.subscription_id)?;
+            s.raw_bind_parameter(b + 7, a.duration_ms)?;
+            s.raw_bind_parameter(b + 8, &a.outcome)?;
+            s.raw_bind_parameter(b + 9, a.http_status)?;
+            s.raw_bind_parameter(b + 10, &a.reason)?;
+            s.raw_bind_parameter(b + 11, headers_to_json(&a.request_headers))?;
+            s.raw_bind_parameter(b + 12, &a.body_ref)?;
+            s.raw_bind_parameter(b + 13, headers_to_json(&a.response_headers))?;
+            s.raw_bind_parameter(b + 14, &a.response_excerpt)?;
+            s.raw_bind_parameter(b + 15, &a.verdict)?;
+            s.raw_bind_parameter(b + 16, a.counts_toward_disable)?;
+            s.raw_bind_parameter(b + 17, a.next_due_at_ms)?;
+            s.raw_bind_parameter(b + 18, &a.final_state)?;
+            s.raw_bind_parameter(b + 19, &a.status_word)?;
+            s.raw_bind_parameter(b + 20, &a.policy)?;
+            s.raw_bind_parameter(b + 21, a.concludes_attempt)?;
+            s.raw_bind_parameter(b + 22, &a.traceparent)?;
+            s.raw_bind_parameter(b + 23, a.decided_by.map_or("", |d| d.as_str()))?;
+            s.raw_bind_parameter(b + 24, a.rule)?;
+            s.raw_bind_parameter(b + 25, &a.rule_when)
+        },
+    )?;
+    // A delivery whose event is not in this batch (nor its tenant) learns the tenant from the stored event in the
+    // statement that writes it; the others are written as they are.
+    let (looked_up, plain): (Vec<&DeliveryRow>, Vec<&DeliveryRow>) =
+        f.deliveries.iter().partition(|d| d.tenant.is_empty() && !d.event_id.is_empty());
+    let merge = sql::delivery_merge(Dialect::Sqlite);
+    let head = format!("deliveries AS d ({})", sql::DELIVERY_COLS);
+    let bind = |s: &mut rusqlite::CachedStatement<'_>, b: usize, d: &DeliveryRow| {
+        s.raw_bind_parameter(b + 1, &d.delivery_id)?;
+        s.raw_bind_parameter(b + 2, &d.subscription_id)?;
+        s.raw_bind_parameter(b + 3, &d.tenant)?;
+        s.raw_bind_parameter(b + 4, &d.event_id)?;
+        s.raw_bind_parameter(b + 5, &d.event_type)?;
+        s.raw_bind_parameter(b + 6, d.state.as_str())?;
+        s.raw_bind_parameter(b + 7, &d.status_word)?;
+        s.raw_bind_parameter(b + 8, d.first_at_ms)?;
+        s.raw_bind_parameter(b + 9, d.last_at_ms)?;
+        s.raw_bind_parameter(b + 10, d.attempts_made)?;
+        s.raw_bind_parameter(b + 11, d.last_http_status)?;
+        s.raw_bind_parameter(b + 12, &d.last_outcome)?;
+        s.raw_bind_parameter(b + 13, &d.run_id)?;
+        s.raw_bind_parameter(b + 14, &d.dead_letter_reason)
+    };
+    insert_all(&tx, |n| multi_row(&head, &merge, n, |b| tuple(b, DELIVERY_WIDTH), DELIVERY_WIDTH), DELIVERY_WIDTH, &plain, bind)?;
+    insert_all(&tx, |n| multi_row(&head, &merge, n, q::delivery_tuple_looking_up_tenant, DELIVERY_WIDTH), DELIVERY_WIDTH, &looked_up, bind)?;
     tx.commit()?;
     Ok(IndexSummary { attempts: f.attempts.len(), deliveries: f.deliveries.len(), events: f.events.len(), skipped: f.skipped })
+}
+
+/// The statements written out here (the list and stats queries are `sql`'s), named so the plan test reads the
+/// same text the store runs.
+mod q {
+    use crate::sql;
+
+    pub fn delivery() -> String {
+        format!("SELECT {} FROM deliveries WHERE delivery_id = ?1", sql::DELIVERY_COLS)
+    }
+
+    pub fn attempts_of_delivery() -> String {
+        format!(
+            "SELECT {} FROM attempts WHERE delivery_id = ?1 AND started_at_ms >= ?2 ORDER BY started_at_ms, attempt, try_no LIMIT ?3",
+            sql::ATTEMPT_COLS
+        )
+    }
+
+    pub fn by_event() -> String {
+        format!("SELECT {} FROM deliveries WHERE event_id = ?1 ORDER BY first_at_ms DESC, delivery_id DESC LIMIT ?2", sql::DELIVERY_COLS)
+    }
+
+    pub fn by_event_in_tenant() -> String {
+        format!(
+            // `+tenant`: not by the tenant's index (SQLite picks it to save the sort, then walks the tenant's whole
+            // history for one event's rows); the event's index finds the few rows, the tenant filters them.
+            "SELECT {} FROM deliveries WHERE event_id = ?1 AND +tenant = ?2 ORDER BY first_at_ms DESC, delivery_id DESC LIMIT ?3",
+            sql::DELIVERY_COLS
+        )
+    }
+
+    pub const EVENT: &str = "SELECT payload FROM events WHERE event_id = ?1 ORDER BY at_ms DESC LIMIT 1";
+
+    /// Deliveries indexed before their event learn its tenant when it arrives.
+    /// (`+tenant`: by the event's index, never a walk of every tenant-less delivery.)
+    pub const TENANT_FILL: &str = "UPDATE deliveries SET tenant = ?2 WHERE event_id = ?1 AND +tenant = ''";
+
+    /// A delivery row's values from placeholder `b + 1`, its tenant looked up: a delivery whose event is not in this
+    /// batch learns its tenant from the stored event in the statement that writes it (not by an UPDATE after it,
+    /// which wrote the row and its tenant index a second time).
+    pub fn delivery_tuple_looking_up_tenant(b: usize) -> String {
+        let p = |i: usize| format!("?{}", b + i);
+        format!(
+            "({}, {}, COALESCE((SELECT e.tenant FROM events e WHERE e.event_id = {} AND e.tenant <> '' ORDER BY e.at_ms DESC LIMIT 1), ''), {})",
+            p(1),
+            p(2),
+            p(4),
+            (4..=14).map(p).collect::<Vec<_>>().join(", ")
+        )
+    }
+
+    /// The one-row form (the plan test's).
+    #[cfg(test)]
+    pub fn upsert_delivery_looking_up_tenant() -> String {
+        format!(
+            "INSERT INTO deliveries AS d ({}) VALUES {} {}",
+            sql::DELIVERY_COLS,
+            delivery_tuple_looking_up_tenant(0),
+            sql::delivery_merge(sql::Dialect::Sqlite)
+        )
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::model::{Cursor, ListQuery, Scope};
+
+    /// Every statement the store runs, on a migrated file: none reads a whole table (each is answered from an index),
+    /// and the lookups by key use the key's index.
+    #[test]
+    fn every_query_is_answered_from_an_index() {
+        let dir = std::env::temp_dir().join(format!("hookline-log-plans-{}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&dir);
+        std::fs::create_dir_all(&dir).unwrap();
+        let mut c = Connection::open(dir.join("log.sqlite3")).unwrap();
+        migrate(&mut c).unwrap();
+        let sub = || Scope::Subscription("sub".into());
+        let full = ListQuery {
+            state: Some(crate::DeliveryState::Failed),
+            http_status: Some(503),
+            event_type: Some("order.created".into()),
+            since_ms: Some(1),
+            until_ms: Some(2),
+            after: Some(Cursor { first_at_ms: 2, delivery_id: "dlv_x".into() }),
+            ..ListQuery::new(sub())
+        };
+        let ids = vec!["dlv_a".to_owned(), "dlv_b".to_owned()];
+        let mut statements: Vec<(String, &str)> = vec![
+            (q::delivery(), "deliveries_key"),
+            (q::attempts_of_delivery(), "attempts_key"),
+            (q::by_event(), "deliveries_by_event"),
+            (q::by_event_in_tenant(), "deliveries_by_event"),
+            (q::EVENT.into(), "events_key"),
+            (q::TENANT_FILL.into(), "deliveries_by_event"),
+            (q::upsert_delivery_looking_up_tenant(), "events_key"),
+            (sql::list(Dialect::Sqlite, &ListQuery::new(sub())).text, "deliveries_by_subscription"),
+            (sql::list(Dialect::Sqlite, &ListQuery { state: Some(crate::DeliveryState::Dead), ..ListQuery::new(sub()) }).text, "deliveries_by_subscription_state"),
+            (sql::list(Dialect::Sqlite, &ListQuery { event_type: Some("t".into()), ..ListQuery::new(sub()) }).text, "deliveries_by_subscription_type"),
+            (sql::list(Dialect::Sqlite, &ListQuery::new(Scope::Tenant("acme".into()))).text, "deliveries_by_tenant"),
+            (sql::list(Dialect::Sqlite, &full).text, "deliveries_by_subscription"),
+            (sql::stats(Dialect::Sqlite, &sub(), 1, 2).text, "deliveries_by_subscription"),
+            (sql::stats_of_subscriptions(Dialect::Sqlite, &ids, 1, 2).text, "deliveries_by_subscription"),
+            (sql::attempt_points(Dialect::Sqlite, "sub", 1, 2).text, "attempts_by_subscription"),
+            (sql::last_attempts(Dialect::Sqlite, &ids, 1).text, "attempts_key"),
+            ("DELETE FROM attempts WHERE started_at_ms < ?1".into(), "attempts_by_time"),
+            ("DELETE FROM events WHERE at_ms < ?1".into(), "events_by_time"),
+            ("DELETE FROM deliveries WHERE last_at_ms < ?1".into(), "deliveries_by_last_at"),
+        ];
+        // The upserts (their conflict check uses the key's unique index, which the plan does not show).
+        for table in ["deliveries", "attempts", "events"] {
+            let cols = match table {
+                "deliveries" => sql::DELIVERY_COLS,
+                "attempts" => sql::ATTEMPT_COLS,
+                _ => "event_id, at_ms, event_type, tenant, payload",
+            };
+            let n = cols.split(',').count();
+            let values = (1..=n).map(|i| format!("?{i}")).collect::<Vec<_>>().join(", ");
+            let tail = match table {
+                "deliveries" => sql::delivery_merge(Dialect::Sqlite),
+                "attempts" => sql::attempt_merge(Dialect::Sqlite),
+                _ => "ON CONFLICT (event_id, at_ms) DO NOTHING".into(),
+            };
+            let alias = if table == "events" { String::new() } else { format!(" AS {}", &table[..1]) };
+            statements.push((format!("INSERT INTO {table}{alias} ({cols}) VALUES ({values}) {tail}"), ""));
+        }
+        for (text, index) in &statements {
+            let mut stmt = c.prepare(&format!("EXPLAIN QUERY PLAN {text}")).unwrap();
+            // Parameters left unbound (NULL): the plan does not depend on their values.
+            let mut rows = stmt.raw_query();
+            let mut plan = Vec::new();
+            while let Some(r) = rows.next().unwrap() {
+                plan.push(r.get::<_, String>(3).unwrap());
+            }
+            let plan = plan.join(" | ");
+            let full_scan = plan.split(" | ").any(|step| step.starts_with("SCAN ") && !step.contains("USING"));
+            assert!(!full_scan, "a whole table read by {text}: {plan}");
+            if !index.is_empty() {
+                assert!(plan.contains(index), "{text} should use {index}: {plan}");
+            }
+        }
+        let _ = std::fs::remove_dir_all(&dir);
+    }
 }

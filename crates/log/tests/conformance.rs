@@ -92,16 +92,18 @@ conformance!(
     retention_skips_and_removes_old_history,
     headers_and_the_policys_reasoning_come_back_redacted,
     rows_of_a_version_3_store_read_after_migration_4,
+    a_version_4_store_keeps_its_rows_through_migration_5,
+    a_large_batch_stores_every_row_once,
 );
 
 async fn migrations_apply_once_and_a_newer_schema_is_refused(target: Target) {
     let first = open(&target).await;
-    assert_eq!(first.migrations_applied(), [1, 2, 3, 4]);
-    assert_eq!(first.schema_version().await.unwrap(), 4);
+    assert_eq!(first.migrations_applied(), [1, 2, 3, 4, 5]);
+    assert_eq!(first.schema_version().await.unwrap(), 5);
     drop(first);
     let (applied, version) = hookline_log::migrate(&target).await.unwrap();
     assert!(applied.is_empty(), "nothing left to apply: {applied:?}");
-    assert_eq!(version, 4);
+    assert_eq!(version, 5);
     // The store's id stays with it; the SQLite indexer's group is the file's own.
     let again = open(&target).await;
     let id = again.store_id().await.unwrap();
@@ -126,7 +128,7 @@ async fn migrations_apply_once_and_a_newer_schema_is_refused(target: Target) {
         }
     }
     match LogStore::open(&target).await {
-        Err(e @ StoreError::SchemaTooNew { found: 99, known: 4 }) => assert!(e.to_string().contains("upgrade hookline"), "{e}"),
+        Err(e @ StoreError::SchemaTooNew { found: 99, known: 5 }) => assert!(e.to_string().contains("upgrade hookline"), "{e}"),
         Err(e) => panic!("expected SchemaTooNew, got {e}"),
         Ok(_) => panic!("a newer schema was accepted"),
     }
@@ -556,7 +558,7 @@ async fn rows_of_a_version_3_store_read_after_migration_4(target: Target) {
         }
     }
     let store = open(&target).await;
-    assert_eq!(store.migrations_applied(), [4]);
+    assert_eq!(store.migrations_applied(), [4, 5]);
     let d = store.delivery("dlv_old").await.unwrap().expect("the old row reads");
     assert_eq!(d.delivery.state, DeliveryState::Succeeded);
     let a = &d.attempts[0];
@@ -568,4 +570,129 @@ async fn rows_of_a_version_3_store_read_after_migration_4(target: Target) {
     index(&store, Batch { attempts: vec![new], ..Default::default() }).await;
     let d = store.delivery("dlv_old").await.unwrap().unwrap();
     assert_eq!(d.attempts.iter().map(|a| a.decided_by).collect::<Vec<_>>(), [None, Some(hookline_core::DecidedBy::SuccessRule)]);
+}
+
+/// A store of schema version 4 with a delivery, its two tries and its event in it (SQLite: `WITHOUT ROWID` tables
+/// keyed by those ids): opening it applies migration 5 (SQLite: rowid tables, the keys in unique indexes; PostgreSQL:
+/// nothing) and everything reads as before; the keys still deduplicate re-indexed records, and new rows join.
+async fn a_version_4_store_keeps_its_rows_through_migration_5(target: Target) {
+    use prost::Message as _;
+    let start = T0 + 10;
+    let payload: String = event("evt_m", "acme", "order.created").encode_to_vec().iter().map(|b| format!("{b:02x}")).collect();
+    let row = |n: u32, at: i64, status: u32, fin: &str| {
+        format!(
+            "INSERT INTO attempts VALUES ('dlv_m', '', {n}, 1, {at}, 'sub_m', 12, '{status}', {status}, 'HTTP {status}', \
+             '[[\"content-type\",\"application/json\"]]', 'event:evt_m', '[]', 'busy', 'retry', FALSE, 0, '{fin}', '{fin}', \
+             'standard', {n}, '', 'schedule', 1, '503');"
+        )
+    };
+    let rows = format!(
+        "{}{}INSERT INTO deliveries VALUES ('dlv_m', 'sub_m', 'acme', 'evt_m', 'order.created', 'succeeded', 'SUCCEEDED', \
+         {start}, {}, 2, 200, '200', '', ''); INSERT INTO events VALUES ('evt_m', {T0}, 'order.created', 'acme', PAYLOAD);",
+        row(1, start, 503, ""),
+        row(2, start + 1_000, 200, "succeeded"),
+        start + 1_000,
+    );
+    let record = |v: u32| format!("INSERT INTO schema_migrations (version, name, applied_at_ms) VALUES ({v}, 'v{v}', 0);");
+    match &target {
+        Target::Sqlite(path) => {
+            let c = rusqlite::Connection::open(path).unwrap();
+            c.execute_batch("CREATE TABLE schema_migrations (version INTEGER PRIMARY KEY, name TEXT NOT NULL, applied_at_ms INTEGER NOT NULL)").unwrap();
+            for (v, _, sql) in &hookline_log::schema::SQLITE[..4] {
+                c.execute_batch(sql).unwrap();
+                c.execute_batch(&record(*v)).unwrap();
+            }
+            c.execute_batch(&rows.replace("FALSE", "0").replace("PAYLOAD", &format!("X'{payload}'"))).unwrap();
+        }
+        Target::Postgres(url) => {
+            let (c, conn) = tokio_postgres::connect(url, tokio_postgres::NoTls).await.unwrap();
+            tokio::spawn(conn);
+            c.batch_execute("CREATE TABLE schema_migrations (version BIGINT PRIMARY KEY, name TEXT NOT NULL, applied_at_ms BIGINT NOT NULL)").await.unwrap();
+            for (v, _, sql) in &hookline_log::schema::POSTGRES[..4] {
+                c.batch_execute(sql).await.unwrap();
+                c.batch_execute(&record(*v)).await.unwrap();
+            }
+            let day = T0.div_euclid(DAY);
+            for table in ["attempts", "events"] {
+                c.batch_execute(&format!(
+                    "CREATE TABLE {} PARTITION OF {table} FOR VALUES FROM ({}) TO ({})",
+                    hookline_log::postgres::partition_name(table, day),
+                    day * DAY,
+                    (day + 1) * DAY
+                ))
+                .await
+                .unwrap();
+            }
+            c.batch_execute(&rows.replace("PAYLOAD", &format!("decode('{payload}', 'hex')"))).await.unwrap();
+        }
+    }
+    let store = open(&target).await;
+    assert_eq!(store.migrations_applied(), [5]);
+    assert_eq!(store.schema_version().await.unwrap(), 5);
+    let before = store.delivery("dlv_m").await.unwrap().expect("the migrated delivery reads");
+    assert_eq!((before.delivery.state, before.delivery.tenant.as_str(), before.delivery.attempts_made), (DeliveryState::Succeeded, "acme", 2));
+    assert_eq!(before.attempts.iter().map(|a| a.http_status).collect::<Vec<_>>(), [503, 200], "oldest first");
+    assert_eq!(before.attempts[0].request_headers, [("content-type".to_owned(), "application/json".to_owned())]);
+    assert_eq!(before.attempts[0].decided_by, Some(hookline_core::DecidedBy::Schedule));
+    assert_eq!(before.event.as_ref().map(|e| e.id.as_str()), Some("evt_m"), "the stored event, for a resend");
+    let page = store.list(&ListQuery::new(Scope::Subscription("sub_m".into()))).await.unwrap();
+    assert_eq!(page.items.iter().map(|d| d.delivery_id.as_str()).collect::<Vec<_>>(), ["dlv_m"]);
+    assert_eq!(store.by_event_id("evt_m", Some("acme".into()), 10).await.unwrap().len(), 1);
+    // The same records indexed again (the indexer re-reading after a crash) hit the migrated keys: no new rows.
+    let mut again = attempt("dlv_m", "sub_m", "evt_m", 2, start + 1_000, 200, "succeeded");
+    again.concludes_attempt = 2;
+    index(&store, Batch { attempts: vec![again], events: vec![(event("evt_m", "acme", "order.created"), T0)], ..Default::default() }).await;
+    let after = store.delivery("dlv_m").await.unwrap().unwrap();
+    assert_eq!(after.attempts.len(), 2, "{:?}", after.attempts);
+    assert_eq!(after.delivery.attempts_made, 2);
+    // A new run's try joins the migrated rows.
+    let mut replayed = attempt("dlv_m", "sub_m", "evt_m", 3, start + 5_000, 503, "");
+    replayed.run_id = "run_2".into();
+    index(&store, Batch { attempts: vec![replayed], ..Default::default() }).await;
+    let last = store.delivery("dlv_m").await.unwrap().unwrap();
+    assert_eq!(last.attempts.len(), 3);
+    assert_eq!((last.delivery.state, last.delivery.run_id.as_str(), last.delivery.attempts_made), (DeliveryState::Pending, "run_2", 3));
+}
+
+/// A batch larger than one multi-row statement (SQLite writes 50 rows per statement, the rest one by one), indexed
+/// twice: every row once, each with its own values, events' tenants reaching the deliveries written before them.
+async fn a_large_batch_stores_every_row_once(target: Target) {
+    let store = open(&target).await;
+    let n = 123;
+    let batch = || Batch {
+        attempts: (0..n)
+            .flat_map(|i| {
+                let (d, e) = (format!("dlv_{i:03}"), format!("evt_{i:03}"));
+                [attempt(&d, "sub_l", &e, 1, T0 + i, 503, ""), attempt(&d, "sub_l", &e, 2, T0 + 1_000 + i, 200, "succeeded")]
+            })
+            .collect(),
+        events: (0..n).map(|i| (event(&format!("evt_{i:03}"), &format!("t{}", i % 7), "order.created"), T0)).collect(),
+        dead_letters: vec![],
+    };
+    // The deliveries first, the events in a later batch: their tenants are filled in then.
+    let first = Batch { events: vec![], ..batch() };
+    let s = index(&store, first).await;
+    assert_eq!((s.attempts, s.deliveries), (2 * n as usize, n as usize));
+    index(&store, batch()).await;
+    index(&store, batch()).await;
+    let mut seen = 0;
+    let mut q = ListQuery { limit: 50, ..ListQuery::new(Scope::Subscription("sub_l".into())) };
+    loop {
+        let page = store.list(&q).await.unwrap();
+        for d in &page.items {
+            let i: i64 = d.delivery_id[4..].parse().unwrap();
+            assert_eq!((d.first_at_ms, d.last_at_ms, d.attempts_made, d.state), (T0 + i, T0 + 1_000 + i, 2, DeliveryState::Succeeded));
+            assert_eq!((d.event_id.clone(), d.tenant.clone()), (format!("evt_{i:03}"), format!("t{}", i % 7)), "{d:?}");
+            seen += 1;
+        }
+        match page.next {
+            Some(c) => q.after = Some(c),
+            None => break,
+        }
+    }
+    assert_eq!(seen, n);
+    let d = store.delivery("dlv_077").await.unwrap().unwrap();
+    assert_eq!(d.attempts.iter().map(|a| (a.attempt, a.started_at_ms)).collect::<Vec<_>>(), [(1, T0 + 77), (2, T0 + 1_077)]);
+    assert_eq!(d.event.map(|e| e.tenant), Some("t0".into()));
+    assert_eq!(store.by_event_id("evt_100", Some("t2".into()), 10).await.unwrap().len(), 1);
 }
