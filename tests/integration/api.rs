@@ -139,7 +139,7 @@ async fn state_keys(p: &Pipeline) -> Vec<String> {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn an_endpoint_that_only_succeeded_has_no_state_record_and_reads_like_a_healthy_one_that_has() {
     let p = Pipeline::start(1).await;
-    p.script("flaky", vec![Some((503, None))]);
+    p.script("flaky", vec![Some((503, None)), Some((200, None))]);
     let (ok, _) = p.subscribe(json!({"url": p.url("ok"), "event_types": ["first.*"], "policy_toml": quick_gauge()})).await;
     let (recovered, _) = p.subscribe(json!({"url": p.url("flaky"), "event_types": ["first.*"], "policy_toml": quick_gauge()})).await;
     let before = now_ms();
