@@ -320,7 +320,9 @@ impl Handler for Dispatch {
         // Kept (one copy; the task's byte fields are slices of it) for the dead letter of a panic.
         let raw = Bytes::copy_from_slice(m.payload().unwrap_or_default());
         let task = match m.payload().map(|_| DeliveryTask::decode(raw.clone())) {
-            Some(Ok(t)) => DeliveryTask { received_at_us: received_us, ..t },
+            // Boxed: the lane's job, the delivery and its steps each hold the task while it waits for its endpoint,
+            // so each holds a pointer instead of the task's ~350 bytes.
+            Some(Ok(t)) => Box::new(DeliveryTask { received_at_us: received_us, ..t }),
             other => {
                 let detail = match other { Some(Err(e)) => e.to_string(), _ => "empty record".into() };
                 let ctx = ctx.clone();

@@ -47,7 +47,7 @@ const READ_STALL: Duration = Duration::from_secs(30);
 
 /// A delivery record taken for an ordered subscription.
 pub(crate) struct Job {
-    pub task: DeliveryTask,
+    pub task: Box<DeliveryTask>,
     pub raw: Bytes,
     pub done: Done,
     pub source: Arc<str>,
