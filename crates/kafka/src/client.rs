@@ -150,6 +150,14 @@ pub fn table_consumer_config(settings: &KafkaSettings, client_id: &str) -> Kafka
     Ok(c)
 }
 
+/// Sets a tuning default (a prefetch bound, say) that `kafka.properties` may replace: left out when the operator
+/// set `key` there.
+pub fn set_tuning_default(c: &mut ClientConfig, settings: &KafkaSettings, key: &str, value: u32) {
+    if !settings.properties.contains_key(key) {
+        c.set(key, value.to_string());
+    }
+}
+
 /// How long a stopping service waits for its group consumer to leave the group. librdkafka's close waits for an
 /// in-progress rebalance to finish (a JoinGroup can be held for the group's rebalance timeout, minutes), and
 /// rust-rdkafka's drop loops until it has. Offsets are committed before this, so giving up only means the

@@ -137,9 +137,7 @@ pub const PREFETCH_MESSAGES: u32 = 10_000;
 pub fn reader_config(settings: &KafkaSettings, client_id: &str) -> Result<ClientConfig, KafkaError> {
     let mut c = table_consumer_config(settings, client_id)?;
     for (key, value) in [("queued.max.messages.kbytes", PREFETCH_KBYTES), ("queued.min.messages", PREFETCH_MESSAGES)] {
-        if !settings.properties.contains_key(key) {
-            c.set(key, value.to_string());
-        }
+        crate::client::set_tuning_default(&mut c, settings, key, value);
     }
     Ok(c)
 }

@@ -60,13 +60,11 @@ pub struct Settings {
 /// The consumer's config: hookline's group consumer settings with `settings`' prefetch bound.
 fn consumer_config(kafka: &KafkaSettings, settings: &Settings) -> Result<rdkafka::ClientConfig, KafkaError> {
     let mut c = group_consumer_config(kafka, &settings.group_id, &settings.client_id)?;
-    if let Some(kbytes) = settings.prefetch_kbytes.filter(|_| !kafka.properties.contains_key(PREFETCH_KEY)) {
-        c.set(PREFETCH_KEY, kbytes.to_string());
+    if let Some(kbytes) = settings.prefetch_kbytes {
+        crate::client::set_tuning_default(&mut c, kafka, "queued.max.messages.kbytes", kbytes);
     }
     Ok(c)
 }
-
-const PREFETCH_KEY: &str = "queued.max.messages.kbytes";
 
 /// Finish a revoked partition's work before letting go (see [`RevokeDrain`]), for the first topic of
 /// [`Settings::topics`].
