@@ -1,5 +1,6 @@
 //! `hookline bench log`: the delivery log's store. Writes `--log-attempts` attempts (two per delivery, one event per
-//! delivery, spread over the last 7 days across 1,000 subscriptions, 100 tenants and 10 event types) in the
+//! delivery, spread over the last 7 days across 1,000 subscriptions, 100 tenants and 10 event types; ids in order,
+//! or hashed with `--log-ids hashed`) in the
 //! indexer's batches, then times the API's queries on the filled store and its reopening. SQLite always (a file in
 //! a temporary directory); PostgreSQL when `--postgres-url` names a server (a scratch database is created there
 //! and dropped afterwards). The store is written directly, as the indexer does after decoding: Kafka is not in
@@ -14,7 +15,7 @@ use rand::{Rng, SeedableRng};
 use serde_json::{json, Map, Value};
 
 use super::stats::{pct, sorted, Progress};
-use super::{print_table, round, row, BenchArgs};
+use super::{print_table, round, row, BenchArgs, LogIds};
 
 const SUBSCRIPTIONS: u64 = 1_000;
 const TENANTS: u64 = 100;
@@ -26,9 +27,24 @@ const SPREAD_MS: i64 = 7 * 86_400_000;
 const BATCH: u64 = 2_000;
 const RETENTION_DAYS: u32 = 30;
 
-fn delivery(i: u64, of: u64, now: i64) -> (Event, [AttemptRecord; 2]) {
+/// The `i`-th delivery's event and delivery ids.
+fn ids(i: u64, spread: LogIds) -> (String, String) {
+    match spread {
+        LogIds::Sequential => (format!("evt_{i:010}"), format!("dlv_{i:010}")),
+        LogIds::Hashed => (format!("evt_{:016x}", mix(i)), format!("dlv_{:016x}", mix(!i))),
+    }
+}
+
+/// splitmix64's finaliser: a bijection of u64, so distinct inputs give distinct ids, spread evenly.
+fn mix(mut x: u64) -> u64 {
+    x = (x ^ (x >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
+    x = (x ^ (x >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
+    x ^ (x >> 31)
+}
+
+fn delivery(i: u64, of: u64, now: i64, spread: LogIds) -> (Event, [AttemptRecord; 2]) {
     let sub = i % SUBSCRIPTIONS;
-    let event_id = format!("evt_{i:010}");
+    let (event_id, delivery_id) = ids(i, spread);
     let ty = TYPES[(i % TYPES.len() as u64) as usize];
     // Older first, so the newest deliveries are the last written (as in life).
     let step = SPREAD_MS / i64::try_from(of.max(1)).unwrap_or(i64::MAX);
@@ -48,7 +64,7 @@ fn delivery(i: u64, of: u64, now: i64) -> (Event, [AttemptRecord; 2]) {
         _ => (200, "succeeded"),
     };
     let rec = |attempt: u32, started: i64, status: u32, fin: &str| AttemptRecord {
-        delivery_id: format!("dlv_{i:010}"),
+        delivery_id: delivery_id.clone(),
         subscription_id: format!("sub_{sub:04}"),
         event_id: event_id.clone(),
         event_type: ty.into(),
@@ -82,7 +98,7 @@ struct Measured {
     api_start_s: f64,
 }
 
-async fn measure(target: &Target, attempts: u64, queries: usize) -> anyhow::Result<Measured> {
+async fn measure(target: &Target, attempts: u64, queries: usize, spread: LogIds) -> anyhow::Result<Measured> {
     let store = std::sync::Arc::new(LogStore::open(target).await?);
     let deliveries = attempts.div_ceil(2);
     let now = hookline_service::now_ms();
@@ -96,7 +112,7 @@ async fn measure(target: &Target, attempts: u64, queries: usize) -> anyhow::Resu
         let mut batch = Batch::default();
         // A batch of the indexer's size: BATCH records of all three topics.
         while i < deliveries && (batch.len() as u64) < BATCH {
-            let (event, recs) = delivery(i, deliveries, now);
+            let (event, recs) = delivery(i, deliveries, now, spread);
             batch.events.push((event, 0));
             batch.attempts.extend(recs);
             i += 1;
@@ -131,7 +147,7 @@ async fn measure(target: &Target, attempts: u64, queries: usize) -> anyhow::Resu
         store.list(&q).await?;
         by_sub.push(ms(t.elapsed()));
 
-        let id = format!("evt_{:010}", rng.random_range(0..deliveries));
+        let (id, _) = ids(rng.random_range(0..deliveries), spread);
         let t = Instant::now();
         let found = store.by_event_id(&id, None, 10).await?;
         by_event.push(ms(t.elapsed()));
@@ -173,6 +189,7 @@ pub async fn run(args: &BenchArgs) -> anyhow::Result<(Map<String, Value>, bool)>
     let queries = args.log_queries;
     let mut out = Map::new();
     out.insert("attempts".into(), json!(n));
+    out.insert("ids".into(), json!(format!("{:?}", args.log_ids).to_lowercase()));
     let mut met_all = true;
     let dir = std::env::temp_dir().join(format!("hookline-bench-log-{}", std::process::id()));
     let _ = std::fs::remove_dir_all(&dir);
@@ -192,7 +209,7 @@ pub async fn run(args: &BenchArgs) -> anyhow::Result<(Map<String, Value>, bool)>
     }
     for (name, target, cleanup) in backends {
         eprintln!("\n  {name}: writing {n} attempts…");
-        let result = measure(&target, n, queries).await;
+        let result = measure(&target, n, queries, args.log_ids).await;
         if let Some((url, db)) = cleanup {
             drop_scratch(&url, &db).await;
         }
@@ -230,4 +247,24 @@ pub async fn run(args: &BenchArgs) -> anyhow::Result<(Map<String, Value>, bool)>
     }
     let _ = std::fs::remove_dir_all(&dir);
     Ok((out, met_all))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn hashed_ids_are_distinct_and_not_in_writing_order() {
+        let n = 10_000u64;
+        let hashed: Vec<_> = (0..n).map(|i| ids(i, LogIds::Hashed)).collect();
+        let events: std::collections::HashSet<_> = hashed.iter().map(|(e, _)| e.clone()).collect();
+        let deliveries: std::collections::HashSet<_> = hashed.iter().map(|(_, d)| d.clone()).collect();
+        assert_eq!((events.len(), deliveries.len()), (n as usize, n as usize));
+        // Written in order, about half of the next keys sort below the previous one (sequential ids: none).
+        let descents = hashed.windows(2).filter(|w| w[1].0 < w[0].0).count();
+        assert!((4_000..6_000).contains(&descents), "{descents} descents");
+        let seq: Vec<_> = (0..n).map(|i| ids(i, LogIds::Sequential)).collect();
+        assert!(seq.windows(2).all(|w| w[0].0 < w[1].0 && w[0].1 < w[1].1));
+        assert_eq!(ids(7, LogIds::Hashed), ids(7, LogIds::Hashed), "a lookup finds what was written");
+    }
 }

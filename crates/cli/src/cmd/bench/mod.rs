@@ -30,6 +30,13 @@ use std::time::{Duration, Instant};
 
 use serde_json::{json, Map, Value};
 
+/// `bench log`: how the written ids are spread over the key space.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum)]
+pub enum LogIds {
+    Sequential,
+    Hashed,
+}
+
 #[derive(Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
 pub enum Scenario {
     Throughput,
@@ -165,6 +172,10 @@ pub struct BenchArgs {
     /// log: measure only this backend (`sqlite`, or `postgres`, which needs --postgres-url).
     #[arg(long, value_parser = ["sqlite", "postgres"])]
     log_only: Option<String>,
+    /// log: the ids written: `sequential` (`evt_0000000001`…, each key appended at its index's end) or `hashed`
+    /// (spread over the key space, as the delivery ids hookline makes and most event ids are).
+    #[arg(long, value_enum, default_value_t = LogIds::Sequential)]
+    log_ids: LogIds,
     /// Internal: run one service as a child process (`broker`, `ingest`, `dispatcher`, `retry-scheduler`).
     #[arg(long, hide = true)]
     serve: Option<String>,
