@@ -71,7 +71,7 @@ pub async fn run_with_store(
     while !stopping {
         let mut batch = Batch::default();
         // Next offset to commit per (topic, partition).
-        let mut next: HashMap<(String, i32), i64> = HashMap::new();
+        let mut next: HashMap<(Source, i32), i64> = HashMap::new();
         let mut newest_ts = 0i64;
         let mut read = 0usize;
         let deadline = tokio::time::sleep(Duration::from_secs(86_400));
@@ -85,7 +85,7 @@ pub async fn run_with_store(
                 Some(_) = rebalances.recv() => {}
                 written = async { (&mut in_flight.as_mut().expect("guarded").task).await }, if in_flight.is_some() => {
                     let done = in_flight.take().expect("guarded");
-                    if !conclude(&consumer, done.offsets, written, CommitMode::Async) {
+                    if !conclude(&consumer, &topics, done.offsets, written, CommitMode::Async) {
                         return Ok(());
                     }
                 }
@@ -109,14 +109,15 @@ pub async fn run_with_store(
                     read += 1;
                     let ts = m.timestamp().to_millis().unwrap_or(0);
                     newest_ts = newest_ts.max(ts);
-                    next.insert((m.topic().to_owned(), m.partition()), m.offset() + 1);
-                    add(&mut batch, &topics, &m, ts);
+                    let source = Source::of(&topics, m.topic());
+                    next.insert((source, m.partition()), m.offset() + 1);
+                    add(&mut batch, source, &m, ts);
                     if read >= settings.batch_max_records { break; }
                 }
             }
         }
         if let Some(InFlight { task, offsets }) = in_flight.take() {
-            if !conclude(&consumer, offsets, task.await, CommitMode::Async) {
+            if !conclude(&consumer, &topics, offsets, task.await, CommitMode::Async) {
                 return Ok(());
             }
         }
@@ -128,7 +129,7 @@ pub async fn run_with_store(
         in_flight = Some(InFlight { task, offsets: Offsets { next, newest_ts } });
     }
     if let Some(InFlight { task, offsets }) = in_flight.take() {
-        conclude(&consumer, offsets, task.await, CommitMode::Sync);
+        conclude(&consumer, &topics, offsets, task.await, CommitMode::Sync);
     }
     Ok(())
 }
@@ -139,9 +140,38 @@ struct InFlight {
     offsets: Offsets,
 }
 
+/// The topic a record came from: the offsets' key, without a copy of its name per record.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+enum Source {
+    Attempts,
+    DeadLetters,
+    Events,
+}
+
+impl Source {
+    /// The indexer subscribes to these three only; anything else is the events topic's.
+    fn of(topics: &Topics, topic: &str) -> Self {
+        if topic == topics.attempts() {
+            Self::Attempts
+        } else if topic == topics.dlq() {
+            Self::DeadLetters
+        } else {
+            Self::Events
+        }
+    }
+
+    fn name(self, topics: &Topics) -> &str {
+        match self {
+            Self::Attempts => topics.attempts(),
+            Self::DeadLetters => topics.dlq(),
+            Self::Events => topics.events(),
+        }
+    }
+}
+
 struct Offsets {
     /// The next offset to consume per (topic, partition).
-    next: HashMap<(String, i32), i64>,
+    next: HashMap<(Source, i32), i64>,
     /// The newest record's Kafka timestamp (ms).
     newest_ts: i64,
 }
@@ -150,6 +180,7 @@ struct Offsets {
 /// the store refused it, or the write panicked): nothing is committed, and the records are read again next time.
 fn conclude(
     consumer: &StreamConsumer<RebalanceContext>,
+    topics: &Topics,
     done: Offsets,
     written: Result<bool, tokio::task::JoinError>,
     mode: CommitMode,
@@ -163,8 +194,8 @@ fn conclude(
         }
     }
     let mut tpl = TopicPartitionList::new();
-    for ((topic, partition), offset) in &done.next {
-        let _ = tpl.add_partition_offset(topic, *partition, Offset::Offset(*offset));
+    for ((source, partition), offset) in &done.next {
+        let _ = tpl.add_partition_offset(source.name(topics), *partition, Offset::Offset(*offset));
     }
     if let Err(e) = consumer.commit(&tpl, mode) {
         // A revoked partition cannot be committed here; its next owner re-reads (idempotently).
@@ -206,16 +237,15 @@ async fn write(store: &LogStore, batch: Batch, retention_days: u32, shutdown: &C
     }
 }
 
-fn add(batch: &mut Batch, topics: &Topics, m: &BorrowedMessage<'_>, ts: i64) {
+fn add(batch: &mut Batch, source: Source, m: &BorrowedMessage<'_>, ts: i64) {
     let payload = m.payload().unwrap_or_default();
-    let topic = m.topic();
-    if topic == topics.attempts() {
+    if source == Source::Attempts {
         // Leases (phase STARTED) live on `inflight`; only finished tries are attempts.
         match AttemptRecord::decode(payload) {
             Ok(rec) if rec.phase != AttemptPhase::Started as i32 => batch.attempts.push(rec),
             _ => metrics::counter!("hookline_log_indexed_total", "kind" => "skipped").increment(1),
         }
-    } else if topic == topics.dlq() {
+    } else if source == Source::DeadLetters {
         match DeadLetter::decode(payload) {
             Ok(dl) => batch.dead_letters.push(dl),
             Err(_) => metrics::counter!("hookline_log_indexed_total", "kind" => "skipped").increment(1),

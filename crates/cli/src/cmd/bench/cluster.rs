@@ -505,6 +505,8 @@ impl Cluster {
         let (rdk, other) = self.ingest.split_cpu_s();
         m.insert("ingest_librdkafka", rdk);
         m.insert("ingest_tokio", other);
+        // The delivery log's SQLite writes (its own thread): the store's share of ingest, told apart from the fan-out.
+        m.insert("ingest_log_writer", self.ingest.thread_cpu_s(hookline_log::sqlite::WRITER_THREAD));
         m.insert("retry_scheduler", self.scheduler.cpu_s());
         CpuSnapshot(m)
     }
