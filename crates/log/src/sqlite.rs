@@ -307,7 +307,6 @@ fn migrate(c: &mut Connection) -> Result<Vec<u32>, StoreError> {
     Ok(applied)
 }
 
-
 /// `{verb} {head} VALUES (…), (…) {tail}` for `rows` rows of `per_row` placeholders; `row(base)` writes one row's
 /// tuple from placeholder `base + 1` (so a tuple may hold more than bare placeholders).
 fn multi_row(verb: &str, head: &str, tail: &str, rows: usize, row: impl Fn(usize) -> String, per_row: usize) -> String {
@@ -330,18 +329,18 @@ fn insert_all<T>(
     items: &[&T],
     bind: impl Fn(&mut rusqlite::CachedStatement<'_>, usize, &T) -> rusqlite::Result<()>,
 ) -> Result<(), StoreError> {
-    let rows_per_statement = rows_per_statement.max(1);
-    let mut chunks = items.chunks_exact(rows_per_statement);
-    if rows_per_statement > 1 && items.len() >= rows_per_statement {
-        let mut many = tx.prepare_cached(&sql(rows_per_statement))?;
-        for chunk in &mut chunks {
+    let n = rows_per_statement.max(1);
+    // Whole statements of `n` rows first (none when `n` is 1), then the rest one row each.
+    let (full, rest) = items.split_at(if n > 1 { items.len() - items.len() % n } else { 0 });
+    if !full.is_empty() {
+        let mut many = tx.prepare_cached(&sql(n))?;
+        for chunk in full.chunks_exact(n) {
             for (i, item) in chunk.iter().enumerate() {
                 bind(&mut many, i * per_row, *item)?;
             }
             many.raw_execute()?;
         }
     }
-    let rest = if rows_per_statement > 1 { chunks.remainder() } else { items };
     if !rest.is_empty() {
         let mut one = tx.prepare_cached(&sql(1))?;
         for item in rest {
