@@ -27,7 +27,7 @@ use prost::Message;
 use crate::breakers::Pause;
 use crate::meters::Ended;
 use crate::lanes::Stuck;
-use crate::outcomes::Claim;
+use crate::outcomes::{Claim, RunGuard};
 use crate::records::{self, Concluding, RecordState, TryContext, TryRecord, Untried, Words};
 use crate::{now_ms, Ctx};
 
@@ -105,13 +105,19 @@ pub(crate) async fn hold_slot(mut delivery: BoxFuture<'static, ()>, released: Re
     }
 }
 
-/// Runs inside the subscription's lane (see `lanes.rs`), so it is the only place that waits for an endpoint.
+/// Runs inside the subscription's lane (see `lanes.rs`), so it is the only place that waits for an endpoint. Returns
+/// once every record of the delivery is acknowledged.
 pub async fn deliver(ctx: Arc<Ctx>, task: Box<DeliveryTask>, partition: i32) -> Result<(), Aborted> {
-    deliver_in_lane(ctx, task, partition, &Slot::none()).await
+    match deliver_in_lane(ctx.clone(), task, partition, &Slot::none()).await? {
+        Some(last) => ctx.write_last(last).await,
+        None => Ok(()),
+    }
 }
 
-/// [`deliver`], giving the lane's slot back (`slot`) once the endpoint has answered the attempt's last try.
-pub async fn deliver_in_lane(ctx: Arc<Ctx>, task: Box<DeliveryTask>, partition: i32, slot: &Slot) -> Result<(), Aborted> {
+/// [`deliver`], giving the lane's slot back (`slot`) once the endpoint has answered the attempt's last try. The
+/// record that concludes the attempt comes back unwritten when every record before it is acknowledged
+/// ([`LastWrite`]): the caller writes it, and its acknowledgement completes the delivery.
+pub async fn deliver_in_lane(ctx: Arc<Ctx>, task: Box<DeliveryTask>, partition: i32, slot: &Slot) -> Result<Option<LastWrite>, Aborted> {
     tracing::debug!(delivery = %task.delivery_id, partition, "task received");
     let ready = tokio::select! {
         // A synced partition's task runs even during the drain, as before: only a wait for a sync gives up.
@@ -125,8 +131,8 @@ pub async fn deliver_in_lane(ctx: Arc<Ctx>, task: Box<DeliveryTask>, partition: 
         return Err(Aborted);
     }
     // A redo (after a rebalance, or a task produced twice) of an attempt whose outcome is already written: done.
-    let _run = match ctx.outcomes.claim(ctx.outcomes.key(&task.delivery_id, &task.run_id, next_attempt(&task))).await {
-        Claim::Concluded => return Box::pin(already_concluded(&ctx, &task, partition)).await,
+    let run = match ctx.outcomes.claim(ctx.outcomes.key(&task.delivery_id, &task.run_id, next_attempt(&task))).await {
+        Claim::Concluded => return Box::pin(already_concluded(&ctx, &task, partition)).await.map(|()| None),
         Claim::Run(guard) => guard,
     };
     let now = now_ms();
@@ -149,7 +155,7 @@ pub async fn deliver_in_lane(ctx: Arc<Ctx>, task: Box<DeliveryTask>, partition: 
             .record();
             conclude(&ctx, &task, rec).await?;
             ctx.meters.delivery(Ended::Final(FinalState::Cancelled)).increment(1);
-            Ok(())
+            Ok(None)
         })
         .await;
     };
@@ -167,7 +173,7 @@ pub async fn deliver_in_lane(ctx: Arc<Ctx>, task: Box<DeliveryTask>, partition: 
                 conclude(&ctx, &task, rec).await?;
                 metrics::counter!("hookline_dead_lettered_total", "reason" => DeadLetterReason::InvalidPolicy.as_str()).increment(1);
                 ctx.meters.delivery(Ended::Final(FinalState::Dead)).increment(1);
-                Ok(())
+                Ok(None)
             })
             .await;
         }
@@ -176,26 +182,51 @@ pub async fn deliver_in_lane(ctx: Arc<Ctx>, task: Box<DeliveryTask>, partition: 
     let state = ctx.states.get(&task.subscription_id);
     let act = entry.sub.activity(state.as_ref());
     if !act.is_active() {
-        return Box::pin(inactive(&ctx, &task, &entry, &policy, &act, now)).await;
+        return Box::pin(inactive(&ctx, &task, &entry, &policy, &act, now)).await.map(|()| None);
     }
     // Early (a replay scheduled for later, or clocks apart): wait on the tier ladder, never deliver early.
     if task.due_at_ms > now.saturating_add(5) {
         let wait = u64::try_from(task.due_at_ms.saturating_sub(now)).unwrap_or(0);
-        return Box::pin(schedule(&ctx, *task, wait, now)).await;
+        return Box::pin(schedule(&ctx, *task, wait, now)).await.map(|()| None);
     }
 
     // Before a lease is written: a shutdown while waiting for the turn leaves no attempt behind.
     Box::pin(rate_turn(&ctx, &task.subscription_id, &entry)).await?;
     if policy.in_flight == InFlightRule::Count {
-        return Box::pin(leased_attempt(&ctx, task, &entry, &policy, partition, slot)).await;
+        return Box::pin(leased_attempt(&ctx, task, &entry, &policy, partition, slot, run)).await.map(|()| None);
     }
-    let Some(task) = Box::pin(admitted(&ctx, task, &policy, partition)).await? else { return Ok(()) };
-    Box::pin(attempt(&ctx, task, &entry, &policy, partition, slot)).await
+    let Some(task) = Box::pin(admitted(&ctx, task, &policy, partition)).await? else { return Ok(None) };
+    let last = Box::pin(attempt(&ctx, task, &entry, &policy, partition, slot)).await?;
+    Ok(last.map(|record| LastWrite { record, run }))
+}
+
+/// The record that concludes an attempt, encoded and not yet written: everything the attempt produced before it is
+/// acknowledged. Its key is the subscription id.
+pub(crate) struct Unwritten {
+    pub key: String,
+    pub payload: Vec<u8>,
+}
+
+/// An attempt's last record and the claim on the attempt (see `outcomes.rs`): once the record is acknowledged, the
+/// attempt is concluded (a copy of the task is not sent again) and the delivery's input offset may be committed.
+/// Written by [`Ctx::settle`](crate::Ctx::settle) (its acknowledgement handled where it arrives) or by
+/// [`Ctx::write_last`](crate::Ctx::write_last) (awaited).
+pub(crate) struct LastWrite {
+    pub record: Unwritten,
+    pub run: RunGuard,
 }
 
 /// An attempt under a lease (`in_flight = "count"`): an attempt an earlier owner left in flight counts; otherwise
 /// the lease is written (acknowledged) before the attempt and removed after its outcome is written.
-async fn leased_attempt(ctx: &Ctx, task: Box<DeliveryTask>, entry: &Arc<SubscriptionEntry>, policy: &Policy, partition: i32, slot: &Slot) -> Result<(), Aborted> {
+async fn leased_attempt(
+    ctx: &Ctx,
+    task: Box<DeliveryTask>,
+    entry: &Arc<SubscriptionEntry>,
+    policy: &Policy,
+    partition: i32,
+    slot: &Slot,
+    run: RunGuard,
+) -> Result<(), Aborted> {
     let attempt_no = task.attempts_made + 1;
     let absolute = task.prior_attempts + attempt_no;
     let topic = ctx.topics.inflight();
@@ -215,7 +246,10 @@ async fn leased_attempt(ctx: &Ctx, task: Box<DeliveryTask>, entry: &Arc<Subscrip
             ..Default::default()
         };
         ctx.produce_to_partition(topic, partition, &key, Some(&lease.encode_to_vec())).await?;
-        attempt(ctx, task, entry, policy, partition, slot).await?;
+        // The lease goes only once the attempt's outcome is acknowledged.
+        if let Some(record) = attempt(ctx, task, entry, policy, partition, slot).await? {
+            ctx.write_last(LastWrite { record, run }).await?;
+        }
     }
     ctx.produce_to_partition(topic, partition, &key, None).await
 }
@@ -481,17 +515,27 @@ async fn adapt(ctx: &Ctx, partition: i32, id: &str, rule: &ConcurrencyRule, resu
 enum AfterTry {
     /// A micro-retry: try again after this many ms, within the same attempt.
     TryAgain(u64),
-    Done,
+    /// The attempt is over; its concluding record is left to write.
+    Done(Unwritten),
 }
 
-async fn attempt(ctx: &Ctx, mut task: Box<DeliveryTask>, entry: &Arc<SubscriptionEntry>, policy: &Policy, partition: i32, slot: &Slot) -> Result<(), Aborted> {
+/// An attempt's tries. Its concluding record comes back unwritten (`None` when the attempt ended without a request
+/// and wrote its records itself).
+async fn attempt(
+    ctx: &Ctx,
+    mut task: Box<DeliveryTask>,
+    entry: &Arc<SubscriptionEntry>,
+    policy: &Policy,
+    partition: i32,
+    slot: &Slot,
+) -> Result<Option<Unwritten>, Aborted> {
     let attempt_no = task.attempts_made + 1;
     let event = task.event.as_ref();
     let body = match request::body(policy, event.unwrap_or(&Event::default())) {
         Ok(b) => b,
         // Boxed: this future waits for the endpoint with every other delivery in flight, and should not carry the
         // records of a branch it did not take.
-        Err(e) => return Box::pin(oversize(ctx, &task, policy, e)).await,
+        Err(e) => return Box::pin(oversize(ctx, &task, policy, e)).await.map(|()| None),
     };
     // The body is handed to the request, not kept: the pool frees it once written on a new connection (a reused
     // one keeps it, to send it again should that connection turn out closed), so a delivery waiting for its answer
@@ -538,7 +582,7 @@ async fn attempt(ctx: &Ctx, mut task: Box<DeliveryTask>, entry: &Arc<Subscriptio
                 Box::pin(micro_retry_wait(ctx, wait_ms)).await?;
                 try_no += 1;
             }
-            AfterTry::Done => return Ok(()),
+            AfterTry::Done(last) => return Ok(Some(last)),
         }
     }
 }
@@ -657,8 +701,7 @@ async fn conclude_try(
         _ => HealthEvent::UncountedFailure,
     };
     Box::pin(update_health(ctx, partition, entry, policy, event, ended)).await?;
-    conclude(ctx, task, rec).await?;
-    Ok(AfterTry::Done)
+    Ok(AfterTry::Done(concluding(ctx, task, rec).await?))
 }
 
 /// Ends the try's span (tracing on) with what its record says (the record names the span: `traceparent`).
@@ -675,18 +718,25 @@ fn next_attempt(task: &DeliveryTask) -> u32 {
 
 /// Writes the record that concludes the task's attempt, and remembers it. It is the last record the attempt writes
 /// (after its retry or dead letter, follow-ups and endpoint state), so its presence means the attempt is complete.
-fn conclude<'a>(ctx: &'a Ctx, task: &'a DeliveryTask, rec: impl Concluding) -> BoxFuture<'a, Result<(), Aborted>> {
-    let attempt = next_attempt(task);
+fn conclude<'a>(ctx: &'a Ctx, task: &'a DeliveryTask, rec: impl Concluding + Send + 'a) -> BoxFuture<'a, Result<(), Aborted>> {
+    Box::pin(async move {
+        let last = concluding(ctx, task, rec).await?;
+        ctx.produce_encoded(ctx.topics.attempts(), &last.key, last.payload).await?;
+        ctx.outcomes.concluded(ctx.outcomes.key(&task.delivery_id, &task.run_id, next_attempt(task)), now_ms());
+        Ok(())
+    })
+}
+
+/// The record that concludes the task's attempt, encoded for [`conclude`] or the caller to write.
+fn concluding<'a>(ctx: &'a Ctx, task: &'a DeliveryTask, rec: impl Concluding) -> BoxFuture<'a, Result<Unwritten, Aborted>> {
     let last = rec.next_due_at_ms() == 0;
-    let payload = rec.concluding(attempt, &task.run_id);
+    let payload = rec.concluding(next_attempt(task), &task.run_id);
     Box::pin(async move {
         // No next attempt: an ordered delivery's key is released before this record says it concluded.
         if last {
             crate::ordering::before_final(ctx, task).await?;
         }
-        ctx.produce_encoded(ctx.topics.attempts(), &task.subscription_id, payload).await?;
-        ctx.outcomes.concluded(ctx.outcomes.key(&task.delivery_id, &task.run_id, attempt), now_ms());
-        Ok(())
+        Ok(Unwritten { key: task.subscription_id.clone(), payload })
     })
 }
 

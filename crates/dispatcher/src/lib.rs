@@ -40,7 +40,8 @@ use hookline_core::vocabulary::DeadLetterReason;
 use prost::Message as _;
 use rdkafka::error::KafkaError;
 use hookline_kafka::client::Producer as KafkaProducer;
-use rdkafka::producer::{DeliveryFuture, FutureRecord, Producer};
+use hookline_kafka::producer::DeliveryFuture;
+use rdkafka::producer::FutureRecord;
 use rdkafka::message::BorrowedMessage;
 use rdkafka::Message;
 use tokio::sync::mpsc;
@@ -111,6 +112,8 @@ pub(crate) struct Ctx {
     pub liveness: Arc<Liveness>,
     /// The per-delivery metrics' handles.
     pub meters: meters::Meters,
+    /// The runtime, for the work an acknowledgement on the producer's polling thread hands back (see `settle`).
+    pub rt: tokio::runtime::Handle,
 }
 
 impl Ctx {
@@ -150,6 +153,49 @@ impl Ctx {
             self.stalls.acked();
             Ok(())
         })
+    }
+
+    /// Writes an attempt's last record without waiting for it: its acknowledgement, on the producer's polling
+    /// thread, concludes the attempt (`RunGuard::concluded`) and completes the delivery's input offset (`done`),
+    /// so no task waits for it and none is woken. A record librdkafka gives up on, or cannot enqueue, is written
+    /// again on the runtime until acknowledged ([`Ctx::write_last`]); a shutdown meanwhile leaves `done` incomplete
+    /// (the next owner of the partition redoes the delivery, which its claim then finds concluded or not).
+    pub fn settle(self: &Arc<Self>, last: deliver::LastWrite, done: Done) {
+        let write = self.stalls.write();
+        let run = last.run;
+        // Weak: a record the broker never answers must not keep the dispatcher (and its producer) alive.
+        let ctx = Arc::downgrade(self);
+        let record = FutureRecord::to(self.topics.attempts()).key(last.record.key.as_str()).payload(last.record.payload.as_slice());
+        self.producer.send_then(record, move |result| match result {
+            Ok(_) => {
+                write.acked();
+                run.concluded(now_ms());
+                done.complete();
+            }
+            Err(failed) => {
+                drop(write);
+                tracing::warn!(error = %failed.error, "writing an attempt's last record failed; writing it again until acknowledged");
+                let record = deliver::Unwritten {
+                    key: String::from_utf8_lossy(failed.key.unwrap_or_default()).into_owned(),
+                    payload: failed.payload.unwrap_or_default().to_vec(),
+                };
+                if let Some(ctx) = ctx.upgrade() {
+                    let rt = ctx.rt.clone();
+                    rt.spawn(async move {
+                        if ctx.write_last(deliver::LastWrite { record, run }).await.is_ok() {
+                            done.complete();
+                        }
+                    });
+                }
+            }
+        });
+    }
+
+    /// Writes an attempt's last record and waits for its acknowledgement; then the attempt is concluded.
+    pub async fn write_last(&self, last: deliver::LastWrite) -> Result<(), Aborted> {
+        self.produce_bytes(self.topics.attempts(), &last.record.key, &last.record.payload, None).await?;
+        last.run.concluded(now_ms());
+        Ok(())
     }
 
     /// Enqueues without waiting, preserving order with other enqueues to the same partition.
@@ -241,6 +287,7 @@ pub async fn run(config: Config, shutdown: CancellationToken, options: Options) 
         dlq: hookline_kafka::dead_letters::DeadLetterWriter::new(config.dlq.format, &config.kafka),
         liveness: Liveness::new(Duration::from_millis(kafka.max_poll_interval_ms)),
         meters: meters::Meters::default(),
+        rt: tokio::runtime::Handle::current(),
     });
 
     tokio::spawn(ctx.stalls.clone().detect_freezes(reader_stop.clone()));
@@ -382,11 +429,14 @@ impl Handler for Dispatch {
                     let work = async {
                         match run {
                             Run::Now => deliver::deliver_in_lane(job_ctx.clone(), task, p, &slot).await,
-                            Run::Shed(stuck) => deliver::spill(job_ctx.clone(), task, stuck).await,
+                            Run::Shed(stuck) => deliver::spill(job_ctx.clone(), task, stuck).await.map(|()| None),
                         }
                     };
-                    if guarded(&job_ctx, work, &raw, &source, p, o).await.is_ok() {
-                        done.complete();
+                    match guarded(&job_ctx, work, &raw, &source, p, o).await {
+                        // The attempt's last record: its acknowledgement completes the delivery.
+                        Ok(Some(last)) => job_ctx.settle(last, done),
+                        Ok(None) => done.complete(),
+                        Err(Aborted) => {}
                     }
                 });
                 // The lane's slot is held until the endpoint has answered (see `deliver::Slot`); the delivery's
@@ -403,14 +453,14 @@ impl Handler for Dispatch {
 /// Not an `async fn`: `work` is boxed before the returned future exists. An async fn keeps its arguments in its
 /// state beside what it moves them into, so `work` (a whole delivery's future, waiting for its endpoint with 10,000
 /// others) would be held twice; and the panic's dead letter is built in a boxed step of its own.
-pub(crate) fn guarded<'a>(
+pub(crate) fn guarded<'a, T: Default + Send + 'a>(
     ctx: &'a Ctx,
-    work: impl std::future::Future<Output = Result<(), Aborted>> + Send + 'a,
+    work: impl std::future::Future<Output = Result<T, Aborted>> + Send + 'a,
     raw: &'a Bytes,
     source_topic: &'a str,
     partition: i32,
     offset: i64,
-) -> impl std::future::Future<Output = Result<(), Aborted>> + Send + 'a {
+) -> impl std::future::Future<Output = Result<T, Aborted>> + Send + 'a {
     let work = Box::pin(AssertUnwindSafe(work).catch_unwind());
     async move {
         if !ctx.liveness.is_live() {
@@ -418,7 +468,7 @@ pub(crate) fn guarded<'a>(
         }
         match work.await {
             Ok(result) => result,
-            Err(panic) => Box::pin(dead_letter_panic(ctx, panic, raw, source_topic, partition, offset)).await,
+            Err(panic) => Box::pin(dead_letter_panic(ctx, panic, raw, source_topic, partition, offset)).await.map(|()| T::default()),
         }
     }
 }

@@ -146,7 +146,10 @@ impl OutcomeLedger {
         if !self.enabled() {
             return;
         }
-        let mut inner = self.shard(key);
+        self.conclude_in(&mut self.shard(key), key, now_ms);
+    }
+
+    fn conclude_in(&self, inner: &mut Inner, key: Key, now_ms: i64) {
         if inner.concluded.insert(key) {
             inner.order.push_back((now_ms, key));
         }
@@ -202,6 +205,24 @@ pub struct RunGuard {
     key: Key,
 }
 
+impl RunGuard {
+    /// The attempt's outcome is written (at `now_ms`): remembered and the claim released under one lock, so a
+    /// copy of the task that waited for this run finds it concluded. The key is the claim's, not hashed again.
+    pub fn concluded(mut self, now_ms: i64) {
+        let Some(ledger) = self.ledger.take() else { return };
+        let waiting = {
+            let mut inner = ledger.shard(self.key);
+            if ledger.enabled() {
+                ledger.conclude_in(&mut inner, self.key, now_ms);
+            }
+            inner.running.remove(&self.key)
+        };
+        if let Some(Some(n)) = waiting {
+            n.notify_waiters();
+        }
+    }
+}
+
 impl Drop for RunGuard {
     fn drop(&mut self) {
         if let Some(l) = &self.ledger {
@@ -233,6 +254,24 @@ mod tests {
         for other in [l.key("dlv_1", "", 2), l.key("dlv_2", "", 1), l.key("dlv_1", "run_a", 1)] {
             assert!(matches!(l.claim(other).await, Claim::Run(_)));
         }
+    }
+
+    #[tokio::test]
+    async fn a_run_concluded_through_its_guard_is_not_run_again_and_its_waiting_copy_skips_it() {
+        let l = OutcomeLedger::new(60_000, 100);
+        let k = l.key("dlv_1", "", 1);
+        let first = run(l.claim(k).await);
+        let copy = tokio::spawn({
+            let l = l.clone();
+            async move { matches!(l.claim(k).await, Claim::Concluded) }
+        });
+        for _ in 0..10 {
+            tokio::task::yield_now().await;
+        }
+        first.concluded(1_000);
+        assert!(copy.await.unwrap(), "the copy that waited finds the attempt concluded");
+        assert!(matches!(l.claim(k).await, Claim::Concluded));
+        assert_eq!(l.len(), 1);
     }
 
     #[tokio::test]

@@ -97,6 +97,13 @@ pub struct WriteGuard {
     stalls: Arc<Stalls>,
 }
 
+impl WriteGuard {
+    /// The write was acknowledged (see [`Stalls::acked`]); it is no longer outstanding.
+    pub fn acked(self) {
+        self.stalls.acked();
+    }
+}
+
 impl Drop for WriteGuard {
     fn drop(&mut self) {
         self.stalls.pending.fetch_sub(1, Ordering::AcqRel);

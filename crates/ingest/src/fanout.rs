@@ -149,7 +149,7 @@ pub struct Pending {
     key: String,
     payload: Vec<u8>,
     headers: Option<OwnedHeaders>,
-    future: Option<rdkafka::producer::DeliveryFuture>,
+    future: Option<hookline_kafka::producer::DeliveryFuture>,
 }
 
 fn enqueue(producer: &FutureProducer, topic: &str, key: String, payload: Vec<u8>) -> Pending {

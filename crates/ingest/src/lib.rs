@@ -19,7 +19,6 @@ use hookline_kafka::table::{self, TableError};
 use hookline_kafka::Topics;
 use hookline_service::{health, telemetry, Config, Readiness};
 use rdkafka::error::KafkaError;
-use rdkafka::producer::Producer;
 use tokio::sync::oneshot;
 use tokio_util::sync::CancellationToken;
 

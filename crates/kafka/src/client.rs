@@ -7,7 +7,6 @@ use rdkafka::admin::AdminClient;
 use rdkafka::client::{ClientContext, OAuthToken};
 use rdkafka::config::{ClientConfig, FromClientConfigAndContext};
 use rdkafka::error::{KafkaError, KafkaResult};
-use rdkafka::producer::FutureProducer;
 
 use crate::oauth::OAuthClient;
 use crate::settings::{KafkaSettings, SaslMechanism};
@@ -29,8 +28,7 @@ impl ClientContext for KafkaContext {
     }
 }
 
-/// A producer of hookline records.
-pub type Producer = FutureProducer<KafkaContext>;
+pub use crate::producer::Producer;
 
 fn base(settings: &KafkaSettings, client_id: &str) -> KafkaResult<ClientConfig> {
     let mut c = ClientConfig::new();
@@ -99,7 +97,7 @@ pub fn producer_config(settings: &KafkaSettings, client_id: &str) -> KafkaResult
 }
 
 pub fn producer(settings: &KafkaSettings, client_id: &str) -> KafkaResult<Producer> {
-    producer_config(settings, client_id)?.create_with_context(KafkaContext)
+    Producer::from_config(&producer_config(settings, client_id)?)
 }
 
 /// An admin client (topic creation) with hookline's connection and security settings.

@@ -10,6 +10,7 @@ mod listing;
 pub mod mock;
 pub mod oauth;
 pub mod produce;
+pub mod producer;
 pub mod rebalance;
 pub mod scan;
 pub mod settings;

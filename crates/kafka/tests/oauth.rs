@@ -182,7 +182,6 @@ async fn the_hook_fetches_from_a_runtime_worker_and_from_a_plain_thread() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn every_hookline_client_fetches_its_token_through_the_hook() {
     use rdkafka::consumer::{Consumer, StreamConsumer};
-    use rdkafka::producer::Producer as _;
     let ep = endpoint(200, r#"{"access_token":"tok-all","expires_in":3600}"#).await;
     let s = settings(&ep.url);
 

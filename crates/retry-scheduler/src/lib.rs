@@ -25,7 +25,6 @@ use prost::Message as _;
 use rdkafka::consumer::Consumer;
 use rdkafka::error::KafkaError;
 use hookline_kafka::client::Producer as FutureProducer;
-use rdkafka::producer::Producer;
 use rdkafka::message::BorrowedMessage;
 use rdkafka::{Message, TopicPartitionList};
 use futures::future::BoxFuture;

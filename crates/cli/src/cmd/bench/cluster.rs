@@ -409,11 +409,10 @@ impl Cluster {
 
     /// A producer for the `events` topic with hookline's own client settings and the given linger.
     pub fn producer(&self, linger_ms: u64) -> anyhow::Result<FutureProducer> {
-        use rdkafka::config::FromClientConfigAndContext;
         let mut c = hookline_kafka::client::producer_config(&self.config.kafka, "hookline-bench")?;
         c.set("linger.ms", linger_ms.to_string());
         c.set("queue.buffering.max.messages", "1000000");
-        Ok(FutureProducer::from_config_and_context(&c, hookline_kafka::client::KafkaContext)?)
+        Ok(FutureProducer::from_config(&c)?)
     }
 
     /// Publishes a warm-up event (type `bench.warm`, which every bench subscription also matches) every 500 ms

@@ -84,7 +84,7 @@ async fn load(
     let secret = hookline_core::sign::generate_secret(&mut rand::rng());
     let mut written = 0usize;
     let mut pending = Vec::with_capacity(20_000);
-    let flush = |pending: &mut Vec<rdkafka::producer::DeliveryFuture>| {
+    let flush = |pending: &mut Vec<hookline_kafka::producer::DeliveryFuture>| {
         let batch = std::mem::take(pending);
         async move {
             // Already in flight in librdkafka: awaiting them in turn waits for the slowest.

@@ -539,7 +539,7 @@ async fn floor_loop(kafka: hookline_kafka::KafkaSettings, [input, output]: [Stri
     use std::collections::HashSet;
 
     // One future type for a first produce and a produce again.
-    async fn tracked(p: i32, o: i64, key: String, fut: rdkafka::producer::DeliveryFuture) -> (i32, i64, String, bool) {
+    async fn tracked(p: i32, o: i64, key: String, fut: hookline_kafka::producer::DeliveryFuture) -> (i32, i64, String, bool) {
         let acked = matches!(fut.await, Ok(Ok(_)));
         (p, o, key, acked)
     }
