@@ -1,10 +1,10 @@
 //! The fan-out: each accepted event becomes one delivery task per matching subscription. The event's offset is
 //! stored only after every task (or its dead letter) is acknowledged.
 
-use std::sync::Arc;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use futures::future::join_all;
 use hookline_core::payload_filter::{Data, EventFields};
 use hookline_core::model::{delivery_id, DeadLetter, DeliveryTask, Event, TaskOrigin};
 use hookline_kafka::rebalance::RebalanceEvent;
@@ -13,8 +13,8 @@ use hookline_kafka::worker::{self, Control, Done, Handler, Liveness, Worker};
 use hookline_kafka::Topics;
 use prost::Message as _;
 use rdkafka::error::KafkaError;
-use hookline_kafka::client::Producer as FutureProducer;
-use rdkafka::message::{BorrowedMessage, OwnedHeaders};
+use hookline_kafka::client::Producer;
+use rdkafka::message::BorrowedMessage;
 use rdkafka::producer::FutureRecord;
 use rdkafka::Message;
 use tokio_util::sync::CancellationToken;
@@ -27,7 +27,7 @@ const MAX_TASKS_IN_FLIGHT: usize = 65_536;
 
 pub struct Fanout {
     pub topics: Topics,
-    pub producer: FutureProducer,
+    pub producer: Producer,
     pub subs: SubscriptionTable,
     pub max_event_bytes: usize,
     pub shutdown: CancellationToken,
@@ -36,6 +36,8 @@ pub struct Fanout {
     pub readiness: hookline_service::Readiness,
     /// How dead letters of unreadable events are written (`dlq.format`, within the record size).
     pub dlq: hookline_kafka::dead_letters::DeadLetterWriter,
+    /// The runtime, for a task the producer gave up on: written again there (see [`EventSettle`]).
+    pub rt: tokio::runtime::Handle,
 }
 
 pub async fn run(f: Arc<Fanout>, config: &hookline_service::Config, client_id: &str) -> Result<(), KafkaError> {
@@ -71,7 +73,7 @@ impl Handler for FanoutHandler {
         }
     }
 
-    fn record(&mut self, m: &BorrowedMessage<'_>, mut done: Done, _: &Control<'_>) {
+    fn record(&mut self, m: &BorrowedMessage<'_>, done: Done, _: &Control<'_>) {
         // The latency split's receive stamp (proto: DeliveryTask.fanout_received_at_us).
         let received_us = hookline_service::now_us();
         let f = &self.0;
@@ -79,17 +81,8 @@ impl Handler for FanoutHandler {
         let (p, o) = (done.partition(), done.offset());
         metrics::counter!("hookline_events_consumed_total").increment(1);
         let accepted_at = m.timestamp().to_millis().unwrap_or_else(crate::now_ms);
-        let mut span = None;
-        let work = match decode::decode(m.payload().unwrap_or_default(), f.max_event_bytes, false) {
-            Ok(mut ev) => {
-                if ev.accepted_at_ms == 0 { ev.accepted_at_ms = accepted_at; }
-                // Headers are looked at only when tracing is on.
-                let (tp, ts) = if f.tracer.is_on() { trace_headers(m) } else { (None, None) };
-                span = f.tracer.fanout(&mut ev, tp, ts);
-                let work = fan_out(f, ev, received_us);
-                if let Some(s) = &mut span { s.set_i64("hookline.deliveries", work.len() as i64); }
-                work
-            }
+        let mut ev = match decode::decode(m.payload().unwrap_or_default(), f.max_event_bytes, false) {
+            Ok(ev) => ev,
             Err(invalid) => {
                 metrics::counter!("hookline_events_invalid_total", "reason" => invalid.reason).increment(1);
                 tracing::debug!(partition = p, offset = o, %invalid, "invalid event dead-lettered");
@@ -110,20 +103,21 @@ impl Handler for FanoutHandler {
                     f.tracer.dead_letter_of_record(&dl, tp, ts);
                 }
                 let (value, headers) = f.dlq.record(&dl);
-                vec![enqueue_with_headers(&f.producer, f.topics.dlq(), String::new(), value, Some(headers))]
+                let f = f.clone();
+                tokio::spawn(async move {
+                    let sent = hookline_kafka::produce::send_until_acked(&f.producer, f.topics.dlq(), "", &value, Some(&headers), &f.shutdown).await;
+                    if sent.is_ok() {
+                        done.complete();
+                    }
+                });
+                return;
             }
         };
-        // Weighs its tasks whatever is left (the event is in hand); the partitions pause once the budget is spent.
-        done.add_units(work.len().saturating_sub(1));
-        let shutdown = f.shutdown.clone();
-        let producer = f.producer.clone();
-        tokio::spawn(async move {
-            if complete(work, &producer, &shutdown).await {
-                done.complete();
-            }
-            // The fan-out span ends once every task is acknowledged.
-            if let Some(s) = span { s.end(); }
-        });
+        if ev.accepted_at_ms == 0 { ev.accepted_at_ms = accepted_at; }
+        // Headers are looked at only when tracing is on.
+        let (tp, ts) = if f.tracer.is_on() { trace_headers(m) } else { (None, None) };
+        let span = f.tracer.fanout(&mut ev, tp, ts);
+        fan_out(f, ev, received_us, done, span);
     }
 }
 
@@ -143,29 +137,9 @@ fn trace_headers<M: Message>(m: &M) -> (Option<&[u8]>, Option<&[u8]>) {
     (tp, ts)
 }
 
-/// A record to produce: enqueued now (keeps order), awaited later.
-pub struct Pending {
-    topic: String,
-    key: String,
-    payload: Vec<u8>,
-    headers: Option<OwnedHeaders>,
-    future: Option<hookline_kafka::producer::DeliveryFuture>,
-}
-
-fn enqueue(producer: &FutureProducer, topic: &str, key: String, payload: Vec<u8>) -> Pending {
-    enqueue_with_headers(producer, topic, key, payload, None)
-}
-
-fn enqueue_with_headers(producer: &FutureProducer, topic: &str, key: String, payload: Vec<u8>, headers: Option<OwnedHeaders>) -> Pending {
-    let mut record = FutureRecord::to(topic).key(&key).payload(&payload);
-    if let Some(h) = &headers {
-        record = record.headers(h.clone());
-    }
-    let future = producer.send_result(record).ok();
-    Pending { topic: topic.to_owned(), key, payload, headers, future }
-}
-
-fn fan_out(f: &Fanout, ev: Event, received_us: i64) -> Vec<Pending> {
+/// Enqueues one task per matching subscription. Their acknowledgements arrive on the producer's polling thread,
+/// where the last one completes the event's offset ([`EventSettle`]); an event that matches nothing completes now.
+fn fan_out(f: &Arc<Fanout>, ev: Event, received_us: i64, mut done: Done, mut span: Option<hookline_service::traces::Span>) {
     // Only the event's own tenant's subscriptions (none of another tenant's, even for the same type).
     let mut targets = f.subs.matching(&ev.tenant, &ev.r#type);
     if !ev.only_subscription_id.is_empty() {
@@ -180,22 +154,69 @@ fn fan_out(f: &Fanout, ev: Event, received_us: i64) -> Vec<Pending> {
         metrics::counter!("hookline_deliveries_filtered_total").increment((before - targets.len()) as u64);
     }
     metrics::counter!("hookline_deliveries_fanned_out_total").increment(targets.len() as u64);
+    if let Some(s) = &mut span { s.set_i64("hookline.deliveries", targets.len() as i64); }
+    if targets.is_empty() {
+        done.complete();
+        if let Some(s) = span { s.end(); }
+        return;
+    }
+    // Weighs its tasks whatever is left (the event is in hand); the partitions pause once the budget is spent.
+    done.add_units(targets.len() - 1);
+    let settle = Arc::new(EventSettle { remaining: AtomicUsize::new(targets.len()), done: Mutex::new(Some((done, span))) });
     let deliveries = f.topics.deliveries();
     let event = EncodedEvent::new(&ev);
-    targets
-        .iter()
-        .map(|entry| {
-            let task = DeliveryTask {
-                delivery_id: delivery_id(&ev.id, &entry.sub.id),
-                subscription_id: entry.sub.id.to_string(),
-                origin: TaskOrigin::Fanout as i32,
-                fanout_received_at_us: received_us,
-                fanout_produced_at_us: hookline_service::now_us(),
-                ..Default::default()
-            };
-            enqueue(&f.producer, deliveries, entry.sub.id.to_string(), event.task_bytes(&task))
-        })
-        .collect()
+    for entry in &targets {
+        let task = DeliveryTask {
+            delivery_id: delivery_id(&ev.id, &entry.sub.id),
+            subscription_id: entry.sub.id.to_string(),
+            origin: TaskOrigin::Fanout as i32,
+            fanout_received_at_us: received_us,
+            fanout_produced_at_us: hookline_service::now_us(),
+            ..Default::default()
+        };
+        let payload = event.task_bytes(&task);
+        let record = FutureRecord::to(deliveries).key(task.subscription_id.as_str()).payload(payload.as_slice());
+        // Weak: a record the broker never answers must not keep the fan-out (and its producer) alive.
+        let (settle, fanout) = (settle.clone(), Arc::downgrade(f));
+        f.producer.send_then(record, move |result| match result {
+            Ok(_) => settle.acked_one(),
+            Err(failed) => {
+                tracing::warn!(error = %failed.error, "producing a delivery task failed; producing it again until acknowledged");
+                let key = String::from_utf8_lossy(failed.key.unwrap_or_default()).into_owned();
+                let payload = failed.payload.unwrap_or_default().to_vec();
+                if let Some(f) = fanout.upgrade() {
+                    let rt = f.rt.clone();
+                    rt.spawn(async move {
+                        let sent = hookline_kafka::produce::send_until_acked(&f.producer, f.topics.deliveries(), &key, &payload, None, &f.shutdown).await;
+                        if sent.is_ok() {
+                            settle.acked_one();
+                        }
+                    });
+                }
+            }
+        });
+    }
+}
+
+/// An event's tasks on their way to the broker. The last acknowledgement completes the event's offset and ends its
+/// span; a shutdown before then drops `done` uncompleted (the event is fanned out again by the next owner).
+struct EventSettle {
+    remaining: AtomicUsize,
+    done: Mutex<Option<(Done, Option<hookline_service::traces::Span>)>>,
+}
+
+impl EventSettle {
+    fn acked_one(&self) {
+        if self.remaining.fetch_sub(1, Ordering::AcqRel) != 1 {
+            return;
+        }
+        let finished = self.done.lock().unwrap_or_else(|e| e.into_inner()).take();
+        if let Some((done, span)) = finished {
+            done.complete();
+            // The fan-out span ends once every task is acknowledged.
+            if let Some(s) = span { s.end(); }
+        }
+    }
 }
 
 /// The event encoded once per fan-out; each task's record is its own fields followed by these bytes as field
@@ -259,23 +280,4 @@ mod tests {
         let empty = EncodedEvent::new(&Event::default()).task_bytes(&DeliveryTask::default());
         assert_eq!(DeliveryTask::decode(empty.as_slice()).unwrap().event, Some(Event::default()));
     }
-}
-
-/// Waits for every record; re-produces any that failed until it lands. False when shutting down first.
-async fn complete(work: Vec<Pending>, producer: &FutureProducer, shutdown: &CancellationToken) -> bool {
-    let results = join_all(work.into_iter().map(|p| async move {
-        if let Some(fut) = p.future {
-            if let Ok(Ok(_)) = fut.await {
-                return None;
-            }
-        }
-        Some((p.topic, p.key, p.payload, p.headers))
-    }))
-    .await;
-    for (topic, key, payload, headers) in results.into_iter().flatten() {
-        if hookline_kafka::produce::send_until_acked(producer, &topic, &key, &payload, headers.as_ref(), shutdown).await.is_err() {
-            return false;
-        }
-    }
-    true
 }
