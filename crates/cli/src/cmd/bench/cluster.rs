@@ -283,6 +283,8 @@ pub struct Cluster {
     http: Client<HttpConnector, Full<Bytes>>,
     /// Set when the topics live on a real cluster (deleted on stop).
     real_topics: bool,
+    /// `--log-store postgres`: (server URL, scratch database), dropped on stop.
+    scratch_db: Option<(String, String)>,
 }
 
 impl Cluster {
@@ -321,6 +323,16 @@ impl Cluster {
         config.ingest.listen_addr = api;
         config.dispatcher.health_addr = std::net::TcpListener::bind("127.0.0.1:0")?.local_addr()?;
         config.retry_scheduler.health_addr = std::net::TcpListener::bind("127.0.0.1:0")?.local_addr()?;
+        let scratch_db = match args.log_store {
+            super::LogStore::Sqlite => None,
+            super::LogStore::Postgres => {
+                let server = args.postgres_url.clone().context("--log-store postgres: needs --postgres-url")?;
+                let (url, name) = super::log::scratch(&server).await?;
+                config.log.store = hookline_service::config::LogStoreKind::Postgres;
+                config.log.postgres_url = Some(url);
+                Some((server, name))
+            }
+        };
         tune(&mut config);
         config.validate().map_err(|e| anyhow::anyhow!("{e}"))?;
         let exe = match &args.services_exe {
@@ -331,7 +343,7 @@ impl Cluster {
         let dispatcher = Proc::spawn_from(&exe, "dispatcher", &config, false)?;
         let scheduler = Proc::spawn_from(&exe, "retry-scheduler", &config, false)?;
         let http = Client::builder(TokioExecutor::new()).build_http();
-        let mut cluster = Self { config, api, broker, ingest, dispatcher, scheduler, exe, http, real_topics };
+        let mut cluster = Self { config, api, broker, ingest, dispatcher, scheduler, exe, http, real_topics, scratch_db };
         // Ready when the API answers /readyz (its tables are read).
         let deadline = Instant::now() + Duration::from_secs(60);
         loop {
@@ -513,6 +525,7 @@ impl Cluster {
     pub async fn stop(mut self) {
         let real = self.real_topics;
         let config = self.config.clone();
+        let scratch = self.scratch_db.take();
         tokio::task::spawn_blocking(move || {
             self.ingest.stop(Duration::from_secs(8));
             self.dispatcher.stop(Duration::from_secs(8));
@@ -525,6 +538,9 @@ impl Cluster {
         .ok();
         if real {
             let _ = delete_topics(&config).await;
+        }
+        if let Some((server, name)) = scratch {
+            super::log::drop_scratch(&server, &name).await;
         }
     }
 }

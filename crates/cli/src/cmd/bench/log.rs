@@ -174,13 +174,13 @@ async fn measure(target: &Target, attempts: u64, queries: usize, spread: LogIds)
 }
 
 /// A scratch database on the server, dropped afterwards; the server's own database is only used to create it.
-async fn scratch(url: &str) -> anyhow::Result<(String, String)> {
+pub(super) async fn scratch(url: &str) -> anyhow::Result<(String, String)> {
     let name = format!("hookline_bench_{}", std::process::id());
     let db_url = hookline_log::postgres::create_database(url, &name).await.map_err(|e| anyhow::anyhow!("--postgres-url: {e}"))?;
     Ok((db_url, name))
 }
 
-async fn drop_scratch(url: &str, name: &str) {
+pub(super) async fn drop_scratch(url: &str, name: &str) {
     hookline_log::postgres::drop_database(url, name).await;
 }
 

@@ -30,6 +30,16 @@ use std::time::{Duration, Instant};
 
 use serde_json::{json, Map, Value};
 
+/// Where the pipeline's delivery log is kept.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum)]
+pub enum LogStore {
+    /// A SQLite file written by the ingest process (the default store).
+    Sqlite,
+    /// A scratch database on `--postgres-url`'s server (created, then dropped): the database's CPU is its own
+    /// process's, as the broker's is.
+    Postgres,
+}
+
 /// `bench log`: how the written ids are spread over the key space.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum)]
 pub enum LogIds {
@@ -169,6 +179,10 @@ pub struct BenchArgs {
     /// created there and dropped afterwards.
     #[arg(long, value_name = "URL")]
     postgres_url: Option<String>,
+    /// The pipeline scenarios' delivery log: `sqlite` (a file of the ingest process, the default store) or
+    /// `postgres` (a scratch database on --postgres-url, created and dropped).
+    #[arg(long, value_enum, default_value_t = LogStore::Sqlite)]
+    log_store: LogStore,
     /// log: measure only this backend (`sqlite`, or `postgres`, which needs --postgres-url).
     #[arg(long, value_parser = ["sqlite", "postgres"])]
     log_only: Option<String>,

@@ -158,7 +158,16 @@ pub async fn run(args: &BenchArgs) -> anyhow::Result<(Map<String, Value>, bool)>
     let types: Vec<String> = (0..groups).map(|g| format!("tp.{g}")).collect();
     let f = flood(&cluster, &recv, &publisher, "t", &types, fanout as u64, args.events, args.duration_s, window(args)).await;
     let deliveries_per_s = f.deliveries as f64 / f.seconds;
-    let cpu = cpu_per_1k(&f.cpu_before, &f.cpu_after, f.deliveries as f64, PROCS);
+    // Ingest's CPU is read once its delivery log has indexed the run (a store slower than the flood, such as a
+    // PostgreSQL server on the same two cores, would otherwise leave part of the log's work out of the figure).
+    let log_wait = log_caught_up(&cluster).await;
+    let mut cpu_after = f.cpu_after;
+    for (k, v) in log_wait.cpu.0 {
+        if k.starts_with("ingest") {
+            cpu_after.0.insert(k, v);
+        }
+    }
+    let cpu = cpu_per_1k(&f.cpu_before, &cpu_after, f.deliveries as f64, PROCS);
     let publish_failures = publisher.failed.load(Ordering::Relaxed);
     // The Kafka floor below measures this process's new Kafka clients: the event producer goes first.
     drop(publisher);
@@ -199,6 +208,9 @@ pub async fn run(args: &BenchArgs) -> anyhow::Result<(Map<String, Value>, bool)>
     out.insert("publish_failures".into(), json!(publish_failures));
     out.insert("named_host".into(), json!(args.named_host));
     out.insert("receiver_host".into(), json!(host));
+    out.insert("log_store".into(), json!(format!("{:?}", args.log_store).to_lowercase()));
+    out.insert("log_caught_up".into(), json!(log_wait.caught_up));
+    out.insert("log_catch_up_s".into(), json!(round(log_wait.seconds, 2)));
     out.insert("dns_cache_ttl_s".into(), json!(dns_cache_ttl_s));
     let c = |k: &str| cpu.get(k).and_then(Value::as_f64).unwrap_or(f64::NAN);
     let (batched, paced) = match &floors {
@@ -289,6 +301,34 @@ pub async fn run(args: &BenchArgs) -> anyhow::Result<(Map<String, Value>, bool)>
         .collect::<Vec<_>>(),
     );
     Ok((out, met))
+}
+
+struct LogWait {
+    caught_up: bool,
+    seconds: f64,
+    /// Every process's CPU when the log had caught up (only ingest's is used).
+    cpu: super::cluster::CpuSnapshot,
+}
+
+/// Waits (at most 5 minutes) until ingest's delivery log has indexed everything: its
+/// `hookline_log_indexed_total` unchanged for a second after the last delivery arrived.
+async fn log_caught_up(cluster: &Cluster) -> LogWait {
+    const NAME: &str = "hookline_log_indexed_total";
+    let started = Instant::now();
+    let (mut last, mut still) = (f64::NAN, 0);
+    loop {
+        let now = cluster.metrics_at(cluster.api, &[NAME]).await.get(NAME).copied().unwrap_or(0.0);
+        still = if now == last { still + 1 } else { 0 };
+        last = now;
+        if still >= 4 || started.elapsed() > Duration::from_secs(300) {
+            let seconds = started.elapsed().as_secs_f64();
+            if still < 4 {
+                eprintln!("  the delivery log had not caught up after {seconds:.0} s: ingest's CPU leaves its backlog out");
+            }
+            return LogWait { caught_up: still >= 4, seconds, cpu: cluster.cpu() };
+        }
+        tokio::time::sleep(Duration::from_millis(250)).await;
+    }
 }
 
 pub struct Raw {
