@@ -174,6 +174,7 @@ impl Ctx {
             }
             Err(failed) => {
                 drop(write);
+                metrics::counter!("hookline_kafka_produce_errors_total", "topic" => "attempts").increment(1);
                 tracing::warn!(error = %failed.error, "writing an attempt's last record failed; writing it again until acknowledged");
                 let record = deliver::Unwritten {
                     key: String::from_utf8_lossy(failed.key.unwrap_or_default()).into_owned(),

@@ -8,7 +8,7 @@ use std::time::Duration;
 use hookline_core::payload_filter::{Data, EventFields};
 use hookline_core::model::{delivery_id, DeadLetter, DeliveryTask, Event, TaskOrigin};
 use hookline_kafka::rebalance::RebalanceEvent;
-use hookline_kafka::state::SubscriptionTable;
+use hookline_kafka::state::{SubscriptionEntry, SubscriptionTable};
 use hookline_kafka::worker::{self, Control, Done, Handler, Liveness, Worker};
 use hookline_kafka::Topics;
 use prost::Message as _;
@@ -162,10 +162,15 @@ fn fan_out(f: &Arc<Fanout>, ev: Event, received_us: i64, mut done: Done, mut spa
     }
     // Weighs its tasks whatever is left (the event is in hand); the partitions pause once the budget is spent.
     done.add_units(targets.len() - 1);
-    let settle = Arc::new(EventSettle { remaining: AtomicUsize::new(targets.len()), done: Mutex::new(Some((done, span))) });
+    enqueue_tasks(f, &ev, &targets, received_us, (done, span));
+}
+
+/// Enqueues `ev`'s task for each of `targets` (at least one); `settled` runs once every one is acknowledged.
+fn enqueue_tasks<S: Settled>(f: &Arc<Fanout>, ev: &Event, targets: &[Arc<SubscriptionEntry>], received_us: i64, settled: S) {
+    let settle = Arc::new(EventSettle { remaining: AtomicUsize::new(targets.len()), settled: Mutex::new(Some(settled)) });
     let deliveries = f.topics.deliveries();
-    let event = EncodedEvent::new(&ev);
-    for entry in &targets {
+    let event = EncodedEvent::new(ev);
+    for entry in targets {
         let task = DeliveryTask {
             delivery_id: delivery_id(&ev.id, &entry.sub.id),
             subscription_id: entry.sub.id.to_string(),
@@ -181,6 +186,7 @@ fn fan_out(f: &Arc<Fanout>, ev: Event, received_us: i64, mut done: Done, mut spa
         f.producer.send_then(record, move |result| match result {
             Ok(_) => settle.acked_one(),
             Err(failed) => {
+                metrics::counter!("hookline_kafka_produce_errors_total", "topic" => "deliveries").increment(1);
                 tracing::warn!(error = %failed.error, "producing a delivery task failed; producing it again until acknowledged");
                 let key = String::from_utf8_lossy(failed.key.unwrap_or_default()).into_owned();
                 let payload = failed.payload.unwrap_or_default().to_vec();
@@ -198,23 +204,35 @@ fn fan_out(f: &Arc<Fanout>, ev: Event, received_us: i64, mut done: Done, mut spa
     }
 }
 
-/// An event's tasks on their way to the broker. The last acknowledgement completes the event's offset and ends its
-/// span; a shutdown before then drops `done` uncompleted (the event is fanned out again by the next owner).
-struct EventSettle {
-    remaining: AtomicUsize,
-    done: Mutex<Option<(Done, Option<hookline_service::traces::Span>)>>,
+/// What is done once all of an event's tasks are acknowledged.
+trait Settled: Send + Sync + 'static {
+    fn settled(self);
 }
 
-impl EventSettle {
+/// The event's offset is completed, and its fan-out span ends.
+impl Settled for (Done, Option<hookline_service::traces::Span>) {
+    fn settled(self) {
+        let (done, span) = self;
+        done.complete();
+        if let Some(s) = span { s.end(); }
+    }
+}
+
+/// An event's tasks on their way to the broker; the last acknowledgement settles the event. A shutdown before then
+/// drops what `settled` holds unrun (the event's `Done`: the next owner fans it out again).
+struct EventSettle<S> {
+    remaining: AtomicUsize,
+    settled: Mutex<Option<S>>,
+}
+
+impl<S: Settled> EventSettle<S> {
     fn acked_one(&self) {
         if self.remaining.fetch_sub(1, Ordering::AcqRel) != 1 {
             return;
         }
-        let finished = self.done.lock().unwrap_or_else(|e| e.into_inner()).take();
-        if let Some((done, span)) = finished {
-            done.complete();
-            // The fan-out span ends once every task is acknowledged.
-            if let Some(s) = span { s.end(); }
+        let settled = self.settled.lock().unwrap_or_else(|e| e.into_inner()).take();
+        if let Some(s) = settled {
+            s.settled();
         }
     }
 }
@@ -279,5 +297,54 @@ mod tests {
         // An empty event still makes an `event: Some(..)`, as `Some(Event::default())` does.
         let empty = EncodedEvent::new(&Event::default()).task_bytes(&DeliveryTask::default());
         assert_eq!(DeliveryTask::decode(empty.as_slice()).unwrap().event, Some(Event::default()));
+    }
+
+    impl Settled for tokio::sync::oneshot::Sender<()> {
+        fn settled(self) {
+            let _ = self.send(());
+        }
+    }
+
+    /// Tasks librdkafka gives up on (the broker down past `delivery_timeout_ms`) are produced again until
+    /// acknowledged; the event is settled only once every task is written, each exactly once.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn tasks_the_producer_gave_up_on_are_produced_again_and_the_event_settles_once_all_are_written() {
+        use hookline_kafka::mock::DevBroker;
+        let topics = Topics::new("fo.");
+        let broker = DevBroker::start(&topics, 2, 1).unwrap();
+        let kafka = hookline_kafka::KafkaSettings { bootstrap_servers: broker.bootstrap_servers(), delivery_timeout_ms: 1_000, ..Default::default() };
+        let f = Arc::new(Fanout {
+            topics: topics.clone(),
+            producer: hookline_kafka::client::producer(&kafka, "fanout-test").unwrap(),
+            subs: SubscriptionTable::default(),
+            max_event_bytes: 1 << 20,
+            shutdown: CancellationToken::new(),
+            tracer: hookline_service::traces::Tracer::new(&Default::default(), "ingest"),
+            readiness: Default::default(),
+            dlq: hookline_kafka::dead_letters::DeadLetterWriter::new(Default::default(), &kafka),
+            rt: tokio::runtime::Handle::current(),
+        });
+        // An established producer, then the outage.
+        hookline_kafka::produce::send_until_acked(&f.producer, topics.events(), "k", b"warm", None, &f.shutdown).await.unwrap();
+        broker.cluster().broker_down(1).unwrap();
+        let targets: Vec<_> = ["sub_a", "sub_b"]
+            .map(|id| Arc::new(SubscriptionEntry::new(hookline_core::model::Subscription { id: id.into(), ..Default::default() })))
+            .into();
+        let ev = Event { id: "evt_1".into(), r#type: "t".into(), ..Default::default() };
+        let (tx, mut settled) = tokio::sync::oneshot::channel();
+        enqueue_tasks(&f, &ev, &targets, 0, tx);
+        // Three delivery timeouts: librdkafka has given up on both tasks at least twice.
+        tokio::time::sleep(Duration::from_secs(3)).await;
+        assert!(settled.try_recv().is_err(), "not settled while its tasks are unwritten");
+        broker.cluster().broker_up(1).unwrap();
+        tokio::time::timeout(Duration::from_secs(30), settled).await.expect("settled once the broker is back").unwrap();
+        let mut written = Vec::new();
+        hookline_kafka::scan::scan_partitions(&kafka, topics.deliveries(), None, None, Duration::from_secs(20), |m| {
+            written.push(DeliveryTask::decode(m.payload().unwrap_or_default()).unwrap().subscription_id);
+        })
+        .await
+        .unwrap();
+        written.sort();
+        assert_eq!(written, ["sub_a", "sub_b"], "each task written once");
     }
 }

@@ -67,3 +67,59 @@ async fn shutting_down_during_an_outage_answers_shut_down_instead_of_waiting() {
     let r = tokio::time::timeout(Duration::from_secs(5), send).await.expect("returns soon after shutdown").unwrap();
     assert_eq!(r, Err(ShutDown));
 }
+
+/// `send_then`'s callback (what the dispatcher and the fan-out settle their records with) is called once: with the
+/// acknowledgement, or with the failure and the record's key and payload to write it again.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn send_then_calls_back_once_with_the_acknowledgement() {
+    let topics = Topics::new("st");
+    let broker = DevBroker::start(&topics, 1, 1).unwrap();
+    let p = producer(&settings(&broker), "send-then-test").unwrap();
+    let (tx, rx) = std::sync::mpsc::channel();
+    for i in 0..3i64 {
+        let tx = tx.clone();
+        let record = rdkafka::producer::FutureRecord::to(topics.attempts()).key("k").payload("v");
+        p.send_then(record, move |r| tx.send((i, r.map(|d| (d.partition, d.offset)).map_err(|f| f.error))).unwrap());
+    }
+    drop(tx);
+    let got: Vec<_> = tokio::task::spawn_blocking(move || rx.iter().collect()).await.unwrap();
+    assert_eq!(got.iter().map(|(i, r)| (*i, r.clone().ok())).collect::<Vec<_>>(), vec![(0, Some((0, 0))), (1, Some((0, 1))), (2, Some((0, 2)))]);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn send_then_hands_back_a_record_librdkafka_gave_up_on() {
+    let (_broker, _, p, topic) = producer_in_an_outage("sg").await;
+    let (tx, rx) = std::sync::mpsc::channel();
+    let record = rdkafka::producer::FutureRecord::to(&topic).key("k1").payload("during");
+    p.send_then(record, move |r| {
+        let failed = r.expect_err("the broker is down past delivery.timeout.ms");
+        tx.send((failed.key.map(<[u8]>::to_vec), failed.payload.map(<[u8]>::to_vec))).unwrap();
+    });
+    let (key, payload) = tokio::task::spawn_blocking(move || rx.recv_timeout(Duration::from_secs(30))).await.unwrap().expect("called back");
+    assert_eq!((key.as_deref(), payload.as_deref()), (Some(&b"k1"[..]), Some(&b"during"[..])));
+}
+
+#[test]
+fn send_then_calls_back_at_once_when_the_record_cannot_be_enqueued() {
+    // No broker and room for one record: the second cannot be enqueued.
+    let settings = KafkaSettings {
+        bootstrap_servers: "127.0.0.1:1".into(),
+        properties: [("queue.buffering.max.messages".to_owned(), "1".to_owned())].into(),
+        ..KafkaSettings::default()
+    };
+    let p = producer(&settings, "send-then-full").unwrap();
+    let calls = std::sync::Arc::new(std::sync::Mutex::new(Vec::new()));
+    for i in 0..2 {
+        let calls = calls.clone();
+        let record = rdkafka::producer::FutureRecord::to("t").key("k").payload("v");
+        p.send_then(record, move |r| calls.lock().unwrap().push((i, r.map(|_| ()).map_err(|f| (f.error, f.payload.map(<[u8]>::to_vec))))));
+    }
+    let calls = calls.lock().unwrap().clone();
+    assert_eq!(calls.len(), 1, "only the record that could not be enqueued has been answered: {calls:?}");
+    let (i, r) = &calls[0];
+    assert_eq!(*i, 1);
+    let (error, payload) = r.clone().unwrap_err();
+    assert_eq!(error, rdkafka::error::KafkaError::MessageProduction(rdkafka::types::RDKafkaErrorCode::QueueFull));
+    assert_eq!(payload.as_deref(), Some(&b"v"[..]), "with its payload, to write it again");
+    let _ = p.flush(Duration::ZERO);
+}
