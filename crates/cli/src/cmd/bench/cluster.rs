@@ -33,6 +33,9 @@ pub const TOKEN: &str = "bench-token-not-for-production";
 /// The environment variable a child reads its config (TOML) from.
 pub const CONFIG_ENV: &str = "HOOKLINE_BENCH_CONFIG_TOML";
 
+/// Where the `log-indexer` child serves its health routes and `/metrics` (the config has no address for it).
+const HEALTH_ENV: &str = "HOOKLINE_BENCH_HEALTH_ADDR";
+
 /// Runs one service in this (child) process until stdin closes.
 pub fn serve(role: &str, config_toml: &str) -> anyhow::Result<ExitCode> {
     let config: Config = toml::from_str(config_toml).context("the bench child's config")?;
@@ -66,6 +69,15 @@ pub fn serve(role: &str, config_toml: &str) -> anyhow::Result<ExitCode> {
             "retry-scheduler" => {
                 let options = hookline_retry_scheduler::Options { serve_health: true, ..Default::default() };
                 hookline_retry_scheduler::run(config, shutdown, options).await?
+            }
+            // As `hookline log index` runs it (PostgreSQL: the indexer as a process of its own).
+            "log-indexer" => {
+                let addr: SocketAddr = std::env::var(HEALTH_ENV).context(HEALTH_ENV)?.parse().context(HEALTH_ENV)?;
+                let readiness = hookline_service::health::Readiness::default();
+                let metrics = hookline_service::telemetry::metrics_handle();
+                hookline_service::health::serve(addr, readiness.clone(), metrics, Default::default(), shutdown.clone()).await?;
+                readiness.set(true);
+                hookline_log::indexer::run(config, shutdown).await?
             }
             other => anyhow::bail!("unknown bench role {other}"),
         }
@@ -132,6 +144,11 @@ impl Proc {
     /// Like [`Proc::spawn`], from the executable `exe` (`--against`: another build's services). The dispatcher
     /// starts under the command prefix in [`DISPATCHER_WRAPPER_ENV`] when it is set.
     pub(super) fn spawn_from(exe: &Path, role: &'static str, config: &Config, capture_stdout: bool) -> anyhow::Result<Self> {
+        Self::spawn_from_env(exe, role, config, capture_stdout, &[])
+    }
+
+    /// [`Proc::spawn_from`] with more variables in the child's environment.
+    fn spawn_from_env(exe: &Path, role: &'static str, config: &Config, capture_stdout: bool, env: &[(&str, String)]) -> anyhow::Result<Self> {
         let toml = toml::to_string(config)?;
         let wrapper = match role {
             "dispatcher" => std::env::var(DISPATCHER_WRAPPER_ENV).ok(),
@@ -149,6 +166,7 @@ impl Proc {
         let mut child = command
             .args(["bench", "--serve", role])
             .env(CONFIG_ENV, &toml)
+            .envs(env.iter().map(|(k, v)| (*k, v.as_str())))
             .stdin(Stdio::piped())
             .stdout(if capture_stdout { Stdio::piped() } else { Stdio::null() })
             .stderr(Stdio::inherit())
@@ -285,6 +303,9 @@ pub struct Cluster {
     real_topics: bool,
     /// `--log-store postgres`: (server URL, scratch database), dropped on stop.
     scratch_db: Option<(String, String)>,
+    /// `--log-store postgres`: the delivery log's indexer as a process of its own (ingest runs none), and where it
+    /// serves `/metrics`.
+    pub log_indexer: Option<(Proc, SocketAddr)>,
 }
 
 impl Cluster {
@@ -330,6 +351,9 @@ impl Cluster {
                 let (url, name) = super::log::scratch(&server).await?;
                 config.log.store = hookline_service::config::LogStoreKind::Postgres;
                 config.log.postgres_url = Some(url);
+                // The topology operations.md gives big installs: ingest serves the API and fans out; the indexer
+                // runs apart (`hookline log index`), so its CPU is read apart.
+                config.log.run_indexer = false;
                 Some((server, name))
             }
         };
@@ -342,8 +366,15 @@ impl Cluster {
         let ingest = Proc::spawn_from(&exe, "ingest", &config, false)?;
         let dispatcher = Proc::spawn_from(&exe, "dispatcher", &config, false)?;
         let scheduler = Proc::spawn_from(&exe, "retry-scheduler", &config, false)?;
+        let log_indexer = match &scratch_db {
+            None => None,
+            Some(_) => {
+                let addr = std::net::TcpListener::bind("127.0.0.1:0")?.local_addr()?;
+                Some((Proc::spawn_from_env(&exe, "log-indexer", &config, false, &[(HEALTH_ENV, addr.to_string())])?, addr))
+            }
+        };
         let http = Client::builder(TokioExecutor::new()).build_http();
-        let mut cluster = Self { config, api, broker, ingest, dispatcher, scheduler, exe, http, real_topics, scratch_db };
+        let mut cluster = Self { config, api, broker, ingest, dispatcher, scheduler, exe, http, real_topics, scratch_db, log_indexer };
         // Ready when the API answers /readyz (its tables are read).
         let deadline = Instant::now() + Duration::from_secs(60);
         loop {
@@ -519,6 +550,9 @@ impl Cluster {
         // The delivery log's SQLite writes (its own thread): the store's share of ingest, told apart from the fan-out.
         m.insert("ingest_log_writer", self.ingest.thread_cpu_s(hookline_log::sqlite::WRITER_THREAD));
         m.insert("retry_scheduler", self.scheduler.cpu_s());
+        if let Some((p, _)) = &self.log_indexer {
+            m.insert("log_indexer", p.cpu_s());
+        }
         CpuSnapshot(m)
     }
 
@@ -530,6 +564,9 @@ impl Cluster {
             self.ingest.stop(Duration::from_secs(8));
             self.dispatcher.stop(Duration::from_secs(8));
             self.scheduler.stop(Duration::from_secs(8));
+            if let Some((p, _)) = &mut self.log_indexer {
+                p.stop(Duration::from_secs(8));
+            }
             if let Some(b) = &mut self.broker {
                 b.stop(Duration::from_secs(5));
             }
