@@ -20,12 +20,15 @@ use crate::client::KafkaContext;
 
 pub use rdkafka::producer::future_producer::{Delivery, OwnedDeliveryResult};
 
+/// What [`Producer::send_then`] calls with a record's acknowledgement or failure.
+pub type Then = Box<dyn FnOnce(Result<Delivery, Failed<'_>>) + Send + Sync>;
+
 /// What is done with a record's acknowledgement (or its failure), on the producer's polling thread.
 pub enum Ack {
     /// Sent to the future [`Producer::send`] or [`Producer::send_result`] returned.
     Wake(oneshot::Sender<OwnedDeliveryResult>),
     /// Called (see [`Producer::send_then`]); it must be quick, as every acknowledgement waits behind it.
-    Then(Box<dyn FnOnce(Result<Delivery, Failed<'_>>) + Send + Sync>),
+    Then(Then),
 }
 
 /// A record librdkafka gave up on (`delivery.timeout.ms`, a fatal error) or could not enqueue (a full queue),
@@ -90,7 +93,10 @@ impl Producer {
                 Ok(()) => {
                     // The polling thread answers every enqueued record (librdkafka purges what it cannot send
                     // when the producer is dropped, and we hold the producer).
-                    return rx.await.unwrap_or_else(|_| Err((KafkaError::Canceled, empty_message())));
+                    return match rx.await {
+                        Ok(answer) => answer,
+                        Err(_) => canceled(),
+                    };
                 }
                 Err((e, back)) if is_queue_full(&e) && within(started, queue_timeout) => {
                     record = back;
@@ -206,6 +212,8 @@ where
     )
 }
 
-fn empty_message() -> OwnedMessage {
-    OwnedMessage::new(None, None, String::new(), Timestamp::NotAvailable, -1, 0, None)
+/// The answer for a record whose acknowledgement can no longer come (rdkafka's own type: its error is large).
+#[allow(clippy::result_large_err)]
+fn canceled() -> OwnedDeliveryResult {
+    Err((KafkaError::Canceled, OwnedMessage::new(None, None, String::new(), Timestamp::NotAvailable, -1, 0, None)))
 }
