@@ -256,18 +256,23 @@ mod tests {
         }
     }
 
-    #[tokio::test]
-    async fn a_run_concluded_through_its_guard_is_not_run_again_and_its_waiting_copy_skips_it() {
-        let l = OutcomeLedger::new(60_000, 100);
-        let k = l.key("dlv_1", "", 1);
+    /// The attempt `k` claimed, and a copy of its task waiting for that run (true once it finds it concluded).
+    async fn claimed_with_a_waiting_copy(l: &Arc<OutcomeLedger>, k: Key) -> (RunGuard, tokio::task::JoinHandle<bool>) {
         let first = run(l.claim(k).await);
         let copy = tokio::spawn({
             let l = l.clone();
             async move { matches!(l.claim(k).await, Claim::Concluded) }
         });
-        for _ in 0..10 {
-            tokio::task::yield_now().await;
-        }
+        tokio::task::yield_now().await;
+        assert!(!copy.is_finished(), "the copy waits while the attempt runs");
+        (first, copy)
+    }
+
+    #[tokio::test]
+    async fn a_run_concluded_through_its_guard_is_not_run_again_and_its_waiting_copy_skips_it() {
+        let l = OutcomeLedger::new(60_000, 100);
+        let k = l.key("dlv_1", "", 1);
+        let (first, copy) = claimed_with_a_waiting_copy(&l, k).await;
         first.concluded(1_000);
         assert!(copy.await.unwrap(), "the copy that waited finds the attempt concluded");
         assert!(matches!(l.claim(k).await, Claim::Concluded));
@@ -286,13 +291,7 @@ mod tests {
     async fn a_copy_waits_for_the_running_attempt_and_then_skips_it() {
         let l = OutcomeLedger::new(60_000, 100);
         let k = l.key("dlv_1", "", 1);
-        let first = run(l.claim(k).await);
-        let copy = tokio::spawn({
-            let l = l.clone();
-            async move { matches!(l.claim(k).await, Claim::Concluded) }
-        });
-        tokio::task::yield_now().await;
-        assert!(!copy.is_finished(), "the copy waits while the attempt runs");
+        let (first, copy) = claimed_with_a_waiting_copy(&l, k).await;
         l.concluded(k, 1_000);
         drop(first);
         assert!(copy.await.unwrap(), "the copy found the outcome");
