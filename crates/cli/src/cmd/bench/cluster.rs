@@ -385,7 +385,9 @@ impl Cluster {
                 }
             }
             // A child that exited (e.g. another build refusing this build's config: its error is on stderr above).
-            for (role, p) in [("ingest", &mut cluster.ingest), ("dispatcher", &mut cluster.dispatcher), ("retry-scheduler", &mut cluster.scheduler)] {
+            let indexer = cluster.log_indexer.as_mut().map(|(p, _)| ("log-indexer", p));
+            let children = [("ingest", &mut cluster.ingest), ("dispatcher", &mut cluster.dispatcher), ("retry-scheduler", &mut cluster.scheduler)];
+            for (role, p) in children.into_iter().chain(indexer) {
                 if let Some(status) = p.exited() {
                     anyhow::bail!("the {role} child ({}) exited before the pipeline was ready: {status}", cluster.exe.display());
                 }
