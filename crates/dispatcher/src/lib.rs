@@ -112,8 +112,8 @@ pub(crate) struct Ctx {
     pub liveness: Arc<Liveness>,
     /// The per-delivery metrics' handles.
     pub meters: meters::Meters,
-    /// The runtime, for the work an acknowledgement on the producer's polling thread hands back (see `settle`).
-    pub rt: tokio::runtime::Handle,
+    /// Writes the records that conclude attempts, settling each delivery where its acknowledgement arrives.
+    pub settler: produce::Settler,
 }
 
 impl Ctx {
@@ -157,38 +157,16 @@ impl Ctx {
 
     /// Writes an attempt's last record without waiting for it: its acknowledgement, on the producer's polling
     /// thread, concludes the attempt (`RunGuard::concluded`) and completes the delivery's input offset (`done`),
-    /// so no task waits for it and none is woken. A record librdkafka gives up on, or cannot enqueue, is written
-    /// again on the runtime until acknowledged ([`Ctx::write_last`]); a shutdown meanwhile leaves `done` incomplete
-    /// (the next owner of the partition redoes the delivery, which its claim then finds concluded or not).
-    pub fn settle(self: &Arc<Self>, last: deliver::LastWrite, done: Done) {
+    /// so no task waits for it and none is woken. A record given up on is written again until acknowledged, and a
+    /// shutdown meanwhile leaves `done` incomplete (`produce::Settler`): the partition's next owner redoes the
+    /// delivery, which its claim then finds concluded or not.
+    pub fn settle(&self, last: deliver::LastWrite, done: Done) {
         let write = self.stalls.write();
         let run = last.run;
-        // Weak: a record the broker never answers must not keep the dispatcher (and its producer) alive.
-        let ctx = Arc::downgrade(self);
-        let record = FutureRecord::to(self.topics.attempts()).key(last.record.key.as_str()).payload(last.record.payload.as_slice());
-        self.producer.send_then(record, move |result| match result {
-            Ok(_) => {
-                write.acked();
-                run.concluded(now_ms());
-                done.complete();
-            }
-            Err(failed) => {
-                drop(write);
-                metrics::counter!("hookline_kafka_produce_errors_total", "topic" => "attempts").increment(1);
-                tracing::warn!(error = %failed.error, "writing an attempt's last record failed; writing it again until acknowledged");
-                let record = deliver::Unwritten {
-                    key: String::from_utf8_lossy(failed.key.unwrap_or_default()).into_owned(),
-                    payload: failed.payload.unwrap_or_default().to_vec(),
-                };
-                if let Some(ctx) = ctx.upgrade() {
-                    let rt = ctx.rt.clone();
-                    rt.spawn(async move {
-                        if ctx.write_last(deliver::LastWrite { record, run }).await.is_ok() {
-                            done.complete();
-                        }
-                    });
-                }
-            }
+        self.settler.send(self.topics.attempts(), &last.record.key, &last.record.payload, move || {
+            write.acked();
+            run.concluded(now_ms());
+            done.complete();
         });
     }
 
@@ -268,9 +246,11 @@ pub async fn run(config: Config, shutdown: CancellationToken, options: Options) 
         }
     }
     let resolver = options.resolver.clone().unwrap_or_else(|| Arc::new(SystemResolver));
+    let producer = producer(kafka, &instance)?;
     let ctx = Arc::new(Ctx {
         topics: topics.clone(),
-        producer: producer(kafka, &instance)?,
+        settler: produce::Settler::new(&producer, shutdown.clone()),
+        producer,
         subs,
         states: states.clone(),
         lanes: Lanes::new(config.dispatcher.per_subscription_concurrency),
@@ -288,7 +268,6 @@ pub async fn run(config: Config, shutdown: CancellationToken, options: Options) 
         dlq: hookline_kafka::dead_letters::DeadLetterWriter::new(config.dlq.format, &config.kafka),
         liveness: Liveness::new(Duration::from_millis(kafka.max_poll_interval_ms)),
         meters: meters::Meters::default(),
-        rt: tokio::runtime::Handle::current(),
     });
 
     tokio::spawn(ctx.stalls.clone().detect_freezes(reader_stop.clone()));

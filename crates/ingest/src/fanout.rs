@@ -15,7 +15,6 @@ use prost::Message as _;
 use rdkafka::error::KafkaError;
 use hookline_kafka::client::Producer;
 use rdkafka::message::BorrowedMessage;
-use rdkafka::producer::FutureRecord;
 use rdkafka::Message;
 use tokio_util::sync::CancellationToken;
 
@@ -36,8 +35,8 @@ pub struct Fanout {
     pub readiness: hookline_service::Readiness,
     /// How dead letters of unreadable events are written (`dlq.format`, within the record size).
     pub dlq: hookline_kafka::dead_letters::DeadLetterWriter,
-    /// The runtime, for a task the producer gave up on: written again there (see [`EventSettle`]).
-    pub rt: tokio::runtime::Handle,
+    /// Writes the tasks, settling each event where its last task's acknowledgement arrives.
+    pub settler: hookline_kafka::produce::Settler,
 }
 
 pub async fn run(f: Arc<Fanout>, config: &hookline_service::Config, client_id: &str) -> Result<(), KafkaError> {
@@ -139,7 +138,7 @@ fn trace_headers<M: Message>(m: &M) -> (Option<&[u8]>, Option<&[u8]>) {
 
 /// Enqueues one task per matching subscription. Their acknowledgements arrive on the producer's polling thread,
 /// where the last one completes the event's offset ([`EventSettle`]); an event that matches nothing completes now.
-fn fan_out(f: &Arc<Fanout>, ev: Event, received_us: i64, mut done: Done, mut span: Option<hookline_service::traces::Span>) {
+fn fan_out(f: &Fanout, ev: Event, received_us: i64, mut done: Done, mut span: Option<hookline_service::traces::Span>) {
     // Only the event's own tenant's subscriptions (none of another tenant's, even for the same type).
     let mut targets = f.subs.matching(&ev.tenant, &ev.r#type);
     if !ev.only_subscription_id.is_empty() {
@@ -166,7 +165,7 @@ fn fan_out(f: &Arc<Fanout>, ev: Event, received_us: i64, mut done: Done, mut spa
 }
 
 /// Enqueues `ev`'s task for each of `targets` (at least one); `settled` runs once every one is acknowledged.
-fn enqueue_tasks<S: Settled>(f: &Arc<Fanout>, ev: &Event, targets: &[Arc<SubscriptionEntry>], received_us: i64, settled: S) {
+fn enqueue_tasks<S: Settled>(f: &Fanout, ev: &Event, targets: &[Arc<SubscriptionEntry>], received_us: i64, settled: S) {
     let settle = Arc::new(EventSettle { remaining: AtomicUsize::new(targets.len()), settled: Mutex::new(Some(settled)) });
     let deliveries = f.topics.deliveries();
     let event = EncodedEvent::new(ev);
@@ -179,28 +178,8 @@ fn enqueue_tasks<S: Settled>(f: &Arc<Fanout>, ev: &Event, targets: &[Arc<Subscri
             fanout_produced_at_us: hookline_service::now_us(),
             ..Default::default()
         };
-        let payload = event.task_bytes(&task);
-        let record = FutureRecord::to(deliveries).key(task.subscription_id.as_str()).payload(payload.as_slice());
-        // Weak: a record the broker never answers must not keep the fan-out (and its producer) alive.
-        let (settle, fanout) = (settle.clone(), Arc::downgrade(f));
-        f.producer.send_then(record, move |result| match result {
-            Ok(_) => settle.acked_one(),
-            Err(failed) => {
-                metrics::counter!("hookline_kafka_produce_errors_total", "topic" => "deliveries").increment(1);
-                tracing::warn!(error = %failed.error, "producing a delivery task failed; producing it again until acknowledged");
-                let key = String::from_utf8_lossy(failed.key.unwrap_or_default()).into_owned();
-                let payload = failed.payload.unwrap_or_default().to_vec();
-                if let Some(f) = fanout.upgrade() {
-                    let rt = f.rt.clone();
-                    rt.spawn(async move {
-                        let sent = hookline_kafka::produce::send_until_acked(&f.producer, f.topics.deliveries(), &key, &payload, None, &f.shutdown).await;
-                        if sent.is_ok() {
-                            settle.acked_one();
-                        }
-                    });
-                }
-            }
-        });
+        let settle = settle.clone();
+        f.settler.send(deliveries, &task.subscription_id, &event.task_bytes(&task), move || settle.acked_one());
     }
 }
 
@@ -313,16 +292,17 @@ mod tests {
         let topics = Topics::new("fo.");
         let broker = DevBroker::start(&topics, 2, 1).unwrap();
         let kafka = hookline_kafka::KafkaSettings { bootstrap_servers: broker.bootstrap_servers(), delivery_timeout_ms: 1_000, ..Default::default() };
+        let producer = hookline_kafka::client::producer(&kafka, "fanout-test").unwrap();
         let f = Arc::new(Fanout {
             topics: topics.clone(),
-            producer: hookline_kafka::client::producer(&kafka, "fanout-test").unwrap(),
+            producer: producer.clone(),
             subs: SubscriptionTable::default(),
             max_event_bytes: 1 << 20,
             shutdown: CancellationToken::new(),
             tracer: hookline_service::traces::Tracer::new(&Default::default(), "ingest"),
             readiness: Default::default(),
             dlq: hookline_kafka::dead_letters::DeadLetterWriter::new(Default::default(), &kafka),
-            rt: tokio::runtime::Handle::current(),
+            settler: hookline_kafka::produce::Settler::new(&producer, CancellationToken::new()),
         });
         // An established producer, then the outage.
         hookline_kafka::produce::send_until_acked(&f.producer, topics.events(), "k", b"warm", None, &f.shutdown).await.unwrap();

@@ -185,7 +185,7 @@ pub async fn run(config: Config, shutdown: CancellationToken, options: Options) 
         tracer: tracer.clone(),
         readiness: readiness.clone(),
         dlq: hookline_kafka::dead_letters::DeadLetterWriter::new(config.dlq.format, &config.kafka),
-        rt: tokio::runtime::Handle::current(),
+        settler: hookline_kafka::produce::Settler::new(&producer, shutdown.clone()),
     });
     // Owner e-mail for the ops topic, when `notify.smtp_addr` is set.
     let notifier = config.notify.smtp_addr.is_some().then(|| {

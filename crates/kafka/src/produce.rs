@@ -121,6 +121,55 @@ where
     }
 }
 
+/// Writes records whose acknowledgement is the last thing their work waits for, settling the work where the
+/// acknowledgement arrives (the producer's polling thread) instead of in a task woken only for that: the
+/// dispatcher's record that concludes an attempt, the fan-out's tasks. A record librdkafka gives up on, or cannot
+/// enqueue, is counted (`hookline_kafka_produce_errors_total`) and written again on the runtime with
+/// [`send_until_acked`]; `acked` runs once the record is acknowledged, or never if the process shuts down first
+/// (then what it holds, such as an input's `Done`, is dropped: the input stays uncommitted and is redone).
+pub struct Settler {
+    producer: Producer,
+    again: std::sync::Arc<Again>,
+}
+
+/// What writing a record again needs; held by every record's callback, so it keeps the producer only weakly (a
+/// record the broker never answers must not keep its producer, and the process's service, alive).
+struct Again {
+    producer: crate::producer::WeakProducer,
+    rt: tokio::runtime::Handle,
+    shutdown: tokio_util::sync::CancellationToken,
+}
+
+impl Settler {
+    /// On the current runtime (where records given up on are written again).
+    pub fn new(producer: &Producer, shutdown: tokio_util::sync::CancellationToken) -> Self {
+        let again = Again { producer: producer.downgrade(), rt: tokio::runtime::Handle::current(), shutdown };
+        Self { producer: producer.clone(), again: std::sync::Arc::new(again) }
+    }
+
+    /// Enqueues the record (without headers); `acked` runs once it is acknowledged (see [`Settler`]).
+    pub fn send(&self, topic: &str, key: &str, payload: &[u8], acked: impl FnOnce() + Send + Sync + 'static) {
+        let again = self.again.clone();
+        self.producer.send_then(FutureRecord::to(topic).key(key).payload(payload), move |result| {
+            let failed = match result {
+                Ok(_) => return acked(),
+                Err(failed) => failed,
+            };
+            metrics::counter!("hookline_kafka_produce_errors_total", "topic" => topic_kind(failed.topic)).increment(1);
+            tracing::warn!(error = %failed.error, topic = failed.topic, "a record was given up on; writing it again until acknowledged");
+            let Some(producer) = again.producer.upgrade() else { return };
+            let (topic, key, payload) = (failed.topic.to_owned(), failed.key.unwrap_or_default().to_vec(), failed.payload.unwrap_or_default().to_vec());
+            let rt = again.rt.clone();
+            rt.spawn(async move {
+                let key = String::from_utf8_lossy(&key);
+                if send_until_acked(&producer, &topic, &key, &payload, None, &again.shutdown).await.is_ok() {
+                    acked();
+                }
+            });
+        });
+    }
+}
+
 /// Sends a tombstone (null value) for `key`.
 pub async fn send_tombstone(producer: &Producer, topic: &str, key: &str) -> Result<(), ProduceError> {
     let record: FutureRecord<'_, str, [u8]> = FutureRecord::to(topic).key(key);

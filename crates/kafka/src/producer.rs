@@ -36,6 +36,7 @@ pub enum Ack {
 #[derive(Debug)]
 pub struct Failed<'a> {
     pub error: KafkaError,
+    pub topic: &'a str,
     pub key: Option<&'a [u8]>,
     pub payload: Option<&'a [u8]>,
 }
@@ -55,7 +56,7 @@ impl ProducerContext for KafkaContext {
             }
             Ack::Then(then) => then(match result {
                 Ok(m) => Ok(Delivery { partition: m.partition(), offset: m.offset(), timestamp: m.timestamp() }),
-                Err((e, m)) => Err(Failed { error: e.clone(), key: m.key(), payload: m.payload() }),
+                Err((e, m)) => Err(Failed { error: e.clone(), topic: m.topic(), key: m.key(), payload: m.payload() }),
             }),
         }
     }
@@ -131,7 +132,7 @@ impl Producer {
         P: ToBytes + ?Sized,
     {
         if let Err((error, back)) = self.inner.send(base(record, Box::new(Ack::Then(Box::new(then))))) {
-            let failed = Failed { error, key: back.key.map(ToBytes::to_bytes), payload: back.payload.map(ToBytes::to_bytes) };
+            let failed = Failed { error, topic: back.topic, key: back.key.map(ToBytes::to_bytes), payload: back.payload.map(ToBytes::to_bytes) };
             if let Ack::Then(then) = *back.delivery_opaque {
                 then(Err(failed));
             }
@@ -148,9 +149,24 @@ impl Producer {
         self.inner.in_flight_count()
     }
 
+    /// A handle that does not keep the producer alive (for what a record's own callback holds).
+    pub fn downgrade(&self) -> WeakProducer {
+        WeakProducer(Arc::downgrade(&self.inner))
+    }
+
     /// The librdkafka client (metadata, OAUTHBEARER tokens).
     pub fn client(&self) -> &rdkafka::client::Client<KafkaContext> {
         self.inner.client()
+    }
+}
+
+/// A [`Producer`] that may be gone.
+#[derive(Clone)]
+pub struct WeakProducer(std::sync::Weak<ThreadedProducer<KafkaContext>>);
+
+impl WeakProducer {
+    pub fn upgrade(&self) -> Option<Producer> {
+        self.0.upgrade().map(|inner| Producer { inner })
     }
 }
 
