@@ -53,6 +53,12 @@ pub async fn run_with_store(
     shutdown: CancellationToken,
 ) -> Result<(), IndexerError> {
     let topics = Topics::new(config.kafka.topic_prefix.clone());
+    // Not fatal: a log written at the process's own priority is still a log.
+    match store.lower_writer_priority(config.log.sqlite_writer_nice).await {
+        Ok(Some(p)) => tracing::info!(nice = p.nice, "delivery log writer yields the cores to deliveries (log.sqlite_writer_nice)"),
+        Ok(None) => {}
+        Err(e) => tracing::warn!(error = %e, "the delivery log writer keeps the process's priority"),
+    }
     let (context, mut rebalances) = RebalanceContext::new(LAG_GROUP);
     let group = store.indexer_group(&config.log.group_id).await?;
     tracing::info!(%group, backend = store.backend(), "delivery log indexer starting");

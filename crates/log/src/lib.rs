@@ -40,6 +40,8 @@ pub enum StoreError {
     Writer(&'static str),
     #[error("{0}")]
     Target(String),
+    #[error("lowering the log writer's CPU priority (log.sqlite_writer_nice): {0}")]
+    Priority(String),
 }
 
 /// The server's own message (tokio-postgres' `Display` says only "db error").
@@ -127,6 +129,15 @@ impl LogStore {
             Target::Sqlite(path) => Self::Sqlite(sqlite::SqliteStore::open(path).await?),
             Target::Postgres(url) => Self::Postgres(postgres::PgStore::open(url, hookline_service::now_ms()).await?),
         })
+    }
+
+    /// SQLite: lowers the writer thread's CPU priority (see [`sqlite::SqliteStore::lower_writer_priority`]).
+    /// PostgreSQL: nothing (`None`): the server writes, in its own processes.
+    pub async fn lower_writer_priority(&self, nice: u8) -> Result<Option<sqlite::WriterPriority>, StoreError> {
+        match self {
+            Self::Sqlite(s) => s.lower_writer_priority(nice).await,
+            Self::Postgres(_) => Ok(None),
+        }
     }
 
     pub fn backend(&self) -> &'static str {

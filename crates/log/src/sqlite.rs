@@ -1,6 +1,7 @@
 //! The embedded backend: one SQLite file in WAL mode, a writer connection and a reader connection (readers are not
 //! blocked by the indexer's transactions). Writes run on a thread of their own (`log-writer`: its CPU is told apart
-//! from the fan-out's in a process that runs both), reads on tokio's blocking pool.
+//! from the fan-out's in a process that runs both, and it alone can run at a lower priority), reads on tokio's
+//! blocking pool.
 
 use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex};
@@ -26,6 +27,37 @@ pub const WRITER_THREAD: &str = "log-writer";
 pub const WRITER_CACHE_KIB: i64 = 16 * 1024;
 /// WAL pages between automatic checkpoints (`PRAGMA wal_autocheckpoint`; SQLite's default is 1,000).
 const WAL_CHECKPOINT_PAGES: i64 = 8_000;
+
+/// The writer thread and the nice value it runs at (see [`SqliteStore::lower_writer_priority`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct WriterPriority {
+    /// The thread's id (`/proc/<pid>/task/<thread_id>`).
+    pub thread_id: i64,
+    pub nice: i32,
+}
+
+mod writer_priority {
+    use super::WriterPriority;
+    use crate::StoreError;
+
+    /// Sets the calling thread's nice value: on Linux `setpriority(PRIO_PROCESS, tid)` applies to that one thread.
+    #[cfg(target_os = "linux")]
+    pub fn lower_this_thread(nice: u8) -> Result<WriterPriority, StoreError> {
+        // SAFETY: `gettid` has no preconditions.
+        let tid = unsafe { libc::gettid() };
+        let id = libc::id_t::try_from(tid).map_err(|_| StoreError::Priority(format!("thread id {tid} out of range")))?;
+        // SAFETY: plain syscall on this thread's own id; raising one's nice value needs no privilege.
+        if unsafe { libc::setpriority(libc::PRIO_PROCESS, id, i32::from(nice)) } != 0 {
+            return Err(StoreError::Priority(std::io::Error::last_os_error().to_string()));
+        }
+        Ok(WriterPriority { thread_id: i64::from(tid), nice: i32::from(nice) })
+    }
+
+    #[cfg(not(target_os = "linux"))]
+    pub fn lower_this_thread(_nice: u8) -> Result<WriterPriority, StoreError> {
+        Err(StoreError::Priority("only on Linux".into()))
+    }
+}
 
 pub struct SqliteStore {
     /// To the writer thread, which owns the writer connection; it ends when the store is dropped.
@@ -107,6 +139,18 @@ impl SqliteStore {
 
     pub fn path(&self) -> &Path {
         &self.path
+    }
+
+    /// Lowers the writer thread's CPU priority to `nice` (1 to 19; 0 leaves it as it is), and only that thread's:
+    /// the fan-out and the API in the same process keep theirs. The log is written behind Kafka and nothing waits
+    /// for it, so when the cores are saturated deliveries should get them first; the writer then takes bigger
+    /// batches (cheaper per row) and catches up once the flood ends (`log.sqlite_writer_nice`). Linux only
+    /// (`None` elsewhere, and for 0).
+    pub async fn lower_writer_priority(&self, nice: u8) -> Result<Option<WriterPriority>, StoreError> {
+        if nice == 0 || !cfg!(target_os = "linux") {
+            return Ok(None);
+        }
+        self.write(move |_| writer_priority::lower_this_thread(nice).map(Some)).await
     }
 
     async fn read<T: Send + 'static>(

@@ -94,6 +94,7 @@ conformance!(
     rows_of_a_version_3_store_read_after_migration_4,
     a_version_4_store_keeps_its_rows_through_migration_5,
     a_large_batch_stores_every_row_once,
+    only_the_sqlite_writer_thread_yields_the_cores,
 );
 
 async fn migrations_apply_once_and_a_newer_schema_is_refused(target: Target) {
@@ -695,4 +696,38 @@ async fn a_large_batch_stores_every_row_once(target: Target) {
     assert_eq!(d.attempts.iter().map(|a| (a.attempt, a.started_at_ms)).collect::<Vec<_>>(), [(1, T0 + 77), (2, T0 + 1_077)]);
     assert_eq!(d.event.map(|e| e.tenant), Some("t0".into()));
     assert_eq!(store.by_event_id("evt_100", Some("t2".into()), 10).await.unwrap().len(), 1);
+}
+
+/// A thread's nice value, field 19 of `/proc/self/task/<tid>/stat` (counted after the `(comm)` field, which may hold
+/// spaces).
+#[cfg(target_os = "linux")]
+fn nice_of(stat_path: &str) -> i32 {
+    let stat = std::fs::read_to_string(stat_path).unwrap();
+    let after_comm = &stat[stat.rfind(')').unwrap() + 2..];
+    // Fields from the 3rd (state) on: nice is the 19th of the line, the 17th here.
+    after_comm.split(' ').nth(16).unwrap().parse().unwrap()
+}
+
+/// `log.sqlite_writer_nice`: the SQLite writer runs at the configured nice value and the rest of the process
+/// (here: this test's thread, in a real install the fan-out and the API) keeps its own; writes still land.
+/// PostgreSQL's rows are written by the server, so nothing changes there.
+async fn only_the_sqlite_writer_thread_yields_the_cores(target: Target) {
+    let store = open(&target).await;
+    assert_eq!(store.lower_writer_priority(0).await.unwrap(), None, "0 leaves the writer as it is");
+    let lowered = store.lower_writer_priority(7).await.unwrap();
+    match (&target, lowered) {
+        (Target::Postgres(_), p) => assert_eq!(p, None),
+        #[cfg(target_os = "linux")]
+        (Target::Sqlite(_), Some(p)) => {
+            assert_eq!(p.nice, 7);
+            assert_eq!(nice_of(&format!("/proc/self/task/{}/stat", p.thread_id)), 7, "the writer thread itself");
+            let comm = std::fs::read_to_string(format!("/proc/self/task/{}/comm", p.thread_id)).unwrap();
+            assert_eq!(comm.trim(), hookline_log::sqlite::WRITER_THREAD);
+            assert_eq!(nice_of("/proc/thread-self/stat"), 0, "only the writer: the caller's thread keeps its priority");
+        }
+        (Target::Sqlite(_), p) => assert!(cfg!(not(target_os = "linux")) && p.is_none(), "{p:?}"),
+    }
+    let batch = Batch { attempts: vec![attempt("dlv_n", "sub_n", "evt_n", 1, T0, 200, "succeeded")], ..Default::default() };
+    assert_eq!(index(&store, batch).await.attempts, 1);
+    assert!(store.delivery("dlv_n").await.unwrap().is_some(), "the lowered writer still writes");
 }

@@ -41,6 +41,10 @@ pub struct LogSettings {
     /// API replicas but one (or some): the indexers share one consumer group, so any number is correct, but one or
     /// two is enough.
     pub run_indexer: bool,
+    /// The nice value (0 to 19) of the SQLite writer thread, and of it alone: when the cores are saturated the
+    /// fan-out, the API and the dispatcher get them first and the log catches up after. 0 leaves it at the
+    /// process's own. Nothing with PostgreSQL (its server writes).
+    pub sqlite_writer_nice: u8,
 }
 
 impl Default for LogSettings {
@@ -55,6 +59,7 @@ impl Default for LogSettings {
             batch_max_records: 2_000,
             batch_max_wait_ms: 200,
             run_indexer: true,
+            sqlite_writer_nice: 10,
         }
     }
 }
@@ -71,6 +76,7 @@ impl std::fmt::Debug for LogSettings {
             .field("batch_max_records", &self.batch_max_records)
             .field("batch_max_wait_ms", &self.batch_max_wait_ms)
             .field("run_indexer", &self.run_indexer)
+            .field("sqlite_writer_nice", &self.sqlite_writer_nice)
             .finish()
     }
 }
@@ -86,6 +92,9 @@ impl LogSettings {
         }
         if !(1..=60_000).contains(&self.batch_max_wait_ms) {
             return invalid(format!("log.batch_max_wait_ms: must be 1 to 60000, got {}", self.batch_max_wait_ms));
+        }
+        if self.sqlite_writer_nice > 19 {
+            return invalid(format!("log.sqlite_writer_nice: must be 0 to 19, got {}", self.sqlite_writer_nice));
         }
         if self.group_id.trim().is_empty() {
             return invalid("log.group_id: must not be empty".into());
@@ -145,6 +154,7 @@ mod tests {
         assert_eq!(c.log.retention_days, 30);
         assert!(c.log.sqlite_path.ends_with("delivery-log.sqlite3"));
         assert!(c.log.run_indexer);
+        assert_eq!(c.log.sqlite_writer_nice, 10, "the log's writer yields the cores to deliveries");
         let c = load("[log]\nstore = \"postgres\"\npostgres_url = \"postgres://a@h/db\"\nrun_indexer = false\n", &[]).unwrap();
         assert!(!c.log.run_indexer, "an API replica that leaves indexing to another");
     }
@@ -176,11 +186,17 @@ mod tests {
             ("[log]\nsqlite_path = \"\"\n", "log.sqlite_path"),
             ("[log]\nrun_indexer = false\n", "log.run_indexer"),
             ("[log]\nretention = 3\n", "retention"),
+            ("[log]\nsqlite_writer_nice = 20\n", "log.sqlite_writer_nice"),
+            ("[log]\nsqlite_writer_nice = -1\n", "sqlite_writer_nice"),
             ("[log]\nstore = \"postgres\"\npostgres_url = \"x\"\npostgres_url_file = \"/y\"\n", "log.postgres_url_file"),
         ] {
             let e = load(text, &[]).unwrap_err();
             assert!(e.to_string().contains(key), "{text}: {e}");
         }
+        let c = load("", &[("HOOKLINE_LOG__SQLITE_WRITER_NICE", "0")]).unwrap();
+        assert_eq!(c.log.sqlite_writer_nice, 0, "the environment can turn it off");
+        let e = load("", &[("HOOKLINE_LOG__SQLITE_WRITER_NICE", "20")]).unwrap_err();
+        assert!(e.to_string().contains("log.sqlite_writer_nice"), "{e}");
         let e = load("[log]\nstore = \"postgres\"\npostgres_url_file = \"/nonexistent/url\"\n", &[]).unwrap().log.postgres_url().unwrap_err();
         assert!(e.to_string().contains("log.postgres_url_file"), "{e}");
     }

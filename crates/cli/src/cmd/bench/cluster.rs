@@ -149,7 +149,7 @@ impl Proc {
 
     /// [`Proc::spawn_from`] with more variables in the child's environment.
     fn spawn_from_env(exe: &Path, role: &'static str, config: &Config, capture_stdout: bool, env: &[(&str, String)]) -> anyhow::Result<Self> {
-        let toml = toml::to_string(config)?;
+        let toml = toml_beside_defaults(config)?;
         let wrapper = match role {
             "dispatcher" => std::env::var(DISPATCHER_WRAPPER_ENV).ok(),
             _ => None,
@@ -683,6 +683,23 @@ impl Publisher {
     }
 }
 
+/// The child's config: only what differs from the defaults. Every build reads its own defaults for the rest, so
+/// an `--against` build that predates a key (its config refuses unknown keys) still runs this build's
+/// scenarios, as long as the bench leaves that key at its default.
+fn toml_beside_defaults(config: &Config) -> anyhow::Result<String> {
+    fn prune(value: &mut toml::Value, default: &toml::Value) {
+        let (toml::Value::Table(table), toml::Value::Table(defaults)) = (value, default) else { return };
+        table.retain(|k, v| {
+            let Some(d) = defaults.get(k) else { return true };
+            prune(v, d);
+            v != d && !matches!(v, toml::Value::Table(t) if t.is_empty())
+        });
+    }
+    let mut value = toml::Value::try_from(config)?;
+    prune(&mut value, &toml::Value::try_from(Config::default())?);
+    Ok(toml::to_string(&value)?)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -692,5 +709,18 @@ mod tests {
         let (program, args) = wrapped("  heaptrack  -o /tmp/dispatcher ").expect("a command");
         assert_eq!((program, args.collect::<Vec<_>>()), ("heaptrack", vec!["-o", "/tmp/dispatcher"]));
         assert!(wrapped(" \t ").is_none(), "a blank prefix names no command");
+    }
+
+    #[test]
+    fn a_childs_config_names_only_what_differs_from_the_defaults() {
+        let mut c = Config::default();
+        c.dispatcher.max_in_flight = 7;
+        c.log.sqlite_path = "/tmp/bench/log.sqlite3".into();
+        let text = toml_beside_defaults(&c).unwrap();
+        assert!(text.contains("max_in_flight = 7") && text.contains("/tmp/bench/log.sqlite3"), "{text}");
+        assert!(!text.contains("sqlite_writer_nice"), "a key at its default is left to the child's own: {text}");
+        assert!(!text.contains("[egress]"), "so is a section all at its defaults: {text}");
+        let back: Config = toml::from_str(&text).unwrap();
+        assert_eq!(toml::Value::try_from(&back).unwrap(), toml::Value::try_from(&c).unwrap(), "the child reads the same config");
     }
 }
