@@ -40,17 +40,30 @@ mod writer_priority {
     use super::WriterPriority;
     use crate::StoreError;
 
-    /// Sets the calling thread's nice value: on Linux `setpriority(PRIO_PROCESS, tid)` applies to that one thread.
+    /// Lowers the calling thread's priority by `steps` nice steps from where it is (as `nice -n` does), at most to
+    /// 19: never above the process's own priority, whatever the operator started it at. On Linux
+    /// `setpriority(PRIO_PROCESS, tid)` applies to that one thread.
     #[cfg(target_os = "linux")]
-    pub fn lower_this_thread(nice: u8) -> Result<WriterPriority, StoreError> {
+    pub fn lower_this_thread(steps: u8) -> Result<WriterPriority, StoreError> {
+        let failed = |what: &str| StoreError::Priority(format!("{what}: {}", std::io::Error::last_os_error()));
         // SAFETY: `gettid` has no preconditions.
         let tid = unsafe { libc::gettid() };
         let id = libc::id_t::try_from(tid).map_err(|_| StoreError::Priority(format!("thread id {tid} out of range")))?;
-        // SAFETY: plain syscall on this thread's own id; raising one's nice value needs no privilege.
-        if unsafe { libc::setpriority(libc::PRIO_PROCESS, id, i32::from(nice)) } != 0 {
-            return Err(StoreError::Priority(std::io::Error::last_os_error().to_string()));
+        // -1 is a nice value as well as the error return: errno tells them apart.
+        // SAFETY: errno is thread-local; `getpriority` reads this thread's own priority.
+        let current = unsafe {
+            *libc::__errno_location() = 0;
+            libc::getpriority(libc::PRIO_PROCESS, id)
+        };
+        if current == -1 && std::io::Error::last_os_error().raw_os_error() != Some(0) {
+            return Err(failed("getpriority"));
         }
-        Ok(WriterPriority { thread_id: i64::from(tid), nice: i32::from(nice) })
+        let nice = current.saturating_add(i32::from(steps)).min(19);
+        // SAFETY: plain syscall on this thread's own id; raising one's nice value needs no privilege.
+        if unsafe { libc::setpriority(libc::PRIO_PROCESS, id, nice) } != 0 {
+            return Err(failed("setpriority"));
+        }
+        Ok(WriterPriority { thread_id: i64::from(tid), nice })
     }
 
     #[cfg(not(target_os = "linux"))]
@@ -141,7 +154,7 @@ impl SqliteStore {
         &self.path
     }
 
-    /// Lowers the writer thread's CPU priority to `nice` (1 to 19; 0 leaves it as it is), and only that thread's:
+    /// Lowers the writer thread's CPU priority by `nice` steps (0 leaves it as it is; at most to 19), and only that thread's:
     /// the fan-out and the API in the same process keep theirs. The log is written behind Kafka and nothing waits
     /// for it, so when the cores are saturated deliveries should get them first; the writer then takes bigger
     /// batches (cheaper per row) and catches up once the flood ends (`log.sqlite_writer_nice`). Linux only

@@ -714,16 +714,21 @@ fn nice_of(stat_path: &str) -> i32 {
 async fn only_the_sqlite_writer_thread_yields_the_cores(target: Target) {
     let store = open(&target).await;
     assert_eq!(store.lower_writer_priority(0).await.unwrap(), None, "0 leaves the writer as it is");
+    #[cfg(target_os = "linux")]
+    let own = nice_of("/proc/thread-self/stat");
     let lowered = store.lower_writer_priority(7).await.unwrap();
     match (&target, lowered) {
         (Target::Postgres(_), p) => assert_eq!(p, None),
         #[cfg(target_os = "linux")]
         (Target::Sqlite(_), Some(p)) => {
-            assert_eq!(p.nice, 7);
-            assert_eq!(nice_of(&format!("/proc/self/task/{}/stat", p.thread_id)), 7, "the writer thread itself");
+            let expected = (own + 7).min(19);
+            assert_eq!(p.nice, expected, "7 steps below where it ran (the test process's {own})");
+            assert_eq!(nice_of(&format!("/proc/self/task/{}/stat", p.thread_id)), expected, "the writer thread itself");
             let comm = std::fs::read_to_string(format!("/proc/self/task/{}/comm", p.thread_id)).unwrap();
             assert_eq!(comm.trim(), hookline_log::sqlite::WRITER_THREAD);
-            assert_eq!(nice_of("/proc/thread-self/stat"), 0, "only the writer: the caller's thread keeps its priority");
+            assert_eq!(nice_of("/proc/thread-self/stat"), own, "only the writer: the caller's thread keeps its priority");
+            let again = store.lower_writer_priority(7).await.unwrap().unwrap();
+            assert_eq!(again.nice, (expected + 7).min(19), "relative each time, never past 19");
         }
         (Target::Sqlite(_), p) => assert!(cfg!(not(target_os = "linux")) && p.is_none(), "{p:?}"),
     }

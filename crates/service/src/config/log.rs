@@ -41,9 +41,9 @@ pub struct LogSettings {
     /// API replicas but one (or some): the indexers share one consumer group, so any number is correct, but one or
     /// two is enough.
     pub run_indexer: bool,
-    /// The nice value (0 to 19) of the SQLite writer thread, and of it alone: when the cores are saturated the
-    /// fan-out, the API and the dispatcher get them first and the log catches up after. 0 leaves it at the
-    /// process's own. Nothing with PostgreSQL (its server writes).
+    /// How many nice steps (0 to 19, as `nice -n`) the SQLite writer thread runs below the process, and it alone:
+    /// when the cores are saturated the fan-out, the API and the dispatcher get them first and the log catches up
+    /// after. 0 leaves it at the process's own. Nothing with PostgreSQL (its server writes).
     pub sqlite_writer_nice: u8,
 }
 
