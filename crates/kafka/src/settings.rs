@@ -465,6 +465,13 @@ impl KafkaSettings {
                 "kafka.properties.{k}: hookline sets this itself (at-least-once delivery depends on it); remove it{instead}"
             ));
         }
+        if let Some(codec) = self.properties.get("compression.type") {
+            // librdkafka's own message would only come at the first producer's creation, without the key's path.
+            const CODECS: [&str; 5] = ["none", "gzip", "snappy", "lz4", "zstd"];
+            if !CODECS.contains(&codec.as_str()) {
+                return Err(format!("kafka.properties.compression.type: one of {}, got {codec:?}", CODECS.join(", ")));
+            }
+        }
         if let Some((k, instead)) = self.properties.keys().find_map(|k| SECURITY_PROPERTIES.iter().find(|(p, _)| p == k)) {
             return Err(format!(
                 "kafka.properties.{k}: not accepted here; use {instead} (TLS and SASL have their own keys, and secrets \
@@ -589,6 +596,22 @@ mod tests {
         assert_eq!(c.get("ssl.key.password"), Some("keypw"));
         assert_eq!(c.get("ssl.endpoint.identification.algorithm"), Some("none"));
         assert_eq!(c.get("sasl.mechanism"), None);
+    }
+
+    #[test]
+    fn producers_compress_with_lz4_unless_the_properties_name_a_codec() {
+        let c = crate::client::producer_config(&KafkaSettings::default(), "p").unwrap();
+        assert_eq!(c.get("compression.type"), Some("lz4"));
+        for codec in ["none", "zstd"] {
+            let s = KafkaSettings { properties: [("compression.type".to_owned(), codec.to_owned())].into(), ..Default::default() };
+            s.validate().unwrap();
+            let c = crate::client::producer_config(&s, "p").unwrap();
+            assert_eq!(c.get("compression.type"), Some(codec), "the operator's codec is used, not replaced");
+            assert_eq!(c.get("acks"), Some("all"), "the guarantees stay");
+        }
+        let s = KafkaSettings { properties: [("compression.type".to_owned(), "brotli".to_owned())].into(), ..Default::default() };
+        let e = s.validate().unwrap_err();
+        assert!(e.starts_with("kafka.properties.compression.type: one of none, gzip, snappy, lz4, zstd"), "{e}");
     }
 
     #[test]
