@@ -61,6 +61,24 @@ fn a_bad_against_is_refused_before_anything_starts() {
 }
 
 #[test]
+fn a_bad_kafka_property_or_config_key_is_refused_naming_the_flag() {
+    let out = hookline(&["bench", "throughput", "--kafka-property", "compression.type"]);
+    assert!(!out.status.success());
+    assert!(stderr(&out).contains("--kafka-property") && stderr(&out).contains("expected KEY=VALUE"), "{}", stderr(&out));
+    let out = hookline(&["bench", "throughput", "--kafka-property", "acks=1"]);
+    assert!(!out.status.success());
+    assert!(stderr(&out).contains("--kafka-property: kafka.properties.acks: hookline sets this itself"), "{}", stderr(&out));
+    let out = hookline(&["bench", "throughput", "--kafka-property", "compression.type=brotli"]);
+    assert!(!out.status.success());
+    assert!(stderr(&out).contains("--kafka-property: kafka.properties.compression.type: one of"), "{}", stderr(&out));
+    assert!(!stderr(&out).contains("pipeline up"), "nothing started: {}", stderr(&out));
+    let out = hookline(&["bench", "throughput", "--set", "log.no_such_key=1"]);
+    assert!(!out.status.success());
+    assert!(stderr(&out).contains("--set log.no_such_key=1:"), "{}", stderr(&out));
+    assert!(!stderr(&out).contains("pipeline up"), "nothing started: {}", stderr(&out));
+}
+
+#[test]
 fn a_repeated_scenario_reports_every_figure_with_its_spread() {
     let out = json(&hookline(&["bench", "list", "--repeat", "3", "--fanout-subscriptions", "2000"]));
     assert_eq!(out["repeat"], 3);
@@ -78,12 +96,27 @@ fn an_ab_run_starts_the_other_builds_services_in_alternating_pairs() {
     let dir = temp("ab");
     let calls = dir.join("calls");
     let me = env!("CARGO_BIN_EXE_hookline");
-    let other = script(&dir, "hookline-other", &format!("echo \"$@\" >> '{}'\nexec '{me}' \"$@\"", calls.display()));
+    let configs = dir.join("configs");
+    let other = script(
+        &dir,
+        "hookline-other",
+        &format!(
+            "echo \"$@\" >> '{}'\nprintf '%s\\n' \"$HOOKLINE_BENCH_CONFIG_TOML\" >> '{}'\nexec '{me}' \"$@\"",
+            calls.display(),
+            configs.display()
+        ),
+    );
     let out = hookline(&[
-        "bench", "latency", "--no-split", "--duration-s", "2", "--rate", "20", "--partitions", "2", "--repeat", "2", "--against",
+        "bench", "latency", "--no-split", "--duration-s", "2", "--rate", "20", "--partitions", "2", "--repeat", "2",
+        "--kafka-property", "compression.type=none", "--set", "log.batch_max_records=3000", "--against",
         other.to_str().expect("utf-8 path"),
     ]);
     let v = json(&out);
+    // The property reaches the other build's services too, and the result says what the run was given.
+    let configs = std::fs::read_to_string(&configs).unwrap_or_default();
+    assert!(configs.contains("\"compression.type\" = \"none\""), "{configs}");
+    assert!(configs.contains("batch_max_records = 3000"), "{configs}");
+    assert_eq!(v["machine"]["kafka_properties"]["compression.type"], "none", "{}", v["machine"]);
     let calls = std::fs::read_to_string(&calls).unwrap_or_default();
     let count = |s: &str| calls.lines().filter(|l| l.trim() == s).count();
     assert_eq!(count("--version"), 1, "{calls}");

@@ -317,6 +317,8 @@ impl Cluster {
         // The producers batch as shipped, not as dev mode's 1 ms: fewer, larger produce requests are what a
         // deployment gets, and they set much of the broker's and librdkafka's CPU per delivery.
         config.kafka.linger_ms = hookline_kafka::KafkaSettings::default().linger_ms;
+        // Checked by `bench::run` before anything started.
+        config.kafka.properties.extend(args.kafka_property.iter().cloned());
         let (broker, real_topics) = match &args.brokers {
             None => {
                 let mut proc = Proc::spawn("broker", &config, true)?;
@@ -358,6 +360,7 @@ impl Cluster {
             }
         };
         tune(&mut config);
+        apply_sets(&mut config, &args.set)?;
         config.validate().map_err(|e| anyhow::anyhow!("{e}"))?;
         let exe = match &args.services_exe {
             Some(p) => p.clone(),
@@ -686,6 +689,35 @@ impl Publisher {
 /// The child's config: only what differs from the defaults. Every build reads its own defaults for the rest, so
 /// an `--against` build that predates a key (its config refuses unknown keys) still runs this build's
 /// scenarios, as long as the bench leaves that key at its default.
+/// `--set KEY=VALUE`: each dotted key of the config file set to a TOML value (one that does not parse as TOML is a
+/// string), through the config's own deserializer, so an unknown key or a wrong type is refused naming the flag.
+pub fn apply_sets(config: &mut Config, sets: &[(String, String)]) -> anyhow::Result<()> {
+    if sets.is_empty() {
+        return Ok(());
+    }
+    let mut root = toml::Value::try_from(&*config)?;
+    for (key, raw) in sets {
+        let value = toml::from_str::<toml::Table>(&format!("v = {raw}"))
+            .ok()
+            .and_then(|mut t| t.remove("v"))
+            .unwrap_or_else(|| toml::Value::String(raw.clone()));
+        let mut at = &mut root;
+        let mut parts = key.split('.').peekable();
+        while let Some(part) = parts.next() {
+            let toml::Value::Table(table) = at else { anyhow::bail!("--set {key}: {part:?} is inside a value, not a table") };
+            if parts.peek().is_none() {
+                table.insert(part.to_owned(), value.clone());
+                break;
+            }
+            at = table.entry(part.to_owned()).or_insert_with(|| toml::Value::Table(toml::Table::new()));
+        }
+        // Checked one key at a time, so the error names the one at fault.
+        root.clone().try_into::<Config>().map_err(|e| anyhow::anyhow!("--set {key}={raw}: {}", e.to_string().trim()))?;
+    }
+    *config = root.try_into()?;
+    Ok(())
+}
+
 fn toml_beside_defaults(config: &Config) -> anyhow::Result<String> {
     fn prune(value: &mut toml::Value, default: &toml::Value) {
         let (toml::Value::Table(table), toml::Value::Table(defaults)) = (value, default) else { return };
@@ -703,6 +735,23 @@ fn toml_beside_defaults(config: &Config) -> anyhow::Result<String> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn set_changes_one_key_and_refuses_an_unknown_key_or_a_wrong_type() {
+        let mut c = Config::default();
+        let sets = |v: &[(&str, &str)]| v.iter().map(|(k, v)| ((*k).to_owned(), (*v).to_owned())).collect::<Vec<_>>();
+        apply_sets(&mut c, &sets(&[("log.batch_max_records", "10000"), ("kafka.topic_prefix", "pfx.")])).unwrap();
+        assert_eq!(c.log.batch_max_records, 10_000);
+        assert_eq!(c.kafka.topic_prefix, "pfx.", "a value that is not TOML is a string");
+        let before = c.log.batch_max_wait_ms;
+        let e = apply_sets(&mut c, &sets(&[("log.batch_max_wait_ms", "1"), ("log.no_such_key", "1")])).unwrap_err().to_string();
+        assert!(e.starts_with("--set log.no_such_key=1:") && e.contains("no_such_key"), "{e}");
+        assert_eq!(c.log.batch_max_wait_ms, before, "nothing is applied when a key is refused");
+        let e = apply_sets(&mut c, &sets(&[("log.batch_max_records", "\"many\"")])).unwrap_err().to_string();
+        assert!(e.starts_with("--set log.batch_max_records=\"many\":"), "{e}");
+        let e = apply_sets(&mut c, &sets(&[("log.batch_max_records.x", "1")])).unwrap_err().to_string();
+        assert!(e.contains("inside a value"), "{e}");
+    }
 
     #[test]
     fn a_wrapper_prefix_is_split_into_its_program_and_arguments() {

@@ -190,6 +190,17 @@ pub struct BenchArgs {
     /// (spread over the key space, as the delivery ids hookline makes and most event ids are).
     #[arg(long, value_enum, default_value_t = LogIds::Sequential)]
     log_ids: LogIds,
+    /// A librdkafka property for every client of the run (the services', the driver's, the Kafka floor's), as
+    /// `kafka.properties` takes it: `--kafka-property compression.type=none`. Repeatable; hookline's protected
+    /// properties are refused as the config refuses them.
+    #[arg(long = "kafka-property", value_name = "KEY=VALUE", value_parser = parse_key_value)]
+    kafka_property: Vec<(String, String)>,
+    /// A key of the services' config for this run, as the config file names it (dotted) with a TOML value:
+    /// `--set log.batch_max_records=10000`, `--set 'dispatcher.name="x"'` (a value that is not TOML is taken as a
+    /// string). Applied after the scenario's own settings, so it wins; with `--against`, the other build gets it too.
+    /// Repeatable.
+    #[arg(long = "set", value_name = "KEY=VALUE", value_parser = parse_key_value)]
+    set: Vec<(String, String)>,
     /// Internal: run one service as a child process (`broker`, `ingest`, `dispatcher`, `retry-scheduler`).
     #[arg(long, hide = true)]
     serve: Option<String>,
@@ -213,6 +224,11 @@ pub fn run(args: BenchArgs) -> anyhow::Result<ExitCode> {
             scenario.name()
         );
     }
+    if !args.kafka_property.is_empty() {
+        let settings = hookline_kafka::KafkaSettings { properties: args.kafka_property.iter().cloned().collect(), ..Default::default() };
+        settings.validate().map_err(|e| anyhow::anyhow!("--kafka-property: {e}"))?;
+    }
+    cluster::apply_sets(&mut hookline_service::Config::default(), &args.set)?;
     // Before anything starts: the other build must exist and answer as hookline.
     let other = args.against.as_deref().map(repeat::check_against).transpose()?;
     let rt = tokio::runtime::Builder::new_multi_thread()
@@ -348,7 +364,16 @@ fn machine(args: &BenchArgs) -> Value {
             None => "embedded mock cluster (librdkafka), over TCP".into(),
         },
         "partitions": args.partitions,
+        "kafka_properties": args.kafka_property.iter().map(|(k, v)| (k.clone(), json!(v))).collect::<serde_json::Map<_, _>>(),
+        "set": args.set.iter().map(|(k, v)| (k.clone(), json!(v))).collect::<serde_json::Map<_, _>>(),
     })
+}
+
+fn parse_key_value(s: &str) -> Result<(String, String), String> {
+    match s.split_once('=') {
+        Some((k, v)) if !k.trim().is_empty() => Ok((k.trim().to_owned(), v.trim().to_owned())),
+        _ => Err(format!("expected KEY=VALUE, got {s:?}")),
+    }
 }
 
 /// One row of a result table: name, value, target text, whether met (None: no target).
