@@ -72,6 +72,7 @@ pub async fn run_with_store(
     let mut maintenance = tokio::time::interval(MAINTENANCE_EVERY);
     maintenance.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
     let mut stopping = false;
+    let mut gaps = crate::gaps::Gaps::default();
     // The batch being written while the next one is read (one at a time, committed in order).
     let mut in_flight: Option<InFlight> = None;
     while !stopping {
@@ -87,8 +88,8 @@ pub async fn run_with_store(
             tokio::select! {
                 biased;
                 _ = shutdown.cancelled() => { stopping = true; break; }
-                // The log keeps nothing per partition in memory between batches: nothing to forget on revoke.
-                Some(_) = rebalances.recv() => {}
+                // Besides where reading was (for gaps), the log keeps nothing per partition between batches.
+                Some(_) = rebalances.recv() => gaps.forget(),
                 written = async { (&mut in_flight.as_mut().expect("guarded").task).await }, if in_flight.is_some() => {
                     let done = in_flight.take().expect("guarded");
                     if !conclude(&consumer, &topics, done.offsets, written, CommitMode::Async) {
@@ -116,6 +117,12 @@ pub async fn run_with_store(
                     let ts = m.timestamp().to_millis().unwrap_or(0);
                     newest_ts = newest_ts.max(ts);
                     let source = Source::of(&topics, m.topic());
+                    let lost = gaps.lost_before((source, m.partition()), m.offset());
+                    if lost > 0 {
+                        metrics::counter!("hookline_log_records_lost_total", "topic" => source.label()).increment(lost);
+                        tracing::error!(topic = m.topic(), partition = m.partition(), lost, at_offset = m.offset(),
+                            "delivery log: records removed by the broker before the indexer read them (retention shorter than its lag)");
+                    }
                     next.insert((source, m.partition()), m.offset() + 1);
                     add(&mut batch, source, &m, ts);
                     if read >= settings.batch_max_records { break; }
@@ -163,6 +170,15 @@ impl Source {
             Self::DeadLetters
         } else {
             Self::Events
+        }
+    }
+
+    /// The `topic` label of `hookline_log_records_lost_total`.
+    fn label(self) -> &'static str {
+        match self {
+            Self::Attempts => "attempts",
+            Self::DeadLetters => "dlq",
+            Self::Events => "events",
         }
     }
 

@@ -4,6 +4,7 @@
 //! Opening a store applies the schema migrations it lacks ([`migrate`] does only that, for `hookline log
 //! migrate`). See docs/delivery-log.md.
 
+pub mod gaps;
 pub mod indexer;
 pub mod model;
 pub mod postgres;
