@@ -686,9 +686,6 @@ impl Publisher {
     }
 }
 
-/// The child's config: only what differs from the defaults. Every build reads its own defaults for the rest, so
-/// an `--against` build that predates a key (its config refuses unknown keys) still runs this build's
-/// scenarios, as long as the bench leaves that key at its default.
 /// `--set KEY=VALUE`: each dotted key of the config file set to a TOML value (one that does not parse as TOML is a
 /// string), through the config's own deserializer, so an unknown key or a wrong type is refused naming the flag.
 pub fn apply_sets(config: &mut Config, sets: &[(String, String)]) -> anyhow::Result<()> {
@@ -718,6 +715,9 @@ pub fn apply_sets(config: &mut Config, sets: &[(String, String)]) -> anyhow::Res
     Ok(())
 }
 
+/// The child's config: only what differs from the defaults. Every build reads its own defaults for the rest, so
+/// an `--against` build that predates a key (its config refuses unknown keys) still runs this build's
+/// scenarios, as long as the bench leaves that key at its default.
 fn toml_beside_defaults(config: &Config) -> anyhow::Result<String> {
     fn prune(value: &mut toml::Value, default: &toml::Value) {
         let (toml::Value::Table(table), toml::Value::Table(defaults)) = (value, default) else { return };
