@@ -156,8 +156,8 @@ impl SqliteStore {
 
     /// Lowers the writer thread's CPU priority by `nice` steps (0 leaves it as it is; at most to 19), and only that thread's:
     /// the fan-out and the API in the same process keep theirs. The log is written behind Kafka and nothing waits
-    /// for it, so when the cores are saturated deliveries should get them first; the writer then takes bigger
-    /// batches (cheaper per row) and catches up once the flood ends (`log.sqlite_writer_nice`). Linux only
+    /// for it, so when the cores are saturated deliveries should get them first; the writer falls further behind
+    /// and catches up once the flood ends (`log.sqlite_writer_nice`). Linux only
     /// (`None` elsewhere, and for 0).
     pub async fn lower_writer_priority(&self, nice: u8) -> Result<Option<WriterPriority>, StoreError> {
         if nice == 0 || !cfg!(target_os = "linux") {
