@@ -139,6 +139,12 @@ pub fn group_consumer_config(settings: &KafkaSettings, group_id: &str, client_id
         .set("enable.partition.eof", "false")
         // Feeds `hookline_consumer_lag` (see rebalance.rs).
         .set("statistics.interval.ms", "5000");
+    // An offset reset (records skipped, see `offset_reset.rs`) is only a warning line of librdkafka's, which it does
+    // not even produce when the process logs errors only (rdkafka sets librdkafka's level from the `log` filter).
+    use rdkafka::config::RDKafkaLogLevel as L;
+    if matches!(c.log_level, L::Emerg | L::Alert | L::Critical | L::Error) {
+        c.set_log_level(L::Warning);
+    }
     Ok(c)
 }
 

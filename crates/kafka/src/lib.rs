@@ -9,6 +9,7 @@ pub mod held;
 mod listing;
 pub mod mock;
 pub mod oauth;
+pub mod offset_reset;
 pub mod produce;
 pub mod producer;
 pub mod rebalance;

@@ -4,6 +4,7 @@
 //! assignment or revocation names only the partitions that change owner, and the partitions this member keeps are
 //! not revoked and re-assigned. So each event is a delta: owners add or drop exactly the partitions named.
 
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -14,6 +15,7 @@ use rdkafka::{Offset, TopicPartitionList};
 use tokio::sync::mpsc;
 use tokio_util::sync::CancellationToken;
 
+use crate::offset_reset::OffsetReset;
 use crate::watermark::SharedWatermarks;
 
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -27,6 +29,10 @@ pub struct RebalanceContext {
     events: mpsc::UnboundedSender<RebalanceEvent>,
     name: &'static str,
     drain: Option<RevokeDrain>,
+    /// Rebalance events sent so far: the order of a reset among them (`OffsetReset::after_rebalances`).
+    sent: AtomicU64,
+    /// Where resets go besides the metric and the log, for an owner that counts what they skipped.
+    resets: Option<mpsc::UnboundedSender<OffsetReset>>,
 }
 
 /// Finish before letting go: when partitions of `topic` are revoked, the rebalance waits (up to `limit`) for
@@ -46,12 +52,39 @@ pub struct RevokeDrain {
 impl RebalanceContext {
     pub fn new(name: &'static str) -> (Self, mpsc::UnboundedReceiver<RebalanceEvent>) {
         let (tx, rx) = mpsc::unbounded_channel();
-        (Self { events: tx, name, drain: None }, rx)
+        (Self { events: tx, name, drain: None, sent: AtomicU64::new(0), resets: None }, rx)
     }
 
     pub fn with_revoke_drain(name: &'static str, drain: RevokeDrain) -> (Self, mpsc::UnboundedReceiver<RebalanceEvent>) {
         let (tx, rx) = mpsc::unbounded_channel();
-        (Self { events: tx, name, drain: Some(drain) }, rx)
+        (Self { events: tx, name, drain: Some(drain), sent: AtomicU64::new(0), resets: None }, rx)
+    }
+
+    /// Also reports each offset reset (see `offset_reset`) on the returned channel.
+    pub fn with_offset_resets(mut self) -> (Self, mpsc::UnboundedReceiver<OffsetReset>) {
+        let (tx, rx) = mpsc::unbounded_channel();
+        self.resets = Some(tx);
+        (self, rx)
+    }
+
+    fn report(&self, ev: RebalanceEvent) {
+        self.sent.fetch_add(1, Ordering::SeqCst);
+        let _ = self.events.send(ev);
+    }
+
+    /// The consumer could not read at `from` and was moved to `auto.offset.reset`: what it skips is lost to this
+    /// group (for the dispatcher: deliveries never sent), so it is counted and logged as an error, not only as
+    /// librdkafka's warning.
+    fn offset_reset(&self, topic: String, partition: i32, from: i64) {
+        let kind = crate::produce::topic_kind(&topic);
+        metrics::counter!("hookline_consumer_offset_resets_total", "group" => self.name, "topic" => kind).increment(1);
+        tracing::error!(consumer = self.name, topic, partition, from,
+            "consumer offset reset: the broker no longer has the records from this offset (retention shorter than the group's lag?); \
+             reading resumes at the earliest record it has");
+        if let Some(tx) = &self.resets {
+            let after_rebalances = self.sent.load(Ordering::SeqCst);
+            let _ = tx.send(OffsetReset { topic, partition, from, after_rebalances });
+        }
     }
 
     fn drain_revoked(&self, consumer: &BaseConsumer<Self>, tpl: &TopicPartitionList) {
@@ -106,7 +139,7 @@ impl RebalanceContext {
             }
         }
         tracing::warn!(consumer = self.name, partitions = parts.len(), "partitions lost (dropped from the group); released");
-        let _ = self.events.send(RebalanceEvent::Revoked(parts.to_vec()));
+        self.report(RebalanceEvent::Revoked(parts.to_vec()));
     }
 }
 
@@ -125,6 +158,22 @@ impl ClientContext for RebalanceContext {
         match crate::table::describe_security_failure(&error, reason) {
             Some(failure) => tracing::error!(consumer = self.name, "{failure}"),
             None => tracing::error!(consumer = self.name, %error, reason, "kafka client error"),
+        }
+    }
+
+    /// librdkafka's log lines, as rdkafka's default forwards them, besides reading offset resets out of them.
+    fn log(&self, level: rdkafka::config::RDKafkaLogLevel, fac: &str, line: &str) {
+        use rdkafka::config::RDKafkaLogLevel as L;
+        match level {
+            L::Emerg | L::Alert | L::Critical | L::Error => tracing::error!(target: "librdkafka", "librdkafka: {fac} {line}"),
+            L::Warning => {
+                tracing::warn!(target: "librdkafka", "librdkafka: {fac} {line}");
+                if let Some((topic, partition, from)) = crate::offset_reset::parse(fac, line) {
+                    self.offset_reset(topic, partition, from);
+                }
+            }
+            L::Notice | L::Info => tracing::info!(target: "librdkafka", "librdkafka: {fac} {line}"),
+            L::Debug => tracing::debug!(target: "librdkafka", "librdkafka: {fac} {line}"),
         }
     }
 
@@ -148,7 +197,7 @@ impl ConsumerContext for RebalanceContext {
         if let Rebalance::Revoke(tpl) = rebalance {
             tracing::info!(consumer = self.name, partitions = tpl.count(), "partitions revoked");
             self.drain_revoked(consumer, tpl);
-            let _ = self.events.send(RebalanceEvent::Revoked(list(tpl)));
+            self.report(RebalanceEvent::Revoked(list(tpl)));
         }
     }
 
@@ -162,7 +211,7 @@ impl ConsumerContext for RebalanceContext {
                 if let Err(e) = consumer.resume(tpl) {
                     tracing::warn!(consumer = self.name, error = %e, "resuming newly assigned partitions");
                 }
-                let _ = self.events.send(RebalanceEvent::Assigned(list(tpl)));
+                self.report(RebalanceEvent::Assigned(list(tpl)));
             }
             Rebalance::Revoke(_) => {}
             Rebalance::Error(e) => tracing::warn!(consumer = self.name, error = %e, "rebalance error"),

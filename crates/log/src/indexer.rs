@@ -60,6 +60,7 @@ pub async fn run_with_store(
         Err(e) => tracing::warn!(error = %e, "the delivery log writer keeps the process's priority"),
     }
     let (context, mut rebalances) = RebalanceContext::new(LAG_GROUP);
+    let (context, mut resets) = context.with_offset_resets();
     let group = store.indexer_group(&config.log.group_id).await?;
     tracing::info!(%group, backend = store.backend(), "delivery log indexer starting");
     let mut cc = group_consumer_config(&config.kafka, &group, client_id)?;
@@ -90,6 +91,12 @@ pub async fn run_with_store(
                 _ = shutdown.cancelled() => { stopping = true; break; }
                 // Besides where reading was (for gaps), the log keeps nothing per partition between batches.
                 Some(_) = rebalances.recv() => gaps.forget(),
+                // Before the records read after it (biased): the reset was reported before they were fetched.
+                Some(r) = resets.recv() => {
+                    if let Some(source) = Source::subscribed(&topics, &r.topic) {
+                        gaps.offset_reset((source, r.partition), r.from, r.after_rebalances);
+                    }
+                }
                 written = async { (&mut in_flight.as_mut().expect("guarded").task).await }, if in_flight.is_some() => {
                     let done = in_flight.take().expect("guarded");
                     if !conclude(&consumer, &topics, done.offsets, written, CommitMode::Async) {
@@ -171,6 +178,11 @@ impl Source {
         } else {
             Self::Events
         }
+    }
+
+    /// Which of the three `topic` is, by its whole name (a reset's topic comes from a log line).
+    fn subscribed(topics: &Topics, topic: &str) -> Option<Self> {
+        [Self::Attempts, Self::DeadLetters, Self::Events].into_iter().find(|s| s.name(topics) == topic)
     }
 
     /// The `topic` label of `hookline_log_records_lost_total`.

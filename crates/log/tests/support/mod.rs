@@ -58,3 +58,5 @@ pub async fn postgres() -> Option<Target> {
     let url = hookline_log::postgres::create_database(&admin, &name).await.expect("the test server makes a database");
     Some(Target::Postgres(url))
 }
+
+pub mod flood;
