@@ -120,8 +120,9 @@ fn an_ab_run_starts_the_other_builds_services_in_alternating_pairs() {
     let calls = std::fs::read_to_string(&calls).unwrap_or_default();
     let count = |s: &str| calls.lines().filter(|l| l.trim() == s).count();
     assert_eq!(count("--version"), 1, "{calls}");
-    // Two pairs: the other build's services started twice, its broker never (the broker stays this build's).
-    for role in ["ingest", "dispatcher", "retry-scheduler"] {
+    // Two pairs: the other build's services started twice (the delivery log's indexer beside ingest too), its broker
+    // never (the broker stays this build's).
+    for role in ["ingest", "dispatcher", "retry-scheduler", "log-indexer"] {
         assert_eq!(count(&format!("bench --serve {role}")), 2, "{role}: {calls}");
     }
     assert_eq!(count("bench --serve broker"), 0, "{calls}");

@@ -69,12 +69,18 @@ fn bench_log_prints_one_json_line_with_the_figures() {
     assert!(line.get("postgres").is_none(), "no --postgres-url, no PostgreSQL figures");
 }
 
-#[test]
-fn a_standalone_indexer_refuses_sqlite_naming_the_key() {
-    let out = hookline(&["log", "index", "--health-addr", "127.0.0.1:0"], &[("HOOKLINE_LOG__SQLITE_PATH", "/nonexistent/x.sqlite3")]);
-    assert_eq!(out.status.code(), Some(2));
-    let err = String::from_utf8_lossy(&out.stderr);
-    assert!(err.contains("log.store = \"sqlite\"") && err.contains("hookline-ingest"), "{err}");
+/// `hookline log index` beside a SQLite file that ingest (here: this test, as ingest's API would) has open: the
+/// standalone process writes it, the other reads what it wrote, and SIGTERM stops it with exit 0.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_standalone_indexer_fills_the_sqlite_file_ingest_reads_and_stops_on_sigterm() {
+    let dir = std::env::temp_dir().join(format!("hookline-cli-index-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&dir);
+    let path = dir.join("delivery-log.sqlite3");
+    let store = hookline_log::LogStore::open(&hookline_log::Target::Sqlite(path.clone())).await.expect("ingest's side opens the file");
+    let path_env = path.to_str().expect("a UTF-8 temp path");
+    standalone_indexer_fills(&store, &[("HOOKLINE_LOG__SQLITE_PATH", path_env)], "dlv_standalone_sqlite").await;
+    drop(store);
+    let _ = std::fs::remove_dir_all(&dir);
 }
 
 /// `hookline log index` on its own (ingest would run with `log.run_indexer = false`): records produced to the
@@ -91,14 +97,20 @@ async fn a_standalone_indexer_fills_a_postgres_store_and_stops_on_sigterm() {
     };
     let name = format!("hl_cli_index_{}", std::process::id());
     let url = hookline_log::postgres::create_database(&admin, &name).await.expect("the test server makes a database");
+    let store = hookline_log::LogStore::open(&hookline_log::Target::Postgres(url.clone())).await.expect("the store opens");
+    standalone_indexer_fills(&store, &[("HOOKLINE_LOG__STORE", "postgres"), ("HOOKLINE_LOG__POSTGRES_URL", &url)], "dlv_standalone1").await;
+}
 
+/// Produces one attempt of `delivery_id`, runs `hookline log index` with `store_env` until `store` holds the
+/// delivery, then stops it with SIGTERM: it must exit 0 and have printed where its health routes are.
+async fn standalone_indexer_fills(store: &hookline_log::LogStore, store_env: &[(&str, &str)], delivery_id: &str) {
     let topics = hookline_kafka::Topics::new("hookline.");
     let broker = hookline_kafka::mock::DevBroker::start(&topics, 2, 2).expect("mock broker");
     let settings = hookline_service::Config::dev(&broker.bootstrap_servers(), 2, "log-index-test-token-0123456789");
     let producer = hookline_kafka::client::producer(&settings.kafka, "log-index-test").expect("producer");
     let now = hookline_service::now_ms();
     let rec = hookline_core::model::AttemptRecord {
-        delivery_id: "dlv_standalone1".into(),
+        delivery_id: delivery_id.into(),
         subscription_id: "sub_a".into(),
         event_id: "evt_standalone1".into(),
         attempt: 1,
@@ -116,16 +128,14 @@ async fn a_standalone_indexer_fills_a_postgres_store_and_stops_on_sigterm() {
         .args(["log", "index", "--health-addr", "127.0.0.1:0"])
         .env_remove("HOOKLINE_CONFIG")
         .env("HOOKLINE_KAFKA__BOOTSTRAP_SERVERS", broker.bootstrap_servers())
-        .env("HOOKLINE_LOG__STORE", "postgres")
-        .env("HOOKLINE_LOG__POSTGRES_URL", &url)
         .env("HOOKLINE_LOG__RUN_INDEXER", "false")
+        .envs(store_env.iter().copied())
         .stderr(std::process::Stdio::piped())
         .spawn()
         .expect("hookline log index starts");
-    let store = hookline_log::LogStore::open(&hookline_log::Target::Postgres(url.clone())).await.expect("the store opens");
     let deadline = std::time::Instant::now() + std::time::Duration::from_secs(60);
     let found = loop {
-        if let Some(d) = store.delivery("dlv_standalone1").await.unwrap() {
+        if let Some(d) = store.delivery(delivery_id).await.unwrap() {
             break d;
         }
         assert!(std::time::Instant::now() < deadline, "the standalone indexer never wrote the delivery");

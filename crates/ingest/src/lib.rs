@@ -91,6 +91,9 @@ pub async fn run(config: Config, shutdown: CancellationToken, options: Options) 
     // The delivery log is a store (opened in constant time whatever its history) that an indexer fills from
     // Kafka; nothing here waits for it to catch up.
     let log = Arc::new(hookline_log::LogStore::open(&hookline_log::Target::from_settings(&config.log)?).await?);
+    if !config.log.run_indexer {
+        tracing::info!(backend = log.backend(), "delivery log: indexed by another process (log.run_indexer = false: `hookline log index`)");
+    }
     let indexer = config.log.run_indexer.then(|| {
         let (config, store, stop, client_id) = (config.clone(), log.clone(), reader_stop.clone(), format!("{instance}-log-indexer"));
         tokio::spawn(async move {

@@ -24,11 +24,12 @@ pub enum LogCmd {
         #[command(flatten)]
         output: OutputArgs,
     },
-    /// Run the delivery log's indexer on its own, until SIGTERM or Ctrl-C: for PostgreSQL, beside API replicas
-    /// (hookline-ingest) that run with `log.run_indexer = false`. It reads `attempts`, `dlq` and `events` in the
-    /// consumer group `log.group_id` (shared by every indexer of the one database) and serves `/metrics`,
-    /// `/healthz` and `/readyz` on --health-addr. With SQLite the indexer runs inside hookline-ingest (the file is
-    /// that process's own), so this refuses to start.
+    /// Run the delivery log's indexer on its own, until SIGTERM or Ctrl-C, beside API replicas (hookline-ingest)
+    /// that run with `log.run_indexer = false`: for PostgreSQL anywhere; for SQLite on the same host as ingest, with
+    /// the same `log.sqlite_path` (the file takes one writer and any number of readers; not on a network
+    /// filesystem), so that the log's CPU can have cores or a priority of its own. It reads `attempts`, `dlq` and
+    /// `events` in the consumer group `log.group_id` (shared by every indexer of the one store) and serves
+    /// `/metrics`, `/healthz` and `/readyz` on --health-addr.
     Index {
         /// The config file (TOML): `[kafka]` and `[log]`; `HOOKLINE_<SECTION>__<KEY>` variables override it.
         #[arg(long, env = "HOOKLINE_CONFIG", value_name = "FILE")]
@@ -39,21 +40,8 @@ pub enum LogCmd {
     },
 }
 
-/// Why `hookline log index` does not start on this config.
-fn standalone_refusal(config: &hookline_service::Config) -> Option<String> {
-    (config.log.store == hookline_service::config::LogStoreKind::Sqlite).then(|| {
-        "log.store = \"sqlite\": the indexer runs inside hookline-ingest (log.run_indexer, required with SQLite: \
-         the file is that process's own); a standalone indexer needs log.store = \"postgres\""
-            .to_owned()
-    })
-}
-
 fn index(config: Option<PathBuf>, health_addr: std::net::SocketAddr) -> anyhow::Result<ExitCode> {
     let config = hookline_service::Config::load(config.as_deref(), std::env::vars())?;
-    if let Some(why) = standalone_refusal(&config) {
-        eprintln!("error: {why}");
-        return Ok(ExitCode::from(2));
-    }
     let rt = tokio::runtime::Builder::new_multi_thread().enable_all().build()?;
     rt.block_on(async move {
         let metrics = hookline_service::telemetry::init(&config.telemetry);

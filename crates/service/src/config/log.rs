@@ -37,9 +37,10 @@ pub struct LogSettings {
     /// Longest a record waits for its batch to fill before the batch is written anyway.
     pub batch_max_wait_ms: u64,
     /// Whether the ingest process runs the indexer in-process (beside the API and the fan-out, never in their way).
-    /// Must be true with `store = "sqlite"` (the file is the process's own). With PostgreSQL, set it false on all
-    /// API replicas but one (or some): the indexers share one consumer group, so any number is correct, but one or
-    /// two is enough.
+    /// False leaves it to `hookline log index`: with SQLite a process on the same host with the same `sqlite_path`
+    /// (the file takes one writer and any number of readers), so the log's CPU can be given cores or a priority of
+    /// its own; with PostgreSQL, set it false on all API replicas but one (or some): the indexers share one consumer
+    /// group, so any number is correct, but one or two is enough.
     pub run_indexer: bool,
     /// How many nice steps (0 to 19, as `nice -n`) the SQLite writer thread runs below the process, and it alone:
     /// when the cores are saturated the fan-out, the API and the dispatcher get them first and the log catches up
@@ -99,9 +100,6 @@ impl LogSettings {
         if self.group_id.trim().is_empty() {
             return invalid("log.group_id: must not be empty".into());
         }
-        if self.store == LogStoreKind::Sqlite && !self.run_indexer {
-            return invalid("log.run_indexer: must be true with log.store = \"sqlite\" (only this process writes its file)".into());
-        }
         match self.store {
             LogStoreKind::Sqlite if self.sqlite_path.as_os_str().is_empty() => {
                 invalid("log.sqlite_path: must not be empty with log.store = \"sqlite\"".into())
@@ -157,6 +155,8 @@ mod tests {
         assert_eq!(c.log.sqlite_writer_nice, 10, "the log's writer yields the cores to deliveries");
         let c = load("[log]\nstore = \"postgres\"\npostgres_url = \"postgres://a@h/db\"\nrun_indexer = false\n", &[]).unwrap();
         assert!(!c.log.run_indexer, "an API replica that leaves indexing to another");
+        let c = load("[log]\nrun_indexer = false\n", &[]).unwrap();
+        assert!(!c.log.run_indexer, "a SQLite file indexed by `hookline log index` beside ingest");
     }
 
     #[test]
@@ -184,7 +184,7 @@ mod tests {
             ("[log]\nbatch_max_records = 0\n", "log.batch_max_records"),
             ("[log]\nbatch_max_wait_ms = 0\n", "log.batch_max_wait_ms"),
             ("[log]\nsqlite_path = \"\"\n", "log.sqlite_path"),
-            ("[log]\nrun_indexer = false\n", "log.run_indexer"),
+            ("[log]\nrun_indexer = 0\n", "run_indexer"),
             ("[log]\nretention = 3\n", "retention"),
             ("[log]\nsqlite_writer_nice = 20\n", "log.sqlite_writer_nice"),
             ("[log]\nsqlite_writer_nice = -1\n", "sqlite_writer_nice"),

@@ -303,8 +303,8 @@ pub struct Cluster {
     real_topics: bool,
     /// `--log-store postgres`: (server URL, scratch database), dropped on stop.
     scratch_db: Option<(String, String)>,
-    /// `--log-store postgres`: the delivery log's indexer as a process of its own (ingest runs none), and where it
-    /// serves `/metrics`.
+    /// The delivery log's indexer as a process of its own (ingest runs none), and where it serves `/metrics`: with
+    /// PostgreSQL, and with SQLite unless `--log-in-ingest`.
     pub log_indexer: Option<(Proc, SocketAddr)>,
 }
 
@@ -347,7 +347,11 @@ impl Cluster {
         config.dispatcher.health_addr = std::net::TcpListener::bind("127.0.0.1:0")?.local_addr()?;
         config.retry_scheduler.health_addr = std::net::TcpListener::bind("127.0.0.1:0")?.local_addr()?;
         let scratch_db = match args.log_store {
-            super::LogStore::Sqlite => None,
+            // The indexer beside ingest on the same file, unless `--log-in-ingest`: the log's CPU is then read whole.
+            super::LogStore::Sqlite => {
+                config.log.run_indexer = args.log_in_ingest;
+                None
+            }
             super::LogStore::Postgres => {
                 let server = args.postgres_url.clone().context("--log-store postgres: needs --postgres-url")?;
                 let (url, name) = super::log::scratch(&server).await?;
@@ -369,9 +373,9 @@ impl Cluster {
         let ingest = Proc::spawn_from(&exe, "ingest", &config, false)?;
         let dispatcher = Proc::spawn_from(&exe, "dispatcher", &config, false)?;
         let scheduler = Proc::spawn_from(&exe, "retry-scheduler", &config, false)?;
-        let log_indexer = match &scratch_db {
-            None => None,
-            Some(_) => {
+        let log_indexer = match config.log.run_indexer {
+            true => None,
+            false => {
                 let addr = std::net::TcpListener::bind("127.0.0.1:0")?.local_addr()?;
                 Some((Proc::spawn_from_env(&exe, "log-indexer", &config, false, &[(HEALTH_ENV, addr.to_string())])?, addr))
             }

@@ -183,6 +183,12 @@ pub struct BenchArgs {
     /// `postgres` (a scratch database on --postgres-url, created and dropped).
     #[arg(long, value_enum, default_value_t = LogStore::Sqlite)]
     log_store: LogStore,
+    /// The pipeline scenarios, SQLite: run the delivery log's indexer inside ingest (`log.run_indexer = true`, as
+    /// `hookline dev` and a default install do) instead of as a process of its own (`hookline log index` beside
+    /// ingest, on the same file). Apart, all the log's CPU (its Kafka reading too) is the log's, and ingest's is the
+    /// fan-out's and the API's. Figures before session 17 were measured with the indexer in ingest.
+    #[arg(long)]
+    log_in_ingest: bool,
     /// log: measure only this backend (`sqlite`, or `postgres`, which needs --postgres-url).
     #[arg(long, value_parser = ["sqlite", "postgres"])]
     log_only: Option<String>,

@@ -143,6 +143,7 @@ pub async fn run(args: &BenchArgs) -> anyhow::Result<(Map<String, Value>, bool)>
         .await?,
     );
     let dns_cache_ttl_s = cluster.config.egress.dns_cache_ttl_s;
+    let cluster_log_apart = cluster.log_indexer.is_some();
     let recv = Receiver::start(Instant::now())?;
     let host = if args.named_host { super::cluster::named_host().await? } else { "127.0.0.1".to_owned() };
     let url = |k: usize| recv.url(&format!("ok/{k}")).replacen("127.0.0.1", &host, 1);
@@ -225,6 +226,7 @@ pub async fn run(args: &BenchArgs) -> anyhow::Result<(Map<String, Value>, bool)>
     out.insert("named_host".into(), json!(args.named_host));
     out.insert("receiver_host".into(), json!(host));
     out.insert("log_store".into(), json!(format!("{:?}", args.log_store).to_lowercase()));
+    out.insert("log_indexer_apart".into(), json!(cluster_log_apart));
     out.insert("log_caught_up".into(), json!(log_wait.caught_up));
     out.insert("log_catch_up_s".into(), json!(round(log_wait.seconds, 2)));
     out.insert("log_indexed_attempts".into(), json!(log_wait.indexed_attempts));
@@ -257,11 +259,12 @@ pub async fn run(args: &BenchArgs) -> anyhow::Result<(Map<String, Value>, bool)>
     // Kafka work (a record in, a record out, an offset); ingest does it again at least (the task out; the event in,
     // shared by the fan-out, and the attempt in for the delivery log).
     let raw_cpu = raw.cpu.get("raw_client").and_then(Value::as_f64).unwrap_or(f64::NAN);
-    // The delivery log's indexer is hookline's too: in ingest with SQLite (its writer thread told apart), a process
-    // of its own with PostgreSQL (the database server's CPU, like the broker's, is not counted).
+    // The delivery log's indexer is hookline's too: a process of its own by default (SQLite beside ingest, or
+    // PostgreSQL, whose server's CPU, like the broker's, is not counted), or in ingest (`--log-in-ingest`, its writer
+    // thread told apart).
     let log_indexer = cpu.get("log_indexer").and_then(Value::as_f64).unwrap_or(0.0);
-    // The log's share: its indexer process, or ingest's writer thread (the in-ingest indexer's consumer and folding
-    // stay on the delivery path's side of this split, so that side is if anything overstated), scaled by `log_scale`.
+    // The log's share: its indexer process, or ingest's writer thread (then the in-ingest indexer's consumer and
+    // folding stay on the delivery path's side of this split, which overstates that side), scaled by `log_scale`.
     let log_cpu = (log_indexer + c("ingest_log_writer")) * log_scale;
     let hookline_cpu = c("dispatcher") + (c("ingest") - c("ingest_log_writer")) + c("retry_scheduler") + log_cpu;
     let dispatcher_over_raw = c("dispatcher") / raw_cpu;
@@ -309,7 +312,7 @@ pub async fn run(args: &BenchArgs) -> anyhow::Result<(Map<String, Value>, bool)>
             row("  of which librdkafka threads", format!("{:.3}", c("ingest_librdkafka")), "", None),
             row("  of which the delivery log's writer", format!("{:.3}", c("ingest_log_writer")), "", None),
             row("cpu s/1k: retry-scheduler", format!("{:.3}", c("retry_scheduler")), "", None),
-            row("cpu s/1k: log indexer (own process, postgres)", format!("{log_indexer:.3}"), "", None),
+            row("cpu s/1k: log indexer (own process)", format!("{log_indexer:.3}"), "", None),
             row("cpu s/1k: broker", format!("{:.3}", c("broker")), "", None),
             row("cpu s/1k: receiver", format!("{:.3}", c("receiver")), "", None),
             row("cpu s/1k: bench driver", format!("{:.3}", c("driver")), "", None),
