@@ -132,6 +132,19 @@ pub async fn run(args: &BenchArgs) -> anyhow::Result<(Map<String, Value>, bool)>
     let subs = groups * fanout;
     let per_sub = (args.concurrency / subs).max(1);
     let concurrency = per_sub * subs;
+    // The raw client's cost per request moves with the host, by up to a fifth between baselines minutes apart here,
+    // and it is the denominator of #17's CPU ratios: it is measured before the services start (a receiver of its
+    // own, so that the run's counts stay the flood's) and again after they stop, and the run uses the mean.
+    let event = hookline_core::event_decode::decode(&event_json("t0", "tp.0", 0), 1 << 20, false).map_err(|e| anyhow::anyhow!("{e}"))?;
+    let policy = hookline_core::policy::builtin("standard").expect("built-in profile");
+    let body = hookline_core::request::body(&policy, &event).map_err(|e| anyhow::anyhow!("{e}"))?;
+    let raw_before = {
+        let recv = Receiver::start(Instant::now())?;
+        eprintln!("  raw baseline, before: {concurrency} concurrent POSTs of the same body for {} s", args.raw_s);
+        let urls: Vec<String> = (0..subs).map(|k| recv.url(&format!("ok/{k}"))).collect();
+        let (body, raw_s) = (body.clone(), args.raw_s);
+        tokio::task::spawn_blocking(move || raw_baseline(urls, body, concurrency, Duration::from_secs(raw_s))).await??
+    };
     let cluster = Arc::new(
         Cluster::start(args, |c| {
             c.dispatcher.per_subscription_concurrency = per_sub;
@@ -196,15 +209,13 @@ pub async fn run(args: &BenchArgs) -> anyhow::Result<(Map<String, Value>, bool)>
         }
     });
 
-    // The raw baseline, on its own runtime (threads `bench-raw`), against the same receiver.
-    eprintln!("  raw baseline: {concurrency} concurrent POSTs of the same body for {} s", args.raw_s);
-    let event = hookline_core::event_decode::decode(&event_json("t0", "tp.0", 0), 1 << 20, false).map_err(|e| anyhow::anyhow!("{e}"))?;
-    let policy = hookline_core::policy::builtin("standard").expect("built-in profile");
-    let body = hookline_core::request::body(&policy, &event).map_err(|e| anyhow::anyhow!("{e}"))?;
+    // The raw baseline again, on its own runtime (threads `bench-raw`), against the run's receiver.
+    eprintln!("  raw baseline, after: {concurrency} concurrent POSTs of the same body for {} s", args.raw_s);
     let urls: Vec<String> = (0..subs).map(|k| recv.url(&format!("ok/{k}"))).collect();
     let raw_s = args.raw_s;
-    let raw = tokio::task::spawn_blocking(move || raw_baseline(urls, body, concurrency, Duration::from_secs(raw_s))).await??;
+    let raw_after = tokio::task::spawn_blocking(move || raw_baseline(urls, body, concurrency, Duration::from_secs(raw_s))).await??;
     drop(recv);
+    let raw = Raw::mean(&raw_before, &raw_after);
     // Paced at the deliveries' own rate, and batched (all of it at once, the cheapest Kafka can be).
     let floors = if args.kafka_floor_records == 0 { None } else { Some(run_floor(args, &cluster, deliveries_per_s).await?) };
     cluster.stop().await;
@@ -222,6 +233,7 @@ pub async fn run(args: &BenchArgs) -> anyhow::Result<(Map<String, Value>, bool)>
     out.insert("ratio".into(), json!(round(ratio, 3)));
     out.insert("cpu_s_per_1k_deliveries".into(), cpu.clone());
     out.insert("raw_cpu_s_per_1k_requests".into(), raw.cpu.clone());
+    out.insert("raw_runs".into(), json!([raw_before.json(), raw_after.json()]));
     out.insert("publish_failures".into(), json!(publish_failures));
     out.insert("named_host".into(), json!(args.named_host));
     out.insert("receiver_host".into(), json!(host));
@@ -317,8 +329,13 @@ pub async fn run(args: &BenchArgs) -> anyhow::Result<(Map<String, Value>, bool)>
             row("cpu s/1k: receiver", format!("{:.3}", c("receiver")), "", None),
             row("cpu s/1k: bench driver", format!("{:.3}", c("driver")), "", None),
             row(
-                "raw cpu s/1k: client",
-                format!("{:.3}", raw.cpu.get("raw_client").and_then(Value::as_f64).unwrap_or(f64::NAN)),
+                "raw cpu s/1k: client (mean of before / after)",
+                format!(
+                    "{:.4} ({:.4} / {:.4})",
+                    raw.cpu.get("raw_client").and_then(Value::as_f64).unwrap_or(f64::NAN),
+                    raw_before.cpu.get("raw_client").and_then(Value::as_f64).unwrap_or(f64::NAN),
+                    raw_after.cpu.get("raw_client").and_then(Value::as_f64).unwrap_or(f64::NAN)
+                ),
                 "",
                 None,
             ),
@@ -386,6 +403,22 @@ async fn log_caught_up(cluster: &Cluster) -> LogWait {
 pub struct Raw {
     pub per_s: f64,
     pub cpu: Value,
+}
+
+impl Raw {
+    /// The mean of two baselines: the rate, and each thread group's CPU per 1k requests.
+    pub fn mean(a: &Raw, b: &Raw) -> Raw {
+        let mut cpu = Map::new();
+        for k in ["raw_client", "receiver"] {
+            let v = |r: &Raw| r.cpu.get(k).and_then(Value::as_f64).unwrap_or(f64::NAN);
+            cpu.insert(k.into(), json!(round((v(a) + v(b)) / 2.0, 4)));
+        }
+        Raw { per_s: (a.per_s + b.per_s) / 2.0, cpu: Value::Object(cpu) }
+    }
+
+    fn json(&self) -> Value {
+        json!({"per_s": round(self.per_s, 1), "cpu_s_per_1k_requests": self.cpu})
+    }
 }
 
 /// `concurrency` loops POSTing `body` to `/ok/{k}` with the dispatcher's pool settings, for `duration`.
@@ -792,4 +825,19 @@ async fn fill_input(
     drop(send);
     anyhow::ensure!(failed == 0, "the Kafka floor's fill could not enqueue {failed} records");
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_raw_baseline_is_the_mean_of_the_one_before_and_the_one_after() {
+        let a = Raw { per_s: 60_000.0, cpu: json!({"raw_client": 0.0100, "receiver": 0.0090}) };
+        let b = Raw { per_s: 80_000.0, cpu: json!({"raw_client": 0.0140, "receiver": 0.0110}) };
+        let m = Raw::mean(&a, &b);
+        assert_eq!(m.per_s, 70_000.0);
+        assert_eq!(m.cpu, json!({"raw_client": 0.012, "receiver": 0.01}));
+        assert_eq!(a.json()["cpu_s_per_1k_requests"]["raw_client"], 0.01);
+    }
 }
