@@ -13,10 +13,7 @@ use support::flood::{counter, lost_attempts, Lossy, LAST};
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn records_dropped_while_the_indexer_was_stopped_are_counted_lost_when_it_starts_again() {
     let metrics = hookline_service::telemetry::metrics_handle();
-    let log = Lossy::start("restart").await;
-    let (stop, indexer) = log.indexer();
-    log.attempt(0, 10).await;
-    log.wait_stored(0, &metrics).await;
+    let (log, stop, indexer) = Lossy::started("restart", &metrics).await;
 
     // Stopped only once its group has committed past attempt 0, so that it starts again from offset 1.
     let group = log.store.indexer_group(&log.config.log.group_id).await.unwrap();

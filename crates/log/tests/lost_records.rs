@@ -11,10 +11,7 @@ use support::flood::{lost_attempts, Lossy, LAST};
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn records_the_broker_dropped_before_the_indexer_read_them_are_counted_lost() {
     let metrics = hookline_service::telemetry::metrics_handle();
-    let log = Lossy::start("lost").await;
-    let (stop, indexer) = log.indexer();
-    log.attempt(0, 10).await;
-    log.wait_stored(0, &metrics).await;
+    let (log, stop, indexer) = Lossy::started("lost", &metrics).await;
 
     // The indexer stalls on its next write while 8 MiB arrive behind it (128 records of 64 KiB): at most one fetch
     // response (1 MiB) of them is in its consumer, 5 MiB stay on the broker, the rest is dropped.

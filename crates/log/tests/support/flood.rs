@@ -46,6 +46,15 @@ impl Lossy {
         Self { topics, broker, config, store, producer, _dir: dir }
     }
 
+    /// Starts the broker, the store and an indexer, and waits until the indexer has stored attempt 0.
+    pub async fn started(tag: &str, metrics: &metrics_exporter_prometheus::PrometheusHandle) -> (Self, CancellationToken, tokio::task::JoinHandle<()>) {
+        let log = Self::start(tag).await;
+        let (stop, indexer) = log.indexer();
+        log.attempt(0, 10).await;
+        log.wait_stored(0, metrics).await;
+        (log, stop, indexer)
+    }
+
     /// Runs an indexer until the returned token is cancelled.
     pub fn indexer(&self) -> (CancellationToken, tokio::task::JoinHandle<()>) {
         let stop = CancellationToken::new();
