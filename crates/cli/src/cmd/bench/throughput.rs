@@ -202,9 +202,11 @@ pub async fn run(args: &BenchArgs) -> anyhow::Result<(Map<String, Value>, bool)>
     // The Kafka floor below measures this process's new Kafka clients: the event producer goes first.
     drop(publisher);
     let mut cluster = Arc::try_unwrap(cluster).map_err(|_| anyhow::anyhow!("cluster still shared"))?;
-    // The services stop; the broker stays up, idle, for the Kafka floor after the raw baseline.
+    // The services (and the log's indexer, its CPU already read) stop; the broker stays up, idle, for the Kafka
+    // floor after the raw baseline.
     tokio::task::block_in_place(|| {
-        for p in [&mut cluster.ingest, &mut cluster.dispatcher, &mut cluster.scheduler] {
+        let indexer = cluster.log_indexer.as_mut().map(|(p, _)| p);
+        for p in [&mut cluster.ingest, &mut cluster.dispatcher, &mut cluster.scheduler].into_iter().chain(indexer) {
             p.stop(Duration::from_secs(8));
         }
     });
