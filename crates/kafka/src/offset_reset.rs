@@ -31,7 +31,7 @@ pub fn parse(facility: &str, line: &str) -> Option<(String, i32, i64)> {
     let (head, rest) = line.split_once("]: offset reset (at offset ")?;
     let (topic, partition) = head.rsplit_once(" [")?;
     // A topic name has no spaces; librdkafka may put its thread's name before it (`[thrd:main]: `).
-    let topic = topic.rsplit(' ').next().unwrap_or(topic);
+    let topic = topic.rsplit_once(' ').map_or(topic, |(_, t)| t);
     let from = rest.split(|c: char| !c.is_ascii_digit()).next().filter(|n| !n.is_empty())?;
     if topic.is_empty() {
         return None;

@@ -63,8 +63,26 @@ impl Lossy {
         (stop, task)
     }
 
+    /// Produces attempt `n` to partition 0 of `attempts`, with an excerpt of `excerpt_bytes` that lz4 cannot shrink.
     pub async fn attempt(&self, n: usize, excerpt_bytes: usize) {
-        attempt(&self.producer, &self.topics, n, excerpt_bytes).await;
+        let rec = AttemptRecord {
+            delivery_id: format!("dlv_{n:04}"),
+            subscription_id: "sub_lost".into(),
+            event_id: format!("evt_{n:04}"),
+            attempt: 1,
+            r#try: 1,
+            started_at_ms: hookline_service::now_ms(),
+            http_status: 200,
+            outcome: "200".into(),
+            final_state: "succeeded".into(),
+            response_excerpt: noise(n, excerpt_bytes),
+            phase: 1,
+            ..Default::default()
+        };
+        let bytes = rec.encode_to_vec();
+        let record = FutureRecord::to(self.topics.attempts()).partition(0).key("sub_lost").payload(&bytes);
+        // One produce at a time: each record is a message set of its own, the unit the broker drops.
+        self.producer.send(record, Duration::from_secs(10)).await.map_err(|(e, _)| e).expect("the broker acknowledges");
     }
 
     /// Attempts 1 to `LAST`: the big ones, then three small ones.
@@ -100,26 +118,6 @@ impl Lossy {
     }
 }
 
-pub async fn attempt(p: &Producer, topics: &Topics, n: usize, excerpt_bytes: usize) {
-    let rec = AttemptRecord {
-        delivery_id: format!("dlv_{n:04}"),
-        subscription_id: "sub_lost".into(),
-        event_id: format!("evt_{n:04}"),
-        attempt: 1,
-        r#try: 1,
-        started_at_ms: hookline_service::now_ms(),
-        http_status: 200,
-        outcome: "200".into(),
-        final_state: "succeeded".into(),
-        response_excerpt: noise(n, excerpt_bytes),
-        phase: 1,
-        ..Default::default()
-    };
-    let bytes = rec.encode_to_vec();
-    let record = FutureRecord::to(topics.attempts()).partition(0).key("sub_lost").payload(&bytes);
-    // One produce at a time: each record is a message set of its own, the unit the broker drops.
-    p.send(record, Duration::from_secs(10)).await.map_err(|(e, _)| e).expect("the broker acknowledges");
-}
 
 /// Hex of a xorshift stream: what lz4 cannot shrink, so the broker holds every byte.
 pub fn noise(seed: usize, len: usize) -> String {
