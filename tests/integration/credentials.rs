@@ -8,14 +8,10 @@ use std::collections::BTreeSet;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use bytes::Bytes;
 use hookline_core::credential::{sign_portal_token, PortalGrant};
-use http_body_util::{BodyExt, Full};
-use hyper_util::client::legacy::Client;
-use hyper_util::rt::TokioExecutor;
 use serde_json::{json, Value};
 
-use crate::support::{Pipeline, TOKEN};
+use crate::support::{link_token, Pipeline, TOKEN};
 
 const LIMIT: Duration = Duration::from_secs(60);
 
@@ -54,37 +50,6 @@ impl Tokens {
     }
 }
 
-async fn call_as(p: &Pipeline, token: Option<&str>, method: &str, path: &str, body: Option<Value>) -> (u16, Value) {
-    let client = Client::builder(TokioExecutor::new()).build_http::<Full<Bytes>>();
-    let mut req = http::Request::builder().method(method).uri(format!("http://{}{path}", p.api));
-    if let Some(t) = token {
-        req = req.header("authorization", format!("Bearer {t}"));
-    }
-    if body.is_some() {
-        req = req.header("content-type", "application/json");
-    }
-    let req = req.body(Full::new(body.map(|b| Bytes::from(b.to_string())).unwrap_or_default())).unwrap();
-    let resp = client.request(req).await.expect("API answers");
-    let status = resp.status().as_u16();
-    let bytes = resp.into_body().collect().await.unwrap().to_bytes();
-    (status, serde_json::from_slice(&bytes).unwrap_or(Value::Null))
-}
-
-/// The token in a portal link's URL (`…/portal/#token=hlp_…`).
-fn link_token(v: &Value) -> String {
-    v["url"].as_str().unwrap().split("#token=").nth(1).expect("a token in the link").to_owned()
-}
-
-async fn tenant(p: &Pipeline, id: &str) {
-    let (status, v) = call_as(p, Some(TOKEN), "POST", "/v1/tenants", Some(json!({"id": id, "name": id.to_uppercase()}))).await;
-    assert_eq!(status, 201, "{v}");
-}
-
-async fn api_key(p: &Pipeline, tenant: &str) -> (String, String) {
-    let (status, v) = call_as(p, Some(TOKEN), "POST", &format!("/v1/tenants/{tenant}/api-keys"), Some(json!({"name": "ci"}))).await;
-    assert_eq!(status, 201, "{v}");
-    (v["id"].as_str().unwrap().to_owned(), v["key"].as_str().unwrap().to_owned())
-}
 
 /// What a row answers for (admin, tenant A key, tenant B key, portal link A); the three bad credentials always 401.
 struct Row {
@@ -160,11 +125,11 @@ fn matrix(url: &str) -> Vec<Row> {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn every_route_answers_every_kind_of_credential_as_it_should() {
     let p = Pipeline::start(1).await;
-    tenant(&p, "acme").await;
-    tenant(&p, "globex").await;
-    let (_, key_a) = api_key(&p, "acme").await;
-    let (_, key_b) = api_key(&p, "globex").await;
-    let (status, link) = call_as(&p, Some(TOKEN), "POST", "/v1/tenants/acme/portal-links", None).await;
+    p.tenant("acme").await;
+    p.tenant("globex").await;
+    let (_, key_a) = p.api_key("acme").await;
+    let (_, key_b) = p.api_key("globex").await;
+    let (status, link) = p.call_as(Some(TOKEN), "POST", "/v1/tenants/acme/portal-links", None).await;
     assert_eq!(status, 201, "{link}");
     assert!(link["url"].as_str().unwrap().contains("/portal/#token=hlp_"), "{link}");
     let link_a = link_token(&link);
@@ -183,12 +148,12 @@ async fn every_route_answers_every_kind_of_credential_as_it_should() {
         format!("hlp_{}.{sig}", b64.encode(g.to_string()))
     };
     let tokens = Tokens { key_a, key_b, link_a, expired, tampered };
-    let (status, v) = call_as(&p, Some(TOKEN), "POST", "/v1/event-types", Some(json!({"name": "matrix.x", "examples": [{}]}))).await;
+    let (status, v) = p.call_as(Some(TOKEN), "POST", "/v1/event-types", Some(json!({"name": "matrix.x", "examples": [{}]}))).await;
     assert_eq!(status, 201, "{v}");
 
     // One delivery of tenant A in the log.
     let (sub, _) = p.subscribe(json!({"url": p.url("ok"), "event_types": ["matrix.*"], "tenant": "acme"})).await;
-    let (status, v) = call_as(&p, Some(TOKEN), "POST", "/v1/events", Some(json!({"id": "evt_m", "type": "matrix.x", "tenant": "acme", "data": {}}))).await;
+    let (status, v) = p.call_as(Some(TOKEN), "POST", "/v1/events", Some(json!({"id": "evt_m", "type": "matrix.x", "tenant": "acme", "data": {}}))).await;
     assert_eq!(status, 202, "{v}");
     p.wait_final_of(&sub, 1, LIMIT).await;
     let dlv = p.get_when(&format!("/v1/subscriptions/{sub}/deliveries"), |v| v["items"][0]["state"] == "succeeded").await["items"][0]
@@ -212,7 +177,7 @@ async fn every_route_answers_every_kind_of_credential_as_it_should() {
             path = path.replace("{dlv}", &dlv);
             let fresh = format!("t-{n}");
             if path.contains("{tenant}") {
-                tenant(&p, &fresh).await;
+                p.tenant(&fresh).await;
                 path = path.replace("{tenant}", &fresh);
             }
             if body.as_ref().is_some_and(|b| b["id"] == "{tenant}") {
@@ -220,7 +185,7 @@ async fn every_route_answers_every_kind_of_credential_as_it_should() {
             }
             let etype = format!("matrix.t-{n}");
             if path.contains("{etype}") {
-                let (status, v) = call_as(&p, Some(TOKEN), "POST", "/v1/event-types", Some(json!({"name": etype}))).await;
+                let (status, v) = p.call_as(Some(TOKEN), "POST", "/v1/event-types", Some(json!({"name": etype}))).await;
                 assert_eq!(status, 201, "{v}");
                 path = path.replace("{etype}", &etype);
             }
@@ -228,7 +193,7 @@ async fn every_route_answers_every_kind_of_credential_as_it_should() {
                 body = Some(json!({"name": etype}));
             }
             if path.contains("{key}") {
-                let (id, _) = api_key(&p, "acme").await;
+                let (id, _) = p.api_key("acme").await;
                 path = path.replace("{key}", &id);
             }
             let want = match c {
@@ -239,7 +204,7 @@ async fn every_route_answers_every_kind_of_credential_as_it_should() {
                 Cred::KeyB => r.expect[2],
                 Cred::LinkA => r.expect[3],
             };
-            let (got, answer) = call_as(&p, tokens.of(c), r.method, &path, body).await;
+            let (got, answer) = p.call_as(tokens.of(c), r.method, &path, body).await;
             if got != want {
                 failures.push(format!("{} {path} as {c:?}: {got}, expected {want}: {answer}", r.method));
             }
@@ -273,42 +238,42 @@ async fn every_route_answers_every_kind_of_credential_as_it_should() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn whoami_says_what_each_credential_is_and_an_expired_link_says_so() {
     let p = Pipeline::start(1).await;
-    tenant(&p, "acme").await;
-    let (_, key) = api_key(&p, "acme").await;
-    let (status, link) = call_as(&p, Some(TOKEN), "POST", "/v1/tenants/acme/portal-links", Some(json!({"read_only": true}))).await;
+    p.tenant("acme").await;
+    let (_, key) = p.api_key("acme").await;
+    let (status, link) = p.call_as(Some(TOKEN), "POST", "/v1/tenants/acme/portal-links", Some(json!({"read_only": true}))).await;
     assert_eq!(status, 201, "{link}");
-    let (_, writable) = call_as(&p, Some(TOKEN), "POST", "/v1/tenants/acme/portal-links", None).await;
+    let (_, writable) = p.call_as(Some(TOKEN), "POST", "/v1/tenants/acme/portal-links", None).await;
 
-    let (status, v) = call_as(&p, Some(TOKEN), "GET", "/v1/whoami", None).await;
+    let (status, v) = p.call_as(Some(TOKEN), "GET", "/v1/whoami", None).await;
     assert_eq!(status, 200, "{v}");
     assert_eq!(
         v,
         json!({"kind": "admin", "tenant": null, "tenant_name": null, "read_only": false, "expires_at_ms": null, "admin": true, "can_write": true})
     );
-    let (_, v) = call_as(&p, Some(&key), "GET", "/v1/whoami", None).await;
+    let (_, v) = p.call_as(Some(&key), "GET", "/v1/whoami", None).await;
     assert_eq!(
         v,
         json!({"kind": "tenant_key", "tenant": "acme", "tenant_name": "ACME", "read_only": false, "expires_at_ms": null, "admin": false, "can_write": true})
     );
-    let (_, v) = call_as(&p, Some(&link_token(&link)), "GET", "/v1/whoami", None).await;
+    let (_, v) = p.call_as(Some(&link_token(&link)), "GET", "/v1/whoami", None).await;
     assert_eq!(
         v,
         json!({"kind": "portal_link", "tenant": "acme", "tenant_name": "ACME", "read_only": true,
                "expires_at_ms": link["expires_at_ms"], "admin": false, "can_write": false})
     );
-    let (_, v) = call_as(&p, Some(&link_token(&writable)), "GET", "/v1/whoami", None).await;
+    let (_, v) = p.call_as(Some(&link_token(&writable)), "GET", "/v1/whoami", None).await;
     assert_eq!((v["kind"].as_str(), v["read_only"].as_bool(), v["can_write"].as_bool()), (Some("portal_link"), Some(false), Some(true)), "{v}");
 
     // A genuine link past its time: `link_expired`, so the portal can say "ask for a new one".
     let secret = p.config.ingest.portal.link_secret.clone().unwrap();
     let expired = sign_portal_token(&PortalGrant { tenant: "acme".into(), expires_at_ms: 1, read_only: false, nonce: "x".into() }, secret.as_bytes());
-    let (status, v) = call_as(&p, Some(&expired), "GET", "/v1/whoami", None).await;
+    let (status, v) = p.call_as(Some(&expired), "GET", "/v1/whoami", None).await;
     assert_eq!((status, v["error"]["code"].as_str(), v["error"]["field"].as_str()), (401, Some("link_expired"), Some("Authorization")), "{v}");
     // One signed with another key is not "expired", even when it is past its time too.
     let forged = sign_portal_token(&PortalGrant { tenant: "acme".into(), expires_at_ms: 1, read_only: false, nonce: "x".into() }, b"another key, another key, another");
-    let (status, v) = call_as(&p, Some(&forged), "GET", "/v1/whoami", None).await;
+    let (status, v) = p.call_as(Some(&forged), "GET", "/v1/whoami", None).await;
     assert_eq!((status, v["error"]["code"].as_str()), (401, Some("unauthorized")), "{v}");
-    let (status, v) = call_as(&p, None, "GET", "/v1/whoami", None).await;
+    let (status, v) = p.call_as(None, "GET", "/v1/whoami", None).await;
     assert_eq!((status, v["error"]["code"].as_str()), (401, Some("unauthorized")), "{v}");
     p.stop().await;
 }
@@ -316,20 +281,20 @@ async fn whoami_says_what_each_credential_is_and_an_expired_link_says_so() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_tenant_key_publishes_for_its_tenant_and_stops_working_when_revoked_or_its_tenant_is_deleted() {
     let p = Pipeline::start(1).await;
-    tenant(&p, "acme").await;
-    tenant(&p, "globex").await;
-    let (key_id, key) = api_key(&p, "acme").await;
-    let (status, created) = call_as(&p, Some(&key), "POST", "/v1/subscriptions", Some(json!({"url": p.url("a"), "event_types": ["x.*"]}))).await;
+    p.tenant("acme").await;
+    p.tenant("globex").await;
+    let (key_id, key) = p.api_key("acme").await;
+    let (status, created) = p.call_as(Some(&key), "POST", "/v1/subscriptions", Some(json!({"url": p.url("a"), "event_types": ["x.*"]}))).await;
     assert_eq!((status, created["tenant"].as_str()), (201, Some("acme")), "a subscription made with a key is its tenant's: {created}");
     let sub_a = created["id"].as_str().unwrap().to_owned();
     let (sub_b, _) = p.subscribe(json!({"url": p.url("b"), "event_types": ["x.*"], "tenant": "globex"})).await;
     let (sub_none, _) = p.subscribe(json!({"url": p.url("none"), "event_types": ["x.*"]})).await;
 
     // Published without a tenant, the event is acme's: it reaches acme's subscription only.
-    let (status, v) = call_as(&p, Some(&key), "POST", "/v1/events", Some(json!({"id": "evt_k", "type": "x.y", "data": {}}))).await;
+    let (status, v) = p.call_as(Some(&key), "POST", "/v1/events", Some(json!({"id": "evt_k", "type": "x.y", "data": {}}))).await;
     assert_eq!(status, 202, "{v}");
     let (status, v) =
-        call_as(&p, Some(&key), "POST", "/v1/events", Some(json!({"id": "evt_k2", "type": "x.y", "tenant": "globex", "data": {}}))).await;
+        p.call_as(Some(&key), "POST", "/v1/events", Some(json!({"id": "evt_k2", "type": "x.y", "tenant": "globex", "data": {}}))).await;
     assert_eq!((status, v["error"]["field"].as_str()), (403, Some("tenant")), "{v}");
     p.wait_final_of(&sub_a, 1, LIMIT).await;
     let body: Value = serde_json::from_slice(&p.requests_to("a")[0].body).unwrap();
@@ -345,70 +310,70 @@ async fn a_tenant_key_publishes_for_its_tenant_and_stops_working_when_revoked_or
     assert_eq!(ids("none"), [json!("evt_t")]);
 
     // The key lists only its tenant's subscriptions, and the admin's list shows when the key was last used.
-    let (_, list) = call_as(&p, Some(&key), "GET", "/v1/subscriptions", None).await;
+    let (_, list) = p.call_as(Some(&key), "GET", "/v1/subscriptions", None).await;
     let listed: Vec<&str> = list["items"].as_array().unwrap().iter().map(|s| s["id"].as_str().unwrap()).collect();
     assert_eq!(listed, [sub_a.as_str()]);
-    let (_, keys) = call_as(&p, Some(TOKEN), "GET", "/v1/tenants/acme/api-keys", None).await;
+    let (_, keys) = p.call_as(Some(TOKEN), "GET", "/v1/tenants/acme/api-keys", None).await;
     assert!(keys["items"][0]["last_used_at_ms"].as_i64().is_some_and(|t| t > 0), "{keys}");
     assert!(keys["items"][0]["prefix"].as_str().is_some_and(|x| key.starts_with(x) && x.len() < key.len()), "{keys}");
     assert!(!keys.to_string().contains(&key), "the key is shown only once");
 
     // Revoked: refused at once.
-    let (status, _) = call_as(&p, Some(TOKEN), "DELETE", &format!("/v1/tenants/acme/api-keys/{key_id}"), None).await;
+    let (status, _) = p.call_as(Some(TOKEN), "DELETE", &format!("/v1/tenants/acme/api-keys/{key_id}"), None).await;
     assert_eq!(status, 204);
-    let (status, v) = call_as(&p, Some(&key), "GET", "/v1/subscriptions", None).await;
+    let (status, v) = p.call_as(Some(&key), "GET", "/v1/subscriptions", None).await;
     assert_eq!(status, 401, "{v}");
 
     // Deleting a tenant deletes its subscriptions and keys; others are untouched.
-    let (_, key2) = api_key(&p, "acme").await;
-    let (status, v) = call_as(&p, Some(TOKEN), "DELETE", "/v1/tenants/acme", None).await;
+    let (_, key2) = p.api_key("acme").await;
+    let (status, v) = p.call_as(Some(TOKEN), "DELETE", "/v1/tenants/acme", None).await;
     assert_eq!((status, v["deleted_subscriptions"].as_u64(), v["revoked_api_keys"].as_u64()), (200, Some(1), Some(1)), "{v}");
-    assert_eq!(call_as(&p, Some(TOKEN), "GET", &format!("/v1/subscriptions/{sub_a}"), None).await.0, 404);
-    assert_eq!(call_as(&p, Some(TOKEN), "GET", &format!("/v1/subscriptions/{sub_b}"), None).await.0, 200);
-    assert_eq!(call_as(&p, Some(&key2), "GET", "/v1/subscriptions", None).await.0, 401);
-    assert_eq!(call_as(&p, Some(TOKEN), "GET", "/v1/tenants/acme", None).await.0, 404);
+    assert_eq!(p.call_as(Some(TOKEN), "GET", &format!("/v1/subscriptions/{sub_a}"), None).await.0, 404);
+    assert_eq!(p.call_as(Some(TOKEN), "GET", &format!("/v1/subscriptions/{sub_b}"), None).await.0, 200);
+    assert_eq!(p.call_as(Some(&key2), "GET", "/v1/subscriptions", None).await.0, 401);
+    assert_eq!(p.call_as(Some(TOKEN), "GET", "/v1/tenants/acme", None).await.0, 404);
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_read_only_portal_link_reads_but_changes_nothing_and_tenants_page_by_cursor() {
     let p = Pipeline::start(1).await;
     for id in ["t-a", "t-b", "t-c"] {
-        tenant(&p, id).await;
+        p.tenant(id).await;
     }
-    let (status, v) = call_as(&p, Some(TOKEN), "POST", "/v1/tenants", Some(json!({"id": "t-a"}))).await;
+    let (status, v) = p.call_as(Some(TOKEN), "POST", "/v1/tenants", Some(json!({"id": "t-a"}))).await;
     assert_eq!((status, v["error"]["code"].as_str()), (409, Some("tenant_exists")), "{v}");
-    let (status, v) = call_as(&p, Some(TOKEN), "POST", "/v1/tenants", Some(json!({"id": "a b"}))).await;
+    let (status, v) = p.call_as(Some(TOKEN), "POST", "/v1/tenants", Some(json!({"id": "a b"}))).await;
     assert_eq!((status, v["error"]["field"].as_str()), (422, Some("id")), "{v}");
-    let (_, page) = call_as(&p, Some(TOKEN), "GET", "/v1/tenants?limit=2", None).await;
+    let (_, page) = p.call_as(Some(TOKEN), "GET", "/v1/tenants?limit=2", None).await;
     assert_eq!(page["items"].as_array().unwrap().len(), 2);
     assert_eq!(page["next_after"], "t-b");
-    let (_, page) = call_as(&p, Some(TOKEN), "GET", "/v1/tenants?limit=2&after=t-b", None).await;
+    let (_, page) = p.call_as(Some(TOKEN), "GET", "/v1/tenants?limit=2&after=t-b", None).await;
     assert_eq!((page["items"][0]["id"].as_str(), page["next_after"].is_null()), (Some("t-c"), true), "{page}");
 
     let (sub, _) = p.subscribe(json!({"url": p.url("a"), "event_types": ["x"], "tenant": "t-a"})).await;
-    let (status, link) = call_as(&p, Some(TOKEN), "POST", "/v1/tenants/t-a/portal-links", Some(json!({"read_only": true, "ttl_s": 600}))).await;
+    let (status, link) = p.call_as(Some(TOKEN), "POST", "/v1/tenants/t-a/portal-links", Some(json!({"read_only": true, "ttl_s": 600}))).await;
     assert_eq!((status, link["read_only"].as_bool()), (201, Some(true)), "{link}");
     let now = hookline_service::now_ms();
     assert!((now + 590_000..=now + 600_000).contains(&link["expires_at_ms"].as_i64().unwrap()), "{link}");
     let ro = link_token(&link);
-    assert_eq!(call_as(&p, Some(&ro), "GET", &format!("/v1/subscriptions/{sub}"), None).await.0, 200);
-    assert_eq!(call_as(&p, Some(&ro), "GET", "/v1/tenants/t-a", None).await.0, 200);
+    assert_eq!(p.call_as(Some(&ro), "GET", &format!("/v1/subscriptions/{sub}"), None).await.0, 200);
+    assert_eq!(p.call_as(Some(&ro), "GET", "/v1/tenants/t-a", None).await.0, 200);
     for (method, path) in [("POST", format!("/v1/subscriptions/{sub}/pause")), ("DELETE", format!("/v1/subscriptions/{sub}"))] {
-        let (status, v) = call_as(&p, Some(&ro), method, &path, None).await;
+        let (status, v) = p.call_as(Some(&ro), method, &path, None).await;
         assert_eq!(status, 403, "{method} {path}: {v}");
     }
-    let (status, _) = call_as(&p, Some(&ro), "POST", "/v1/subscriptions", Some(json!({"url": p.url("a"), "event_types": ["x"]}))).await;
+    let (status, _) = p.call_as(Some(&ro), "POST", "/v1/subscriptions", Some(json!({"url": p.url("a"), "event_types": ["x"]}))).await;
     assert_eq!(status, 403);
     // Nor a test event (the catalogue it reads is open to it).
-    assert_eq!(call_as(&p, Some(TOKEN), "POST", "/v1/event-types", Some(json!({"name": "x", "examples": [{}]}))).await.0, 201);
-    assert_eq!(call_as(&p, Some(&ro), "GET", "/v1/event-types/x", None).await.0, 200);
-    let (status, v) = call_as(&p, Some(&ro), "POST", &format!("/v1/subscriptions/{sub}/test-event"), Some(json!({"event_type": "x"}))).await;
+    assert_eq!(p.call_as(Some(TOKEN), "POST", "/v1/event-types", Some(json!({"name": "x", "examples": [{}]}))).await.0, 201);
+    assert_eq!(p.call_as(Some(&ro), "GET", "/v1/event-types/x", None).await.0, 200);
+    let (status, v) = p.call_as(Some(&ro), "POST", &format!("/v1/subscriptions/{sub}/test-event"), Some(json!({"event_type": "x"}))).await;
     assert_eq!(status, 403, "{v}");
-    let (status, v) = call_as(&p, Some(TOKEN), "POST", "/v1/tenants/t-a/portal-links", Some(json!({"ttl_s": 0}))).await;
+    let (status, v) = p.call_as(Some(TOKEN), "POST", "/v1/tenants/t-a/portal-links", Some(json!({"ttl_s": 0}))).await;
     assert_eq!((status, v["error"]["field"].as_str()), (422, Some("ttl_s")), "{v}");
     // A link of a deleted tenant is refused.
-    call_as(&p, Some(TOKEN), "DELETE", "/v1/tenants/t-a", None).await;
-    assert_eq!(call_as(&p, Some(&ro), "GET", "/v1/tenants/t-a", None).await.0, 401);
+    p.call_as(Some(TOKEN), "DELETE", "/v1/tenants/t-a", None).await;
+    assert_eq!(p.call_as(Some(&ro), "GET", "/v1/tenants/t-a", None).await.0, 401);
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

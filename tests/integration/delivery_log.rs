@@ -191,24 +191,6 @@ async fn a_restarted_api_answers_its_first_query_from_the_store_at_once() {
     let _ = std::fs::remove_dir_all(dir);
 }
 
-/// A fresh database on the server scripts/with-postgres starts, or None (the test then skips, saying so) unless
-/// the run requires PostgreSQL (HOOKLINE_TEST_REQUIRE_POSTGRES, as scripts/test sets).
-async fn postgres_url() -> Option<String> {
-    let admin = match std::env::var("HOOKLINE_TEST_POSTGRES_URL") {
-        Ok(u) if !u.trim().is_empty() => u,
-        _ if std::env::var_os("HOOKLINE_TEST_REQUIRE_POSTGRES").is_some() => {
-            panic!("HOOKLINE_TEST_POSTGRES_URL is not set and this run requires PostgreSQL: run through scripts/with-postgres")
-        }
-        _ => {
-            eprintln!("skipped: needs HOOKLINE_TEST_POSTGRES_URL (scripts/with-postgres cargo test -p hookline-tests --test integration delivery_log)");
-            return None;
-        }
-    };
-    static N: std::sync::atomic::AtomicU32 = std::sync::atomic::AtomicU32::new(0);
-    let name = format!("hl_it_{}_{}", std::process::id(), N.fetch_add(1, std::sync::atomic::Ordering::Relaxed));
-    Some(hookline_log::postgres::create_database(&admin, &name).await.expect("the test server makes a database"))
-}
-
 fn header<'a>(headers: &'a Value, name: &str) -> Option<&'a str> {
     headers.as_array()?.iter().find(|h| h[0].as_str().is_some_and(|n| n.eq_ignore_ascii_case(name)))?[1].as_str()
 }
@@ -268,7 +250,7 @@ async fn attempt_detail_keeps_headers_and_reasoning_sqlite() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn attempt_detail_keeps_headers_and_reasoning_postgres() {
-    let Some(url) = postgres_url().await else { return };
+    let Some(url) = crate::support::postgres_url().await else { return };
     let p = crate::support::Pipeline::start_with(2, move |c| {
         c.log.store = hookline_service::config::LogStoreKind::Postgres;
         c.log.postgres_url = Some(url);

@@ -47,6 +47,8 @@ pub struct Pipeline {
     broker: Option<DevBroker>,
     services: Vec<tokio::task::JoinHandle<()>>,
     pub api: SocketAddr,
+    /// Ingest's health listener (`ingest.health_addr`), when the test configured one.
+    pub ingest_health: Option<SocketAddr>,
     pub receiver: SocketAddr,
     pub seen: Arc<ReceiverState>,
     pub attempts: Arc<Collected<AttemptRecord>>,
@@ -101,18 +103,42 @@ impl Pipeline {
         format!("http://{}/{path}", self.receiver)
     }
 
+    /// An admin call (a JSON content type even without a body).
     pub async fn call(&self, method: &str, path: &str, body: Option<Value>) -> (u16, Value) {
-        let req = http::Request::builder()
-            .method(method)
-            .uri(format!("http://{}{path}", self.api))
-            .header("authorization", format!("Bearer {TOKEN}"))
-            .header("content-type", "application/json")
-            .body(Full::new(body.map(|b| Bytes::from(b.to_string())).unwrap_or_default()))
-            .unwrap();
+        self.request(Some(TOKEN), method, path, body, true).await
+    }
+
+    /// A call with another credential (or none); a content type only with a body.
+    pub async fn call_as(&self, token: Option<&str>, method: &str, path: &str, body: Option<Value>) -> (u16, Value) {
+        self.request(token, method, path, body, false).await
+    }
+
+    async fn request(&self, token: Option<&str>, method: &str, path: &str, body: Option<Value>, always_json: bool) -> (u16, Value) {
+        let mut req = http::Request::builder().method(method).uri(format!("http://{}{path}", self.api));
+        if let Some(t) = token {
+            req = req.header("authorization", format!("Bearer {t}"));
+        }
+        if always_json || body.is_some() {
+            req = req.header("content-type", "application/json");
+        }
+        let req = req.body(Full::new(body.map(|b| Bytes::from(b.to_string())).unwrap_or_default())).unwrap();
         let resp = self.client.request(req).await.expect("API answers");
         let status = resp.status().as_u16();
         let bytes = resp.into_body().collect().await.unwrap().to_bytes();
         (status, serde_json::from_slice(&bytes).unwrap_or(Value::Null))
+    }
+
+    /// Creates a tenant (its name: the id in capitals).
+    pub async fn tenant(&self, id: &str) {
+        let (status, v) = self.call("POST", "/v1/tenants", Some(serde_json::json!({"id": id, "name": id.to_uppercase()}))).await;
+        assert_eq!(status, 201, "{v}");
+    }
+
+    /// A new API key of `tenant`: (key id, key).
+    pub async fn api_key(&self, tenant: &str) -> (String, String) {
+        let (status, v) = self.call("POST", &format!("/v1/tenants/{tenant}/api-keys"), Some(serde_json::json!({"name": "ci"}))).await;
+        assert_eq!(status, 201, "{v}");
+        (v["id"].as_str().unwrap().to_owned(), v["key"].as_str().unwrap().to_owned())
     }
 
     /// Creates a subscription and returns (id, secret).
@@ -168,11 +194,16 @@ impl Pipeline {
     /// GETs `path` until `done` holds. The API's tables follow Kafka topics, so what the dispatcher just
     /// produced reaches them one fetch later; the API has no signal to wait on, hence the short, bounded re-reads.
     pub async fn get_when(&self, path: &str, done: impl Fn(&Value) -> bool) -> Value {
+        self.get_when_as(Some(TOKEN), path, done).await
+    }
+
+    /// [`Pipeline::get_when`] with another credential.
+    pub async fn get_when_as(&self, token: Option<&str>, path: &str, done: impl Fn(&Value) -> bool) -> Value {
         let mut v = Value::Null;
         // The delivery log trails Kafka by an indexer batch (and, at first, the indexer's group join).
         let deadline = Instant::now() + Duration::from_secs(30);
         while Instant::now() < deadline {
-            v = self.call("GET", path, None).await.1;
+            v = self.request(token, "GET", path, None, true).await.1;
             if done(&v) {
                 return v;
             }
@@ -212,6 +243,29 @@ impl Drop for Pipeline {
 }
 
 /// A new directory under the system's temp dir, unique in this process and across processes.
+/// The token in a portal link's URL (`…/portal/#token=hlp_…`).
+pub fn link_token(v: &Value) -> String {
+    v["url"].as_str().unwrap().split("#token=").nth(1).expect("a token in the link").to_owned()
+}
+
+/// A fresh database on the server scripts/with-postgres starts, or None (the test then skips, saying so) unless
+/// the run requires PostgreSQL (HOOKLINE_TEST_REQUIRE_POSTGRES, as scripts/test sets).
+pub async fn postgres_url() -> Option<String> {
+    let admin = match std::env::var("HOOKLINE_TEST_POSTGRES_URL") {
+        Ok(u) if !u.trim().is_empty() => u,
+        _ if std::env::var_os("HOOKLINE_TEST_REQUIRE_POSTGRES").is_some() => {
+            panic!("HOOKLINE_TEST_POSTGRES_URL is not set and this run requires PostgreSQL: run through scripts/with-postgres")
+        }
+        _ => {
+            eprintln!("skipped: needs HOOKLINE_TEST_POSTGRES_URL (scripts/with-postgres cargo test -p hookline-tests --test integration delivery_log)");
+            return None;
+        }
+    };
+    static N: std::sync::atomic::AtomicU32 = std::sync::atomic::AtomicU32::new(0);
+    let name = format!("hl_it_{}_{}", std::process::id(), N.fetch_add(1, std::sync::atomic::Ordering::Relaxed));
+    Some(hookline_log::postgres::create_database(&admin, &name).await.expect("the test server makes a database"))
+}
+
 pub fn temp_dir(what: &str) -> std::path::PathBuf {
     static N: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
     let n = N.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
@@ -355,8 +409,10 @@ impl Pipeline {
         }
         let shutdown = CancellationToken::new();
         let (tx, rx) = tokio::sync::oneshot::channel();
+        let (health_tx, health_rx) = tokio::sync::oneshot::channel();
+        let options = hookline_ingest::Options { bound: Some(tx), health_bound: Some(health_tx), ..Default::default() };
         let mut services = vec![tokio::spawn({
-            let f = hookline_ingest::run(config.clone(), shutdown.clone(), hookline_ingest::Options { bound: Some(tx), ..Default::default() });
+            let f = hookline_ingest::run(config.clone(), shutdown.clone(), options);
             async move { f.await.expect("ingest runs") }
         })];
         if scheduler {
@@ -372,6 +428,8 @@ impl Pipeline {
             }));
         }
         let api = rx.await.expect("ingest starts");
+        // Bound before the API's listener, when configured.
+        let ingest_health = health_rx.await.ok();
 
         let seen = Arc::new(ReceiverState::default());
         let app = axum::Router::new().route("/{path}", axum::routing::post(receive)).with_state(seen.clone());
@@ -389,6 +447,7 @@ impl Pipeline {
             broker,
             services,
             api,
+            ingest_health,
             receiver,
             seen,
             attempts,

@@ -95,3 +95,106 @@ async fn an_event_reaches_only_its_own_tenants_subscriptions() {
     }
     p.stop().await;
 }
+
+/// Two tenants use the same event id (their own order numbers), in both orders: A first then B (`order-2000`), and B
+/// first then A (`order-3000`). Each tenant's API key and A's read-only portal link read the tenant's own delivery
+/// with its own event, and a resend and a replay of each delivery send the tenant's own bytes.
+async fn the_same_event_id_from_two_tenants_stays_each_tenants(p: Pipeline) {
+    p.tenant("tenant-a").await;
+    p.tenant("tenant-b").await;
+    let (_, key_a) = p.api_key("tenant-a").await;
+    let (_, key_b) = p.api_key("tenant-b").await;
+    let (status, link) = p.call("POST", "/v1/tenants/tenant-a/portal-links", Some(json!({"read_only": true}))).await;
+    assert_eq!(status, 201, "{link}");
+    let link_a = crate::support::link_token(&link);
+    let mut subs = Vec::new();
+    for (key, path) in [(&key_a, "a"), (&key_b, "b")] {
+        let (status, v) = p.call_as(Some(key), "POST", "/v1/subscriptions", Some(json!({"url": p.url(path), "event_types": ["order.*"]}))).await;
+        assert_eq!(status, 201, "{v}");
+        subs.push(v["id"].as_str().unwrap().to_owned());
+    }
+    let card = |tenant: &str| if tenant == "a" { "1111" } else { "4242" };
+    let publish = |key: String, id: &'static str, tenant: &'static str| {
+        let p = &p;
+        async move {
+            let body = json!({"id": id, "type": "order.paid", "data": {"card_last4": card(tenant), "tenant": tenant}});
+            let (status, v) = p.call_as(Some(&key), "POST", "/v1/events", Some(body)).await;
+            assert_eq!(status, 202, "{v}");
+        }
+    };
+    // Each delivery is stored before the other tenant publishes: the second event of the id is the newer one.
+    let mut deliveries = Vec::new();
+    for (first, second, id) in [("a", "b", "order-2000"), ("b", "a", "order-3000")] {
+        for tenant in [first, second] {
+            let key = if tenant == "a" { key_a.clone() } else { key_b.clone() };
+            publish(key.clone(), id, tenant).await;
+            let found = p
+                .get_when_as(Some(&key), &format!("/v1/deliveries?event_id={id}"), |v| v["items"][0]["state"] == "succeeded")
+                .await;
+            let items = found["items"].as_array().unwrap();
+            assert_eq!(items.len(), 1, "a tenant finds its own delivery of the id only: {found}");
+            deliveries.push((tenant, id, key, items[0]["delivery_id"].as_str().unwrap().to_owned()));
+        }
+    }
+    let body_card = |r: &crate::support::Received| serde_json::from_slice::<Value>(&r.body).unwrap()["data"]["card_last4"].clone();
+    for (tenant, id, key, delivery) in &deliveries {
+        let path = format!("/v1/deliveries/{delivery}");
+        let mut readers = vec![key.clone()];
+        if *tenant == "a" {
+            readers.push(link_a.clone());
+        }
+        for reader in &readers {
+            let (status, d) = p.call_as(Some(reader), "GET", &path, None).await;
+            assert_eq!(status, 200, "{d}");
+            assert_eq!((d["event"]["id"].as_str(), d["event"]["tenant"].as_str()), (Some(*id), Some(&*format!("tenant-{tenant}"))), "{d}");
+            assert_eq!(d["event"]["data"]["card_last4"], card(tenant), "{tenant} reads its own event: {d}");
+            assert_eq!(d["replayable"], true, "{d}");
+        }
+        // The other tenant's key finds nothing there.
+        let other = if *tenant == "a" { &key_b } else { &key_a };
+        assert_eq!(p.call_as(Some(other), "GET", &path, None).await.0, 404);
+        // A resend sends the tenant's own bytes again.
+        let before = p.requests_to(tenant).len();
+        let (status, v) = p.call_as(Some(key), "POST", &format!("{path}/replay"), None).await;
+        assert_eq!(status, 202, "{v}");
+        let seen = p.seen.clone();
+        wait_for(&p.seen.changed, LIMIT, "the resend", || seen.requests.lock().unwrap().iter().filter(|r| r.path == *tenant).count() > before).await;
+        let resent = p.requests_to(tenant);
+        assert_eq!(body_card(resent.last().unwrap()), card(tenant), "{tenant}'s resend of {id}");
+    }
+    // A replay of everything since the start: each subscription gets its own tenant's two events, nothing else.
+    for (i, tenant) in ["a", "b"].into_iter().enumerate() {
+        let key = if tenant == "a" { &key_a } else { &key_b };
+        let before = p.requests_to(tenant).len();
+        let (status, v) = p.call_as(Some(key), "POST", &format!("/v1/subscriptions/{}/replay", subs[i]), Some(json!({"since_ms": 0}))).await;
+        assert_eq!((status, v["replayed"].as_u64()), (202, Some(2)), "{v}");
+        let seen = p.seen.clone();
+        wait_for(&p.seen.changed, LIMIT, "the replay", || seen.requests.lock().unwrap().iter().filter(|r| r.path == tenant).count() >= before + 2).await;
+        for r in &p.requests_to(tenant)[before..] {
+            assert_eq!(body_card(r), card(tenant), "{tenant}'s replay");
+        }
+    }
+    // Every request a tenant's endpoint ever got carried its own tenant's data.
+    for tenant in ["a", "b"] {
+        let all = p.requests_to(tenant);
+        assert!(all.len() >= 6, "{tenant}: {}", all.len());
+        assert!(all.iter().all(|r| body_card(r) == card(tenant)), "{tenant} got another tenant's event");
+    }
+    p.stop().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_same_event_id_from_two_tenants_stays_each_tenants_sqlite() {
+    the_same_event_id_from_two_tenants_stays_each_tenants(Pipeline::start(2).await).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_same_event_id_from_two_tenants_stays_each_tenants_postgres() {
+    let Some(url) = crate::support::postgres_url().await else { return };
+    let p = Pipeline::start_with(2, move |c| {
+        c.log.store = hookline_service::config::LogStoreKind::Postgres;
+        c.log.postgres_url = Some(url);
+    })
+    .await;
+    the_same_event_id_from_two_tenants_stays_each_tenants(p).await;
+}

@@ -159,11 +159,22 @@ fn visible(s: &ApiState, who: &Principal, d: &DeliveryRow) -> bool {
     who.tenant().is_none() || s.subs.get(&d.subscription_id).is_some_and(|e| who.sees(&e.sub.tenant))
 }
 
+/// Whether `event` is the delivery's own: of its subscription's tenant. The store finds an event by (tenant, id);
+/// this also holds for a row indexed before events were keyed by tenant, whose tenant may name another tenant's
+/// event of the same id. Such an event is never shown nor sent again.
+fn own_event(s: &ApiState, d: &DeliveryRow, event: &hookline_core::model::Event) -> bool {
+    match s.subs.get(&d.subscription_id) {
+        Some(sub) => *sub.sub.tenant == *event.tenant,
+        None => d.tenant == event.tenant,
+    }
+}
+
 pub async fn get(State(s): State<Arc<ApiState>>, Extension(who): Extension<Principal>, Path(id): Path<String>) -> Result<Json<Value>, ApiError> {
     let d = s.log.delivery(&id).await.map_err(ApiError::log_unavailable)?.filter(|d| visible(&s, &who, &d.delivery)).ok_or_else(|| not_found(&id))?;
-    let mut v = view(&d.delivery, d.event.is_some() && d.delivery.state != DeliveryState::Pending);
+    let event = d.event.as_ref().filter(|e| own_event(&s, &d.delivery, e));
+    let mut v = view(&d.delivery, event.is_some() && d.delivery.state != DeliveryState::Pending);
     v["attempts"] = json!(d.attempts.iter().map(|a| attempt_view(a, true)).collect::<Vec<_>>());
-    v["event"] = d.event.as_ref().map_or(Value::Null, |e| {
+    v["event"] = event.map_or(Value::Null, |e| {
         json!({
             "id": e.id,
             "type": e.r#type,

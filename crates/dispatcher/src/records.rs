@@ -229,6 +229,7 @@ impl<'a> TryRecord<'a> {
             traceparent: self.traceparent.to_owned(),
             received_at_us: self.task.received_at_us,
             started_at_us: self.started_at_us,
+            tenant: event.map(|e| e.tenant.clone()).unwrap_or_default(),
         }
     }
 
@@ -273,6 +274,7 @@ impl<'a> TryRecord<'a> {
         w.joined(27, self.rule().map_or(&[][..], |r| &r.when[..]));
         w.int(28, task.received_at_us);
         w.int(29, self.started_at_us);
+        w.str(30, event.map_or("", |e| e.tenant.as_str()));
         w.0
     }
 }
@@ -301,6 +303,7 @@ impl Untried<'_> {
             subscription_id: self.task.subscription_id.clone(),
             event_id: event.map(|e| e.id.clone()).unwrap_or_default(),
             event_type: event.map(|e| e.r#type.clone()).unwrap_or_default(),
+            tenant: event.map(|e| e.tenant.clone()).unwrap_or_default(),
             attempt: self.task.attempts_made,
             r#try: 0,
             started_at_ms: self.at_ms,
@@ -405,6 +408,7 @@ mod tests {
             subscription_id: task.subscription_id.clone(),
             event_id: event.map(|e| e.id.clone()).unwrap_or_default(),
             event_type: event.map(|e| e.r#type.clone()).unwrap_or_default(),
+            tenant: event.map(|e| e.tenant.clone()).unwrap_or_default(),
             attempt: task.attempts_made,
             started_at_ms: now_ms,
             outcome: outcome.to_owned(),
@@ -424,7 +428,7 @@ mod tests {
             subscription_id: "sub_1".into(),
             attempts_made: 2,
             first_attempt_at_ms: 1_000,
-            event: Some(Event { id: "evt_1".into(), r#type: "order.paid".into(), ..Default::default() }),
+            event: Some(Event { id: "evt_1".into(), r#type: "order.paid".into(), tenant: "acme".into(), ..Default::default() }),
             ..Default::default()
         }
     }
@@ -555,6 +559,7 @@ mod tests {
             rule_when: rule.map(|r| r.when.join(" ")).unwrap_or_default(),
             received_at_us: cx.task.received_at_us,
             started_at_us: cx.started_at_us,
+            tenant: event.map(|e| e.tenant.clone()).unwrap_or_default(),
             ..Default::default()
         }
     }

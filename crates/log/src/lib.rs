@@ -205,11 +205,11 @@ impl LogStore {
         }
     }
 
-    /// The stored event, for a resend.
-    pub async fn event(&self, event_id: &str) -> Result<Option<Event>, StoreError> {
+    /// A tenant's stored event (an event is identified by its tenant and id: two tenants may share an id).
+    pub async fn event(&self, tenant: &str, event_id: &str) -> Result<Option<Event>, StoreError> {
         match self {
-            Self::Sqlite(s) => s.event(event_id.to_owned()).await,
-            Self::Postgres(s) => s.event(event_id.to_owned()).await,
+            Self::Sqlite(s) => s.event(tenant.to_owned(), event_id.to_owned()).await,
+            Self::Postgres(s) => s.event(tenant.to_owned(), event_id.to_owned()).await,
         }
     }
 

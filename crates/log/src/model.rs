@@ -133,7 +133,8 @@ pub struct AttemptRow {
 pub struct DeliveryRow {
     pub delivery_id: String,
     pub subscription_id: String,
-    /// From the event; empty until the event is indexed (then filled in).
+    /// The event's tenant, from the delivery's own records (empty: an event of no tenant). With `event_id`, the
+    /// event's identity.
     pub tenant: String,
     pub event_id: String,
     pub event_type: String,
@@ -372,16 +373,15 @@ fn merge(old: &mut DeliveryRow, new: DeliveryRow) {
 /// Records older than `cutoff_ms` (outside the retention) and dead letters of no delivery are skipped.
 pub fn fold(batch: Batch, cutoff_ms: i64) -> Folded {
     let mut out = Folded::default();
-    let mut events: HashMap<(String, i64), EventRow> = HashMap::new();
-    let mut tenants: HashMap<String, String> = HashMap::new();
+    // An event is (tenant, id): two tenants may publish the same id, and each keeps its own row.
+    let mut events: HashMap<(String, String, i64), EventRow> = HashMap::new();
     for (ev, at_ms) in batch.events {
         let at_ms = if at_ms > 0 { at_ms } else { ev.accepted_at_ms.max(ev.occurred_at_ms) };
         if ev.id.is_empty() || at_ms < cutoff_ms {
             out.skipped += 1;
             continue;
         }
-        tenants.insert(ev.id.clone(), ev.tenant.clone());
-        events.insert((ev.id.clone(), at_ms), event_row(&ev, at_ms));
+        events.insert((ev.tenant.clone(), ev.id.clone(), at_ms), event_row(&ev, at_ms));
     }
     let mut attempts: HashMap<(String, String, u32, u32, i64), AttemptRow> = HashMap::new();
     let mut deliveries: HashMap<String, DeliveryRow> = HashMap::new();
@@ -391,8 +391,8 @@ pub fn fold(batch: Batch, cutoff_ms: i64) -> Folded {
             continue;
         }
         let mut rec = rec;
-        let tenant = tenants.get(&rec.event_id).cloned().unwrap_or_default();
-        let (event_id, event_type) = (rec.event_id.clone(), std::mem::take(&mut rec.event_type));
+        // The record's own tenant, never one looked up by the event id (another tenant may share it).
+        let (tenant, event_id, event_type) = (std::mem::take(&mut rec.tenant), rec.event_id.clone(), std::mem::take(&mut rec.event_type));
         let row = attempt_row(rec);
         let delivery = DeliveryRow {
             delivery_id: row.delivery_id.clone(),
@@ -431,7 +431,7 @@ pub fn fold(batch: Batch, cutoff_ms: i64) -> Folded {
         }
         let ev = dl.event.as_ref();
         if let Some(ev) = ev.filter(|e| !e.id.is_empty()) {
-            events.insert((ev.id.clone(), dl.at_ms), event_row(ev, dl.at_ms));
+            events.insert((ev.tenant.clone(), ev.id.clone(), dl.at_ms), event_row(ev, dl.at_ms));
         }
         let first = if dl.first_attempt_at_ms > 0 { dl.first_attempt_at_ms.min(dl.at_ms) } else { dl.at_ms };
         let delivery = DeliveryRow {
@@ -456,7 +456,7 @@ pub fn fold(batch: Batch, cutoff_ms: i64) -> Folded {
     out.attempts = attempts.into_values().collect();
     out.deliveries = deliveries.into_values().collect();
     // A stable order: rows are locked in the same order by concurrent writers (no deadlock between indexers).
-    out.events.sort_by(|a, b| (&a.event_id, a.at_ms).cmp(&(&b.event_id, b.at_ms)));
+    out.events.sort_by(|a, b| (&a.tenant, &a.event_id, a.at_ms).cmp(&(&b.tenant, &b.event_id, b.at_ms)));
     out.attempts.sort_by(|a, b| {
         (&a.delivery_id, &a.run_id, a.attempt, a.try_no, a.started_at_ms).cmp(&(&b.delivery_id, &b.run_id, b.attempt, b.try_no, b.started_at_ms))
     });
@@ -508,6 +508,7 @@ mod tests {
             subscription_id: "sub".into(),
             event_id: "evt".into(),
             event_type: "order.created".into(),
+            tenant: "acme".into(),
             attempt,
             r#try: try_no,
             started_at_ms: at,
@@ -582,6 +583,31 @@ mod tests {
             (DeliveryState::Succeeded, 10, 20, 2, 200, "acme")
         );
         assert_eq!(f.events.len(), 1);
+    }
+
+    /// Two tenants publish the same event id: each keeps its own event row, and each delivery keeps the tenant its
+    /// own record names, whatever the batch holds of the other's.
+    #[test]
+    fn the_same_event_id_from_two_tenants_is_two_events() {
+        let ev = |tenant: &str, card: &str| Event { id: "order-2000".into(), tenant: tenant.into(), data_json: card.as_bytes().to_vec().into(), ..Default::default() };
+        let mut a = rec("dA", 1, 1, 10, "succeeded");
+        a.event_id = "order-2000".into();
+        a.tenant = "A".into();
+        let mut b = rec("dB", 1, 1, 10, "succeeded");
+        b.event_id = "order-2000".into();
+        b.tenant = "B".into();
+        let f = fold(Batch { attempts: vec![a, b], dead_letters: vec![], events: vec![(ev("A", "1111"), 10), (ev("B", "4242"), 10)] }, 0);
+        assert_eq!(f.events.len(), 2, "one row per (tenant, id, time)");
+        let tenants: Vec<(&str, &[u8])> = f.events.iter().map(|e| (e.tenant.as_str(), e.payload.as_slice())).collect();
+        assert_eq!(tenants.iter().map(|t| t.0).collect::<Vec<_>>(), ["A", "B"]);
+        let of = |id: &str| f.deliveries.iter().find(|d| d.delivery_id == id).unwrap().tenant.clone();
+        assert_eq!((of("dA"), of("dB")), ("A".to_owned(), "B".to_owned()));
+        // A record of no tenant is not given one by an event that shares its id.
+        let mut legacy = rec("dL", 1, 1, 10, "");
+        legacy.event_id = "order-2000".into();
+        legacy.tenant = String::new();
+        let f = fold(Batch { attempts: vec![legacy], dead_letters: vec![], events: vec![(ev("B", "4242"), 10)] }, 0);
+        assert_eq!(f.deliveries[0].tenant, "");
     }
 
     #[test]

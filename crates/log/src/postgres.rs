@@ -190,15 +190,8 @@ impl PgStore {
             tx.execute(
                 "INSERT INTO events (event_id, at_ms, event_type, tenant, payload) \
                  SELECT * FROM UNNEST($1::text[], $2::int8[], $3::text[], $4::text[], $5::bytea[]) \
-                 ON CONFLICT (event_id, at_ms) DO NOTHING",
+                 ON CONFLICT (tenant, event_id, at_ms) DO NOTHING",
                 &[&ids, &at, &types, &tenants, &payloads],
-            )
-            .await?;
-            // Deliveries indexed before their event learn its tenant now.
-            tx.execute(
-                "UPDATE deliveries d SET tenant = u.tenant FROM UNNEST($1::text[], $2::text[]) AS u(event_id, tenant) \
-                 WHERE d.event_id = u.event_id AND d.tenant = '' AND u.tenant <> ''",
-                &[&ids, &tenants],
             )
             .await?;
         }
@@ -280,15 +273,6 @@ impl PgStore {
                 ],
             )
             .await?;
-            let untenanted: Vec<&str> = d.iter().filter(|x| x.tenant.is_empty()).map(|x| x.delivery_id.as_str()).collect();
-            if !untenanted.is_empty() {
-                tx.execute(
-                    "UPDATE deliveries d SET tenant = e.tenant FROM events e \
-                     WHERE d.delivery_id = ANY($1) AND d.tenant = '' AND e.event_id = d.event_id AND e.tenant <> ''",
-                    &[&untenanted],
-                )
-                .await?;
-            }
         }
         tx.commit().await?;
         Ok(IndexSummary { attempts: f.attempts.len(), deliveries: f.deliveries.len(), events: f.events.len(), skipped: f.skipped })
@@ -315,13 +299,13 @@ impl PgStore {
             .iter()
             .map(sql::attempt)
             .collect::<Result<Vec<_>, _>>()?;
-        let event = event(&r, &delivery.event_id).await?;
+        let event = event(&r, &delivery.tenant, &delivery.event_id).await?;
         Ok(Some(DeliveryDetail { delivery, attempts, event }))
     }
 
-    pub async fn event(&self, event_id: String) -> Result<Option<hookline_core::model::Event>, StoreError> {
+    pub async fn event(&self, tenant: String, event_id: String) -> Result<Option<hookline_core::model::Event>, StoreError> {
         let r = self.reader().await?;
-        event(&r, &event_id).await
+        event(&r, &tenant, &event_id).await
     }
 
     pub async fn by_event_id(&self, event_id: String, tenant: Option<String>, limit: usize) -> Result<Vec<DeliveryRow>, StoreError> {
@@ -417,11 +401,14 @@ impl PgStore {
     }
 }
 
-async fn event(c: &Client, event_id: &str) -> Result<Option<hookline_core::model::Event>, StoreError> {
+/// An event is (tenant, id): the one of the delivery's own tenant, never another tenant's of the same id.
+async fn event(c: &Client, tenant: &str, event_id: &str) -> Result<Option<hookline_core::model::Event>, StoreError> {
     if event_id.is_empty() {
         return Ok(None);
     }
-    let row = c.query_opt("SELECT payload FROM events WHERE event_id = $1 ORDER BY at_ms DESC LIMIT 1", &[&event_id]).await?;
+    let row = c
+        .query_opt("SELECT payload FROM events WHERE tenant = $1 AND event_id = $2 ORDER BY at_ms DESC LIMIT 1", &[&tenant, &event_id])
+        .await?;
     row.map(|r| crate::decode_event(&r.try_get::<_, Vec<u8>>(0)?)).transpose()
 }
 

@@ -86,6 +86,12 @@ CREATE INDEX events_by_time ON events (at_ms);
      ALTER TABLE attempts ADD COLUMN rule_when TEXT NOT NULL DEFAULT '';",
 ),
 (5, "deliveries, attempts, events: rowid tables, keys in narrow unique indexes", SQLITE_ROWID_TABLES),
+(
+    6,
+    "events: keyed by (tenant, event id, time), so two tenants' events of one id are two events",
+    // The old key (event_id, at_ms) is unique, so every stored row is unique under the wider one too.
+    "DROP INDEX events_key; CREATE UNIQUE INDEX events_key ON events (tenant, event_id, at_ms);",
+),
 ];
 
 /// Migration 5 (SQLite): the three tables become rowid tables; their keys move to unique indexes. Keyed by hashes
@@ -256,6 +262,12 @@ CREATE TABLE events (
 // PostgreSQL's tables are heaps already (rows appended, keys in their own B-trees): nothing to change. The version
 // is recorded so both lists keep one numbering.
 (5, "nothing (SQLite's tables became rowid tables)", "SELECT 1"),
+(
+    6,
+    "events: keyed by (tenant, event id, time), so two tenants' events of one id are two events",
+    // On the partitioned parent: every partition's key is rebuilt (the partition column stays in the key).
+    "ALTER TABLE events DROP CONSTRAINT events_pkey; ALTER TABLE events ADD PRIMARY KEY (tenant, event_id, at_ms);",
+),
 ];
 
 /// The same in both dialects (PostgreSQL creates it on every partition, present and future).

@@ -208,14 +208,14 @@ impl SqliteStore {
                 .query_map(params![id, delivery.first_at_ms, MAX_ATTEMPTS_RETURNED as i64], |r| Ok(sql::attempt(r)))?
                 .map(|r| r.map_err(StoreError::from).and_then(|x| x))
                 .collect::<Result<Vec<_>, _>>()?;
-            let event = event(c, &delivery.event_id)?;
+            let event = event(c, &delivery.tenant, &delivery.event_id)?;
             Ok(Some(DeliveryDetail { delivery, attempts, event }))
         })
         .await
     }
 
-    pub async fn event(&self, event_id: String) -> Result<Option<hookline_core::model::Event>, StoreError> {
-        self.read(move |c| event(c, &event_id)).await
+    pub async fn event(&self, tenant: String, event_id: String) -> Result<Option<hookline_core::model::Event>, StoreError> {
+        self.read(move |c| event(c, &tenant, &event_id)).await
     }
 
     pub async fn by_event_id(&self, event_id: String, tenant: Option<String>, limit: usize) -> Result<Vec<DeliveryRow>, StoreError> {
@@ -308,13 +308,13 @@ fn rows(c: &Connection, q: &str, p: Vec<Value>) -> Result<Vec<DeliveryRow>, Stor
     out
 }
 
-fn event(c: &Connection, event_id: &str) -> Result<Option<hookline_core::model::Event>, StoreError> {
+fn event(c: &Connection, tenant: &str, event_id: &str) -> Result<Option<hookline_core::model::Event>, StoreError> {
     if event_id.is_empty() {
         return Ok(None);
     }
     let payload: Option<Vec<u8>> = c
         .prepare_cached(q::EVENT)?
-        .query_row([event_id], |r| r.get(0))
+        .query_row([tenant, event_id], |r| r.get(0))
         .optional()?;
     payload.map(|p| crate::decode_event(&p)).transpose()
 }
@@ -430,12 +430,6 @@ fn index(c: &mut Connection, f: &Folded) -> Result<IndexSummary, StoreError> {
             s.raw_bind_parameter(b + 5, &e.payload)
         },
     )?;
-    {
-        let mut tenant = tx.prepare_cached(q::TENANT_FILL)?;
-        for e in f.events.iter().filter(|e| !e.tenant.is_empty()) {
-            tenant.execute(params![e.event_id, e.tenant])?;
-        }
-    }
     let attempts: Vec<&AttemptRow> = f.attempts.iter().collect();
     insert_all(
         &tx,
@@ -471,10 +465,7 @@ fn index(c: &mut Connection, f: &Folded) -> Result<IndexSummary, StoreError> {
             s.raw_bind_parameter(b + 25, &a.rule_when)
         },
     )?;
-    // A delivery whose event is not in this batch (nor its tenant) learns the tenant from the stored event in the
-    // statement that writes it; the others are written as they are.
-    let (looked_up, plain): (Vec<&DeliveryRow>, Vec<&DeliveryRow>) =
-        f.deliveries.iter().partition(|d| d.tenant.is_empty() && !d.event_id.is_empty());
+    let deliveries: Vec<&DeliveryRow> = f.deliveries.iter().collect();
     let bind = |s: &mut rusqlite::CachedStatement<'_>, b: usize, d: &DeliveryRow| {
         s.raw_bind_parameter(b + 1, &d.delivery_id)?;
         s.raw_bind_parameter(b + 2, &d.subscription_id)?;
@@ -491,8 +482,7 @@ fn index(c: &mut Connection, f: &Folded) -> Result<IndexSummary, StoreError> {
         s.raw_bind_parameter(b + 13, &d.run_id)?;
         s.raw_bind_parameter(b + 14, &d.dead_letter_reason)
     };
-    insert_all(&tx, q::upsert_deliveries, DELIVERY_WIDTH, q::DELIVERY_ROWS, &plain, bind)?;
-    insert_all(&tx, q::upsert_deliveries_looking_up_tenant, DELIVERY_WIDTH, q::DELIVERY_ROWS, &looked_up, bind)?;
+    insert_all(&tx, q::upsert_deliveries, DELIVERY_WIDTH, q::DELIVERY_ROWS, &deliveries, bind)?;
     tx.commit()?;
     Ok(IndexSummary { attempts: f.attempts.len(), deliveries: f.deliveries.len(), events: f.events.len(), skipped: f.skipped })
 }
@@ -520,7 +510,7 @@ mod q {
     pub const DELIVERY_ROWS: usize = 1;
 
     /// `OR FAIL`: see [`EVENT_ROWS`].
-    pub const EVENT_CONFLICT: &str = "ON CONFLICT (event_id, at_ms) DO NOTHING";
+    pub const EVENT_CONFLICT: &str = "ON CONFLICT (tenant, event_id, at_ms) DO NOTHING";
 
     pub fn insert_events(rows: usize) -> String {
         multi_row("INSERT OR FAIL INTO", &format!("events ({EVENT_COLS})"), EVENT_CONFLICT, rows, |b| tuple(b, EVENT_WIDTH), EVENT_WIDTH)
@@ -534,12 +524,6 @@ mod q {
     pub fn upsert_deliveries(rows: usize) -> String {
         let head = format!("deliveries AS d ({})", sql::DELIVERY_COLS);
         multi_row("INSERT INTO", &head, &sql::delivery_merge(sql::Dialect::Sqlite), rows, |b| tuple(b, DELIVERY_WIDTH), DELIVERY_WIDTH)
-    }
-
-    /// For deliveries whose tenant is not known yet (see [`delivery_tuple_looking_up_tenant`]).
-    pub fn upsert_deliveries_looking_up_tenant(rows: usize) -> String {
-        let head = format!("deliveries AS d ({})", sql::DELIVERY_COLS);
-        multi_row("INSERT INTO", &head, &sql::delivery_merge(sql::Dialect::Sqlite), rows, delivery_tuple_looking_up_tenant, DELIVERY_WIDTH)
     }
 
     pub fn delivery() -> String {
@@ -566,27 +550,8 @@ mod q {
         )
     }
 
-    pub const EVENT: &str = "SELECT payload FROM events WHERE event_id = ?1 ORDER BY at_ms DESC LIMIT 1";
-
-    /// Deliveries indexed before their event learn its tenant when it arrives.
-    /// (`+tenant`: by the event's index, never a walk of every tenant-less delivery. `OR FAIL`: it may change
-    /// several rows, and without it SQLite would copy each page to a statement journal first; see
-    /// [`EVENT_ROWS`].)
-    pub const TENANT_FILL: &str = "UPDATE OR FAIL deliveries SET tenant = ?2 WHERE event_id = ?1 AND +tenant = ''";
-
-    /// A delivery row's values from placeholder `b + 1`, its tenant looked up: a delivery whose event is not in this
-    /// batch learns its tenant from the stored event in the statement that writes it (not by an UPDATE after it,
-    /// which wrote the row and its tenant index a second time).
-    pub fn delivery_tuple_looking_up_tenant(b: usize) -> String {
-        let p = |i: usize| format!("?{}", b + i);
-        format!(
-            "({}, {}, COALESCE((SELECT e.tenant FROM events e WHERE e.event_id = {} AND e.tenant <> '' ORDER BY e.at_ms DESC LIMIT 1), ''), {})",
-            p(1),
-            p(2),
-            p(4),
-            (4..=14).map(p).collect::<Vec<_>>().join(", ")
-        )
-    }
+    /// An event is (tenant, id): the one of the delivery's own tenant, never another tenant's of the same id.
+    pub const EVENT: &str = "SELECT payload FROM events WHERE tenant = ?1 AND event_id = ?2 ORDER BY at_ms DESC LIMIT 1";
 }
 
 #[cfg(test)]
@@ -620,8 +585,6 @@ mod tests {
             (q::by_event(), "deliveries_by_event"),
             (q::by_event_in_tenant(), "deliveries_by_event"),
             (q::EVENT.into(), "events_key"),
-            (q::TENANT_FILL.into(), "deliveries_by_event"),
-            (q::upsert_deliveries_looking_up_tenant(1), "events_key"),
             (sql::list(Dialect::Sqlite, &ListQuery::new(sub())).text, "deliveries_by_subscription"),
             (sql::list(Dialect::Sqlite, &ListQuery { state: Some(crate::DeliveryState::Dead), ..ListQuery::new(sub()) }).text, "deliveries_by_subscription_state"),
             (sql::list(Dialect::Sqlite, &ListQuery { event_type: Some("t".into()), ..ListQuery::new(sub()) }).text, "deliveries_by_subscription_type"),
@@ -681,14 +644,10 @@ mod tests {
         // The check itself tells the two apart: a multi-row upsert and a plain multi-row insert may abort.
         assert!(may_abort(&c, &q::upsert_attempts(2)));
         assert!(may_abort(&c, &q::insert_events(2).replace("INSERT OR FAIL INTO", "INSERT INTO")));
-        assert!(may_abort(&c, &q::TENANT_FILL.replace("UPDATE OR FAIL", "UPDATE")));
-        let several: [(&str, String, usize); 5] = [
+        let several: [(&str, String, usize); 3] = [
             ("events", q::insert_events(q::EVENT_ROWS), q::EVENT_ROWS),
             ("attempts", q::upsert_attempts(q::ATTEMPT_ROWS), q::ATTEMPT_ROWS),
             ("deliveries", q::upsert_deliveries(q::DELIVERY_ROWS), q::DELIVERY_ROWS),
-            ("deliveries, tenant looked up", q::upsert_deliveries_looking_up_tenant(q::DELIVERY_ROWS), q::DELIVERY_ROWS),
-            // An UPDATE by a non-unique index may change several rows.
-            ("tenant fill", q::TENANT_FILL.to_owned(), usize::MAX),
         ];
         for (name, text, rows) in several {
             assert!(rows == 1 || !may_abort(&c, &text), "{name}: writes {rows} rows per statement and may abort: {text}");

@@ -25,11 +25,13 @@ fn event(id: &str, tenant: &str, ty: &str) -> Event {
     }
 }
 
+/// An attempt of tenant `acme`'s event (set `tenant` for another).
 fn attempt(delivery: &str, sub: &str, event_id: &str, n: u32, at: i64, status: u32, final_state: &str) -> AttemptRecord {
     AttemptRecord {
         delivery_id: delivery.into(),
         subscription_id: sub.into(),
         event_id: event_id.into(),
+        tenant: "acme".into(),
         event_type: "order.created".into(),
         attempt: n,
         r#try: 1,
@@ -80,7 +82,8 @@ conformance!(
     a_delivery_comes_back_with_its_attempts_and_its_event,
     indexing_the_same_records_again_changes_nothing,
     records_read_out_of_order_make_the_same_delivery,
-    a_delivery_indexed_after_its_event_learns_the_tenant,
+    the_same_event_id_from_two_tenants_is_two_events,
+    a_delivery_keeps_its_own_tenant_whatever_shares_its_event_id,
     lists_page_newest_first_without_gaps_or_repeats,
     filters_combine_and_scope_by_tenant,
     search_by_event_id_finds_every_subscription,
@@ -99,12 +102,12 @@ conformance!(
 
 async fn migrations_apply_once_and_a_newer_schema_is_refused(target: Target) {
     let first = open(&target).await;
-    assert_eq!(first.migrations_applied(), [1, 2, 3, 4, 5]);
-    assert_eq!(first.schema_version().await.unwrap(), 5);
+    assert_eq!(first.migrations_applied(), [1, 2, 3, 4, 5, 6]);
+    assert_eq!(first.schema_version().await.unwrap(), 6);
     drop(first);
     let (applied, version) = hookline_log::migrate(&target).await.unwrap();
     assert!(applied.is_empty(), "nothing left to apply: {applied:?}");
-    assert_eq!(version, 5);
+    assert_eq!(version, 6);
     // The store's id stays with it; the SQLite indexer's group is the file's own.
     let again = open(&target).await;
     let id = again.store_id().await.unwrap();
@@ -129,7 +132,7 @@ async fn migrations_apply_once_and_a_newer_schema_is_refused(target: Target) {
         }
     }
     match LogStore::open(&target).await {
-        Err(e @ StoreError::SchemaTooNew { found: 99, known: 5 }) => assert!(e.to_string().contains("upgrade hookline"), "{e}"),
+        Err(e @ StoreError::SchemaTooNew { found: 99, known: 6 }) => assert!(e.to_string().contains("upgrade hookline"), "{e}"),
         Err(e) => panic!("expected SchemaTooNew, got {e}"),
         Ok(_) => panic!("a newer schema was accepted"),
     }
@@ -164,7 +167,8 @@ async fn a_delivery_comes_back_with_its_attempts_and_its_event(target: Target) {
     assert_eq!(first.body_ref, "event:evt_1");
     // The event is kept whole: a resend sends exactly this.
     assert_eq!(d.event.as_ref(), Some(&ev));
-    assert_eq!(store.event("evt_1").await.unwrap(), Some(ev));
+    assert_eq!(store.event("acme", "evt_1").await.unwrap(), Some(ev));
+    assert_eq!(store.event("globex", "evt_1").await.unwrap(), None, "an event is its tenant's");
     assert!(store.delivery("dlv_missing").await.unwrap().is_none());
 }
 
@@ -206,7 +210,7 @@ async fn indexing_the_same_records_again_changes_nothing(target: Target) {
 async fn records_read_out_of_order_make_the_same_delivery(target: Target) {
     let store = open(&target).await;
     // The three topics are read independently: the dead letter, then the last attempt, then the first, then the
-    // event (which brings the tenant).
+    // event. The tenant comes with the attempts (each record names its event's tenant).
     let dl = DeadLetter {
         reason: "retries_exhausted".into(),
         final_state: "failed".into(),
@@ -221,11 +225,13 @@ async fn records_read_out_of_order_make_the_same_delivery(target: Target) {
         ..Default::default()
     };
     index(&store, Batch { dead_letters: vec![dl], ..Default::default() }).await;
-    index(&store, Batch { attempts: vec![attempt("dlv_9", "sub_a", "evt_9", 3, T0 + 250, 503, "failed")], ..Default::default() }).await;
-    index(&store, Batch { attempts: vec![attempt("dlv_9", "sub_a", "evt_9", 1, T0 + 100, 503, "")], ..Default::default() }).await;
-    let d = store.delivery("dlv_9").await.unwrap().unwrap().delivery;
-    assert_eq!((d.state, d.attempts_made, d.first_at_ms, d.last_at_ms), (DeliveryState::Failed, 3, T0 + 100, T0 + 300));
-    assert_eq!((d.event_id.as_str(), d.tenant.as_str()), ("evt_9", ""), "the tenant comes with the event");
+    let globex = |n, at, status, fin| AttemptRecord { tenant: "globex".into(), ..attempt("dlv_9", "sub_a", "evt_9", n, at, status, fin) };
+    index(&store, Batch { attempts: vec![globex(3, T0 + 250, 503, "failed")], ..Default::default() }).await;
+    index(&store, Batch { attempts: vec![globex(1, T0 + 100, 503, "")], ..Default::default() }).await;
+    let d = store.delivery("dlv_9").await.unwrap().unwrap();
+    assert_eq!((d.delivery.state, d.delivery.attempts_made, d.delivery.first_at_ms, d.delivery.last_at_ms), (DeliveryState::Failed, 3, T0 + 100, T0 + 300));
+    assert_eq!((d.delivery.event_id.as_str(), d.delivery.tenant.as_str()), ("evt_9", "globex"));
+    assert!(d.event.is_none(), "not indexed yet");
     index(&store, Batch { events: vec![(event("evt_9", "globex", "order.created"), T0 + 50)], ..Default::default() }).await;
     let d = store.delivery("dlv_9").await.unwrap().unwrap();
     assert_eq!(d.delivery.tenant, "globex");
@@ -234,30 +240,55 @@ async fn records_read_out_of_order_make_the_same_delivery(target: Target) {
     assert_eq!(page.items.len(), 1);
 }
 
-async fn a_delivery_indexed_after_its_event_learns_the_tenant(target: Target) {
+/// Two tenants publish `order-2000` (their own order numbers), in either order: each delivery shows and resends
+/// its own tenant's event, and a search within one tenant finds only that tenant's deliveries.
+async fn the_same_event_id_from_two_tenants_is_two_events(target: Target) {
     let store = open(&target).await;
-    // The usual order: the event in one batch, its deliveries' attempts in later ones (the tenant is looked up
-    // from the stored event as the delivery is written).
+    let ev = |tenant: &str, card: &str| Event { data_json: format!("{{\"card_last4\":\"{card}\",\"tenant\":\"{tenant}\"}}").into_bytes().into(), ..event("order-2000", tenant, "order.paid") };
+    let of = |tenant: &str, d: &str, sub: &str, at: i64| AttemptRecord { tenant: tenant.into(), ..attempt(d, sub, "order-2000", 1, at, 200, "succeeded") };
+    // A first, then B a moment later; then, for another pair, B first and A after (and in one batch: the same ms).
+    index(&store, Batch { events: vec![(ev("A", "1111"), T0)], attempts: vec![of("A", "dlv_a1", "sub_a", T0 + 5)], ..Default::default() }).await;
+    index(&store, Batch { events: vec![(ev("B", "4242"), T0 + 1)], attempts: vec![of("B", "dlv_b1", "sub_b", T0 + 6)], ..Default::default() }).await;
+    index(&store, Batch { events: vec![(ev("B", "4242"), T0 + 100), (ev("A", "1111"), T0 + 100)], ..Default::default() }).await;
+    index(&store, Batch { attempts: vec![of("B", "dlv_b2", "sub_b", T0 + 105), of("A", "dlv_a2", "sub_a", T0 + 106)], ..Default::default() }).await;
+    for (d, tenant, card) in [("dlv_a1", "A", "1111"), ("dlv_b1", "B", "4242"), ("dlv_a2", "A", "1111"), ("dlv_b2", "B", "4242")] {
+        let got = store.delivery(d).await.unwrap().unwrap();
+        assert_eq!(got.delivery.tenant, tenant, "{d}");
+        let e = got.event.unwrap_or_else(|| panic!("{d}: its event is stored"));
+        assert_eq!(e.tenant, tenant, "{d} shows its own tenant's event");
+        assert!(String::from_utf8_lossy(&e.data_json).contains(card), "{d}: {:?}", String::from_utf8_lossy(&e.data_json));
+    }
+    assert_eq!(store.event("A", "order-2000").await.unwrap().unwrap().tenant, "A");
+    assert_eq!(store.event("B", "order-2000").await.unwrap().unwrap().tenant, "B");
+    let ids = |rows: Vec<hookline_log::DeliveryRow>| {
+        let mut v: Vec<String> = rows.into_iter().map(|d| d.delivery_id).collect();
+        v.sort();
+        v
+    };
+    assert_eq!(ids(store.by_event_id("order-2000", Some("A"), 10).await.unwrap()), ["dlv_a1", "dlv_a2"]);
+    assert_eq!(ids(store.by_event_id("order-2000", Some("B"), 10).await.unwrap()), ["dlv_b1", "dlv_b2"]);
+    let tenant_a = store.list(&ListQuery::new(Scope::Tenant("A".into()))).await.unwrap();
+    assert_eq!(tenant_a.items.len(), 2, "{:?}", tenant_a.items);
+}
+
+/// A delivery's tenant is its own records', never taken from another tenant's event of the same id (nor is a
+/// record of no tenant given one that way).
+async fn a_delivery_keeps_its_own_tenant_whatever_shares_its_event_id(target: Target) {
+    let store = open(&target).await;
     index(&store, Batch { events: vec![(event("evt_5", "initech", "order.created"), T0 + 10)], ..Default::default() }).await;
-    index(&store, Batch { attempts: vec![attempt("dlv_5", "sub_a", "evt_5", 1, T0 + 100, 503, "")], ..Default::default() }).await;
-    assert_eq!(store.delivery("dlv_5").await.unwrap().unwrap().delivery.tenant, "initech");
-    // A later attempt (no tenant in its batch either) keeps it; another delivery of an unknown event has none yet.
-    index(
-        &store,
-        Batch {
-            attempts: vec![
-                attempt("dlv_5", "sub_a", "evt_5", 2, T0 + 200, 200, "succeeded"),
-                attempt("dlv_6", "sub_b", "evt_6", 1, T0 + 200, 200, "succeeded"),
-            ],
-            ..Default::default()
-        },
-    )
-    .await;
-    let d = store.delivery("dlv_5").await.unwrap().unwrap().delivery;
-    assert_eq!((d.tenant.as_str(), d.state, d.attempts_made), ("initech", DeliveryState::Succeeded, 2));
-    assert_eq!(store.delivery("dlv_6").await.unwrap().unwrap().delivery.tenant, "");
+    let no_tenant = AttemptRecord { tenant: String::new(), ..attempt("dlv_5", "sub_a", "evt_5", 1, T0 + 100, 503, "") };
+    index(&store, Batch { attempts: vec![no_tenant], ..Default::default() }).await;
+    let d = store.delivery("dlv_5").await.unwrap().unwrap();
+    assert_eq!(d.delivery.tenant, "", "not initech's, whose event shares the id");
+    assert!(d.event.is_none(), "nor is initech's event shown for it");
+    // Its own records name the tenant from then on; the other tenant's event stays the other's.
+    let named = AttemptRecord { tenant: "hooli".into(), ..attempt("dlv_5", "sub_a", "evt_5", 2, T0 + 200, 200, "succeeded") };
+    index(&store, Batch { attempts: vec![named], ..Default::default() }).await;
+    let d = store.delivery("dlv_5").await.unwrap().unwrap();
+    assert_eq!((d.delivery.tenant.as_str(), d.delivery.state, d.delivery.attempts_made), ("hooli", DeliveryState::Succeeded, 2));
+    assert!(d.event.is_none());
     let page = store.list(&ListQuery::new(Scope::Tenant("initech".into()))).await.unwrap();
-    assert_eq!(page.items.iter().map(|d| d.delivery_id.as_str()).collect::<Vec<_>>(), ["dlv_5"]);
+    assert!(page.items.is_empty(), "{:?}", page.items);
 }
 
 /// 25 deliveries of sub_a, some sharing a millisecond, plus other subscriptions' noise.
@@ -275,6 +306,9 @@ async fn seed_many(store: &LogStore) {
         let mut b = attempt(&format!("dlv_b{i:02}"), "sub_b", &format!("evt_{i}"), 1, at, 200, "succeeded");
         a.event_type = ty.into();
         b.event_type = ty.into();
+        let tenant = if i < 10 { "acme" } else { "globex" };
+        a.tenant = tenant.into();
+        b.tenant = tenant.into();
         attempts.extend([a, b]);
     }
     let events = (0..25).map(|i| (event(&format!("evt_{i}"), if i < 10 { "acme" } else { "globex" }, if i % 2 == 0 { "order.created" } else { "order.paid" }), T0)).collect();
@@ -463,7 +497,7 @@ async fn retention_skips_and_removes_old_history(target: Target) {
     let r = store.apply_retention(KEEP_DAYS, NOW).await.unwrap();
     assert_eq!(r.deliveries, 1);
     assert!(store.delivery("dlv_aged").await.unwrap().is_none());
-    assert!(store.event("evt_aged").await.unwrap().is_none(), "the event went with it");
+    assert!(store.event("acme", "evt_aged").await.unwrap().is_none(), "the event went with it");
     let young = store.delivery("dlv_new").await.unwrap().expect("kept");
     assert_eq!(young.attempts.len(), 1);
     if let LogStore::Postgres(pg) = &store {
@@ -559,7 +593,7 @@ async fn rows_of_a_version_3_store_read_after_migration_4(target: Target) {
         }
     }
     let store = open(&target).await;
-    assert_eq!(store.migrations_applied(), [4, 5]);
+    assert_eq!(store.migrations_applied(), [4, 5, 6]);
     let d = store.delivery("dlv_old").await.unwrap().expect("the old row reads");
     assert_eq!(d.delivery.state, DeliveryState::Succeeded);
     let a = &d.attempts[0];
@@ -628,8 +662,8 @@ async fn a_version_4_store_keeps_its_rows_through_migration_5(target: Target) {
         }
     }
     let store = open(&target).await;
-    assert_eq!(store.migrations_applied(), [5]);
-    assert_eq!(store.schema_version().await.unwrap(), 5);
+    assert_eq!(store.migrations_applied(), [5, 6]);
+    assert_eq!(store.schema_version().await.unwrap(), 6);
     let before = store.delivery("dlv_m").await.unwrap().expect("the migrated delivery reads");
     assert_eq!((before.delivery.state, before.delivery.tenant.as_str(), before.delivery.attempts_made), (DeliveryState::Succeeded, "acme", 2));
     assert_eq!(before.attempts.iter().map(|a| a.http_status).collect::<Vec<_>>(), [503, 200], "oldest first");
@@ -652,11 +686,16 @@ async fn a_version_4_store_keeps_its_rows_through_migration_5(target: Target) {
     index(&store, Batch { attempts: vec![replayed], ..Default::default() }).await;
     let last = store.delivery("dlv_m").await.unwrap().unwrap();
     assert_eq!(last.attempts.len(), 3);
+    // Migration 6: another tenant's event of the same id and time is a row of its own, and each reads as its own.
+    index(&store, Batch { events: vec![(event("evt_m", "globex", "order.created"), T0)], ..Default::default() }).await;
+    assert_eq!(store.event("acme", "evt_m").await.unwrap().map(|e| e.tenant), Some("acme".into()));
+    assert_eq!(store.event("globex", "evt_m").await.unwrap().map(|e| e.tenant), Some("globex".into()));
+    assert_eq!(store.delivery("dlv_m").await.unwrap().unwrap().event.map(|e| e.tenant), Some("acme".into()));
     assert_eq!((last.delivery.state, last.delivery.run_id.as_str(), last.delivery.attempts_made), (DeliveryState::Pending, "run_2", 3));
 }
 
 /// A batch larger than one multi-row statement (SQLite writes 50 rows per statement, the rest one by one), indexed
-/// twice: every row once, each with its own values, events' tenants reaching the deliveries written before them.
+/// twice: every row once, each with its own values and its own tenant, events arriving after their deliveries.
 async fn a_large_batch_stores_every_row_once(target: Target) {
     let store = open(&target).await;
     let n = 123;
@@ -664,13 +703,15 @@ async fn a_large_batch_stores_every_row_once(target: Target) {
         attempts: (0..n)
             .flat_map(|i| {
                 let (d, e) = (format!("dlv_{i:03}"), format!("evt_{i:03}"));
+                let t = format!("t{}", i % 7);
                 [attempt(&d, "sub_l", &e, 1, T0 + i, 503, ""), attempt(&d, "sub_l", &e, 2, T0 + 1_000 + i, 200, "succeeded")]
+                    .map(|a| AttemptRecord { tenant: t.clone(), ..a })
             })
             .collect(),
         events: (0..n).map(|i| (event(&format!("evt_{i:03}"), &format!("t{}", i % 7), "order.created"), T0)).collect(),
         dead_letters: vec![],
     };
-    // The deliveries first, the events in a later batch: their tenants are filled in then.
+    // The deliveries first, the events in a later batch.
     let first = Batch { events: vec![], ..batch() };
     let s = index(&store, first).await;
     assert_eq!((s.attempts, s.deliveries), (2 * n as usize, n as usize));

@@ -46,6 +46,7 @@ async fn produce_delivery(p: &Producer, topics: &Topics, n: usize, now: i64) {
             subscription_id: sub.into(),
             event_id: event_id.clone(),
             event_type: "order.created".into(),
+            tenant: tenant.into(),
             attempt,
             r#try: 1,
             started_at_ms: now + i64::from(attempt) * 10,

@@ -63,10 +63,12 @@ fn delivery(i: u64, of: u64, now: i64, spread: LogIds) -> (Event, [AttemptRecord
         1 => (404, "dead"),
         _ => (200, "succeeded"),
     };
+    let tenant = event.tenant.clone();
     let rec = |attempt: u32, started: i64, status: u32, fin: &str| AttemptRecord {
         delivery_id: delivery_id.clone(),
         subscription_id: format!("sub_{sub:04}"),
         event_id: event_id.clone(),
+        tenant: tenant.clone(),
         event_type: ty.into(),
         attempt,
         r#try: 1,

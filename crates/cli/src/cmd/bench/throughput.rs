@@ -545,6 +545,7 @@ pub fn floor_records() -> anyhow::Result<(Vec<u8>, Vec<u8>)> {
         subscription_id: sub.into(),
         event_id: event.id.clone(),
         event_type: event.r#type.clone(),
+        tenant: event.tenant.clone(),
         attempt: 1,
         r#try: 1,
         started_at_ms: 1_796_060_753_682,
