@@ -46,6 +46,24 @@ async fn every_v1_error_is_json_and_oversized_subscription_fields_are_named() {
     }
     let (status, _, v) = send(&p, "GET", "/v1/nope", &bearer, None).await;
     assert_eq!((status, v["error"]["code"].as_str()), (404, Some("not_found")), "{v}");
+    // A path segment that is not UTF-8 (it used to be a text/plain 400).
+    for path in ["/v1/subscriptions/%FF", "/v1/deliveries/%FF", "/v1/tenants/%FF", "/v1/event-types/%FF", "/v1/subscriptions/%FF/deliveries"] {
+        let (status, _, v) = send(&p, "GET", path, &bearer, None).await;
+        assert_eq!((status, v["error"]["code"].as_str(), v["error"]["field"].as_str()), (400, Some("invalid_path"), Some("path")), "{path}: {v}");
+    }
+    // A target and a header block too large (they used to be empty bodies).
+    let long = format!("/v1/subscriptions?after={}", "a".repeat(10_000));
+    let (status, _, v) = send(&p, "GET", &long, &bearer, None).await;
+    assert_eq!((status, v["error"]["code"].as_str()), (414, Some("uri_too_long")), "{v}");
+    let client = hyper_util::client::legacy::Client::builder(hyper_util::rt::TokioExecutor::new()).build_http();
+    let mut req = http::Request::get(format!("http://{}/v1/subscriptions", p.api)).header("authorization", &bearer);
+    for i in 0..20 {
+        req = req.header(format!("x-big-{i}"), "b".repeat(4_000));
+    }
+    let resp = client.request(req.body(Full::new(Bytes::new())).unwrap()).await.unwrap();
+    assert_eq!(resp.status(), 431);
+    let v: Value = serde_json::from_slice(&resp.into_body().collect().await.unwrap().to_bytes()).unwrap();
+    assert_eq!(v["error"]["code"], "headers_too_large", "{v}");
 
     // The scheme name is case-insensitive, as docs/api.md says.
     let (status, _, v) = send(&p, "GET", "/v1/subscriptions", &format!("bEaReR {TOKEN}"), None).await;
@@ -143,5 +161,162 @@ async fn the_api_closes_slow_clients_and_keeps_answering() {
     for s in &mut idle {
         assert!(closed_within(s, Duration::from_secs(10)).await, "an idle client was never closed");
     }
+    p.stop().await;
+}
+
+/// A connection to the API from `ip` (any address of 127.0.0.0/8 reaches a listener on 127.0.0.1): another client
+/// as the server counts them.
+async fn connect_from(ip: [u8; 4], addr: std::net::SocketAddr) -> std::io::Result<TcpStream> {
+    let socket = tokio::net::TcpSocket::new_v4()?;
+    socket.bind(std::net::SocketAddr::from((ip, 0)))?;
+    socket.connect(addr).await
+}
+
+/// What another client sees while an attack runs: an authenticated list on the API and `/healthz` on the health
+/// listener, every 100 ms until `stop`; returns the slowest answer of each (panics on an error).
+async fn victim(p: &Pipeline, health: std::net::SocketAddr, stop: tokio_util::sync::CancellationToken) -> (Duration, Duration, usize) {
+    let (mut api, mut probe, mut n) = (Duration::ZERO, Duration::ZERO, 0);
+    let client = hyper_util::client::legacy::Client::builder(hyper_util::rt::TokioExecutor::new()).build_http::<Full<Bytes>>();
+    while !stop.is_cancelled() {
+        let t = Instant::now();
+        let (status, v) = tokio::time::timeout(Duration::from_secs(5), p.call("GET", "/v1/subscriptions?limit=5", None)).await.expect("the API answered within 5 s");
+        assert_eq!(status, 200, "{v}");
+        api = api.max(t.elapsed());
+        let t = Instant::now();
+        let req = http::Request::get(format!("http://{health}/healthz")).body(Full::new(Bytes::new())).unwrap();
+        let resp = tokio::time::timeout(Duration::from_secs(5), client.request(req)).await.expect("healthz answered within 5 s").unwrap();
+        assert_eq!(resp.status(), 200);
+        probe = probe.max(t.elapsed());
+        n += 1;
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    (api, probe, n)
+}
+
+async fn with_health_listener(edit: impl FnOnce(&mut hookline_service::Config)) -> (Pipeline, std::net::SocketAddr) {
+    let p = Pipeline::start_with(1, |c| {
+        c.ingest.health_addr = Some("127.0.0.1:0".parse().unwrap());
+        edit(c);
+    })
+    .await;
+    let health = p.ingest_health.expect("the health listener's address");
+    (p, health)
+}
+
+/// One unauthenticated client reconnects idle sockets as fast as they are closed (at most 64 held: its share of
+/// `ingest.http.max_connections`): another client's authenticated request and the health check keep answering
+/// within a second throughout.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_client_reconnecting_idle_sockets_cannot_starve_the_api_or_its_health_check() {
+    let (p, health) = with_health_listener(|c| c.ingest.http.header_read_timeout_ms = 1_000).await;
+    let stop = tokio_util::sync::CancellationToken::new();
+    let api = p.api;
+    let attack = {
+        let stop = stop.clone();
+        tokio::spawn(async move {
+            let (mut opened, mut refused) = (0usize, 0usize);
+            let mut held: Vec<TcpStream> = Vec::new();
+            // Bounded: at most 20,000 connections, and only while the victim runs.
+            while !stop.is_cancelled() && opened < 20_000 {
+                // Keep 1,000 sockets, dropping those the server closed (a read of 0 bytes at once).
+                held.retain(|s| matches!(s.try_read(&mut [0u8; 1]), Err(ref e) if e.kind() == std::io::ErrorKind::WouldBlock));
+                while held.len() < 1_000 && opened < 20_000 {
+                    match connect_from([127, 0, 0, 2], api).await {
+                        Ok(s) => {
+                            opened += 1;
+                            held.push(s);
+                        }
+                        Err(_) => {
+                            refused += 1;
+                            break;
+                        }
+                    }
+                }
+                tokio::time::sleep(Duration::from_millis(20)).await;
+            }
+            (opened, refused)
+        })
+    };
+    let watch = {
+        let stop = stop.clone();
+        tokio::spawn(async move {
+            tokio::time::sleep(Duration::from_secs(6)).await;
+            stop.cancel();
+        })
+    };
+    let (slowest_api, slowest_probe, n) = victim(&p, health, stop.clone()).await;
+    watch.await.unwrap();
+    let (opened, _) = attack.await.unwrap();
+    assert!(opened > 1_000, "the attack reconnected: {opened}");
+    assert!(n >= 20, "{n} rounds");
+    assert!(slowest_api < Duration::from_secs(1), "an authenticated request took {slowest_api:?}");
+    assert!(slowest_probe < Duration::from_secs(1), "/healthz took {slowest_probe:?}");
+    p.stop().await;
+}
+
+/// A tenant's valid key sends 600 `POST /v1/events` announcing 1 MB bodies and dribbles a byte every 5 s into each:
+/// past its share of connections they are closed at once, and each one held is answered 408 once it falls below
+/// `min_body_bytes_per_s` after the grace. Another client and the health check answer within a second throughout.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn bodies_dribbled_by_a_valid_key_are_cut_and_cannot_starve_the_api() {
+    let (p, health) = with_health_listener(|c| c.ingest.http.body_rate_grace_ms = 1_500).await;
+    p.tenant("slowco").await;
+    let (_, key) = p.api_key("slowco").await;
+    let stop = tokio_util::sync::CancellationToken::new();
+    let api = p.api;
+    let attack = tokio::spawn(async move {
+        let mut tasks = Vec::new();
+        for _ in 0..600 {
+            let key = key.clone();
+            tasks.push(tokio::spawn(async move {
+                let Ok(s) = connect_from([127, 0, 0, 2], api).await else { return None };
+                let (mut rd, mut wr) = s.into_split();
+                let head = format!(
+                    "POST /v1/events HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer {key}\r\nContent-Type: application/json\r\nContent-Length: 1000000\r\n\r\n{{"
+                );
+                if wr.write_all(head.as_bytes()).await.is_err() {
+                    return None;
+                }
+                let drip = async {
+                    loop {
+                        tokio::time::sleep(Duration::from_secs(5)).await;
+                        if wr.write_all(b" ").await.is_err() {
+                            break;
+                        }
+                    }
+                    std::future::pending::<()>().await;
+                };
+                let mut answer = Vec::new();
+                tokio::select! {
+                    _ = tokio::time::timeout(Duration::from_secs(10), rd.read_to_end(&mut answer)) => {}
+                    _ = drip => {}
+                }
+                Some(String::from_utf8_lossy(&answer).into_owned())
+            }));
+        }
+        let mut answers = Vec::new();
+        for t in tasks {
+            answers.push(t.await.unwrap());
+        }
+        answers
+    });
+    let watch = {
+        let stop = stop.clone();
+        tokio::spawn(async move {
+            tokio::time::sleep(Duration::from_secs(5)).await;
+            stop.cancel();
+        })
+    };
+    let (slowest_api, slowest_probe, n) = victim(&p, health, stop.clone()).await;
+    watch.await.unwrap();
+    let answers = attack.await.unwrap();
+    assert!(n >= 20, "{n} rounds");
+    assert!(slowest_api < Duration::from_secs(1), "an authenticated request took {slowest_api:?}");
+    assert!(slowest_probe < Duration::from_secs(1), "/healthz took {slowest_probe:?}");
+    let cut: Vec<&String> = answers.iter().flatten().filter(|a| a.starts_with("HTTP/1.1 408")).collect();
+    assert!(!cut.is_empty() && cut.len() <= 64, "{} cut with 408 (at most the client's share is ever served)", cut.len());
+    assert!(cut[0].contains("\"request_timeout\"") && cut[0].contains("min_body_bytes_per_s"), "{}", cut[0]);
+    let closed_at_once = answers.iter().flatten().filter(|a| a.is_empty()).count();
+    assert!(closed_at_once >= 600 - 64 - answers.iter().filter(|a| a.is_none()).count(), "{closed_at_once} closed without an answer");
     p.stop().await;
 }

@@ -19,6 +19,7 @@ mod tansu;
 mod rebalance;
 mod zombie;
 mod tenants;
+mod sealed_headers;
 mod credentials;
 mod event_types;
 mod tracing;

@@ -113,7 +113,16 @@ impl Pipeline {
         self.request(token, method, path, body, false).await
     }
 
+    /// An admin call with a body sent exactly as given (JSON a `Value` cannot hold, such as a repeated key).
+    pub async fn call_raw(&self, method: &str, path: &str, body: &str) -> (u16, Value) {
+        self.send(Some(TOKEN), method, path, Some(Bytes::from(body.to_owned())), true).await
+    }
+
     async fn request(&self, token: Option<&str>, method: &str, path: &str, body: Option<Value>, always_json: bool) -> (u16, Value) {
+        self.send(token, method, path, body.map(|b| Bytes::from(b.to_string())), always_json).await
+    }
+
+    async fn send(&self, token: Option<&str>, method: &str, path: &str, body: Option<Bytes>, always_json: bool) -> (u16, Value) {
         let mut req = http::Request::builder().method(method).uri(format!("http://{}{path}", self.api));
         if let Some(t) = token {
             req = req.header("authorization", format!("Bearer {t}"));
@@ -121,7 +130,7 @@ impl Pipeline {
         if always_json || body.is_some() {
             req = req.header("content-type", "application/json");
         }
-        let req = req.body(Full::new(body.map(|b| Bytes::from(b.to_string())).unwrap_or_default())).unwrap();
+        let req = req.body(Full::new(body.unwrap_or_default())).unwrap();
         let resp = self.client.request(req).await.expect("API answers");
         let status = resp.status().as_u16();
         let bytes = resp.into_body().collect().await.unwrap().to_bytes();

@@ -198,3 +198,67 @@ async fn the_same_event_id_from_two_tenants_stays_each_tenants_postgres() {
     .await;
     the_same_event_id_from_two_tenants_stays_each_tenants(p).await;
 }
+
+/// Publish quotas: a tenant over its quota (its own, set through the API) gets 429 with `Retry-After` and nothing
+/// is written; a key's own quota applies within its tenant's; another tenant publishes meanwhile; after the wait
+/// it was told, the tenant publishes again.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_tenant_over_its_publish_quota_gets_429_and_others_publish() {
+    let p = Pipeline::start_with(1, |c| c.ingest.publish_rate_per_s = 1_000).await;
+    p.tenant("loud").await;
+    p.tenant("quiet").await;
+    let (status, t) = p.call("PATCH", "/v1/tenants/loud", Some(json!({"publish_rate_per_s": 2, "publish_burst": 3}))).await;
+    assert_eq!((status, t["publish_rate_per_s"].as_u64(), t["publish_burst"].as_u64()), (200, Some(2), Some(3)), "{t}");
+    let (status, v) = p.call("PATCH", "/v1/tenants/loud", Some(json!({"publish_burst": 5, "publish_rate_per_s": 0}))).await;
+    assert_eq!((status, v["error"]["field"].as_str()), (422, Some("publish_burst")), "a burst needs a rate: {v}");
+    let (_, loud_key) = p.api_key("loud").await;
+    let (_, quiet_key) = p.api_key("quiet").await;
+    let publish = |key: String, id: String| {
+        let p = &p;
+        async move { p.call_as(Some(&key), "POST", "/v1/events", Some(json!({"id": id, "type": "quota.test", "data": {}}))).await }
+    };
+    // The burst of 3, then refused, with the wait in whole seconds and the field that names whose quota it was.
+    for i in 0..3 {
+        assert_eq!(publish(loud_key.clone(), format!("evt_loud_{i}")).await.0, 202);
+    }
+    let (status, v) = publish(loud_key.clone(), "evt_loud_3".into()).await;
+    assert_eq!((status, v["error"]["code"].as_str(), v["error"]["field"].as_str()), (429, Some("rate_limited"), Some("tenant")), "{v}");
+    assert!(v["error"]["message"].as_str().unwrap().contains("2 events/s (burst 3)"), "{v}");
+    // The quiet tenant's default quota (1,000/s) is untouched by the loud one.
+    for i in 0..20 {
+        assert_eq!(publish(quiet_key.clone(), format!("evt_quiet_{i}")).await.0, 202);
+    }
+    // Retry-After is honoured: after it, accepted again.
+    let req = http::Request::post(format!("http://{}/v1/events", p.api))
+        .header("authorization", format!("Bearer {loud_key}"))
+        .header("content-type", "application/json")
+        .body(http_body_util::Full::new(bytes::Bytes::from(json!({"id": "evt_loud_4", "type": "quota.test", "data": {}}).to_string())))
+        .unwrap();
+    let resp = hyper_util::client::legacy::Client::builder(hyper_util::rt::TokioExecutor::new()).build_http().request(req).await.unwrap();
+    assert_eq!(resp.status(), 429);
+    let wait: u64 = resp.headers()["retry-after"].to_str().unwrap().parse().unwrap();
+    assert!((1..=2).contains(&wait), "{wait}");
+    tokio::time::sleep(Duration::from_secs(wait)).await;
+    assert_eq!(publish(loud_key.clone(), "evt_loud_5".into()).await.0, 202);
+
+    // A key's own quota, within its tenant's: its second publish in a second is refused naming the credential.
+    let (status, k) = p.call("POST", "/v1/tenants/quiet/api-keys", Some(json!({"name": "slow", "publish_rate_per_s": 1}))).await;
+    assert_eq!((status, k["publish_rate_per_s"].as_u64()), (201, Some(1)), "{k}");
+    let slow_key = k["key"].as_str().unwrap().to_owned();
+    assert_eq!(publish(slow_key.clone(), "evt_slow_1".into()).await.0, 202);
+    let (status, v) = publish(slow_key, "evt_slow_2".into()).await;
+    assert_eq!((status, v["error"]["field"].as_str()), (429, Some("Authorization")), "{v}");
+    assert_eq!(publish(quiet_key, "evt_quiet_after".into()).await.0, 202, "the tenant's other keys are not held back");
+
+    // Nothing refused was written: only the accepted events reached the topic (20 quiet + 4 loud + 1 slow + 1).
+    let mut written = std::collections::BTreeSet::new();
+    hookline_kafka::scan::scan(&p.config.kafka, hookline_kafka::Topics::new(p.config.kafka.topic_prefix.clone()).events(), None, LIMIT, |m| {
+        let ev: hookline_core::model::Event = prost::Message::decode(rdkafka::Message::payload(m).unwrap_or_default()).unwrap();
+        written.insert(ev.id);
+    })
+    .await
+    .unwrap();
+    assert!(!written.contains("evt_loud_3") && !written.contains("evt_loud_4") && !written.contains("evt_slow_2"), "{written:?}");
+    assert_eq!(written.len(), 26, "{written:?}");
+    p.stop().await;
+}

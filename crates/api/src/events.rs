@@ -31,6 +31,7 @@ pub async fn publish(
         ApiError::new(status, e.reason, e.detail).with_field(e.field.unwrap_or("body"))
     })?;
     event.tenant = who.tenant_for(Some(&event.tenant), "tenant")?.unwrap_or_default();
+    admit(&s, &who, &event.tenant)?;
     // Against its catalogued type's schema (compiled when the catalogue was read), before anything is written.
     super::event_types::check_event(&s, &event.r#type, &event.data_json)?;
     event.accepted_at_ms = crate::now_ms();
@@ -45,4 +46,34 @@ pub async fn publish(
         .map_err(ApiError::unavailable)?;
     metrics::counter!("hookline_events_accepted_total", "source" => "http").increment(1);
     Ok((StatusCode::ACCEPTED, Json(json!({"id": event.id, "accepted_at_ms": event.accepted_at_ms}))))
+}
+
+/// The tenant's publish quota (its own, else `ingest.publish_rate_per_s`) and the API key's own, if any: past
+/// either, 429 with `Retry-After`, nothing written.
+fn admit(s: &ApiState, who: &Principal, tenant: &str) -> Result<(), ApiError> {
+    use crate::publish_quota::limit_of;
+    let own = s.tenants.get(tenant);
+    let tenant_limit = limit_of(own.as_ref().map_or(0, |t| t.publish_rate_per_s), own.as_ref().map_or(0, |t| t.publish_burst), s.default_publish_quota);
+    let key = match who {
+        Principal::TenantKey { key_id, .. } => s.keys.get(key_id).and_then(|k| limit_of(k.publish_rate_per_s, k.publish_burst, None).map(|l| (key_id.as_str(), l))),
+        _ => None,
+    };
+    if tenant_limit.is_none() && key.is_none() {
+        return Ok(());
+    }
+    let now_us = u64::try_from(crate::now_us()).unwrap_or(0);
+    s.publish_quotas.admit((tenant, tenant_limit), key, now_us).map_err(|t| {
+        metrics::counter!("hookline_publish_throttled_total", "scope" => t.scope.as_str()).increment(1);
+        let whose = match t.scope {
+            crate::publish_quota::QuotaScope::Tenant => format!("tenant {tenant:?}"),
+            crate::publish_quota::QuotaScope::Key => "this API key".to_owned(),
+        };
+        ApiError::new(
+            StatusCode::TOO_MANY_REQUESTS,
+            "rate_limited",
+            format!("{whose} may publish {} events/s (burst {}); retry after {} s", t.limit.per_s, t.limit.burst, t.retry_after_s()),
+        )
+        .with_field(if t.scope == crate::publish_quota::QuotaScope::Tenant { "tenant" } else { "Authorization" })
+        .with_retry_after(t.retry_after_s())
+    })
 }

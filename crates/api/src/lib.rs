@@ -6,9 +6,10 @@ pub mod auth;
 pub mod replay;
 pub mod tenant_tables;
 pub mod event_type_table;
+pub mod publish_quota;
 /// The event decoder is core's: the fan-out and the delivery log's indexer read events with it too.
 pub use hookline_core::event_decode as decode;
-pub(crate) use hookline_service::now_ms;
+pub(crate) use hookline_service::{now_ms, now_us};
 mod deliveries;
 mod event_types;
 mod events;
@@ -45,6 +46,29 @@ pub(crate) fn present<'de, D: serde::Deserializer<'de>>(d: D) -> Result<Option<s
     <serde_json::Value as serde::Deserialize>::deserialize(d).map(Some)
 }
 
+/// A string map with each key once: a repeated key is refused (as a repeated field is), not silently replaced by
+/// its last value.
+pub(crate) fn unique_map<'de, D: serde::Deserializer<'de>>(d: D) -> Result<Option<std::collections::HashMap<String, String>>, D::Error> {
+    struct Unique;
+    impl<'de> serde::de::Visitor<'de> for Unique {
+        type Value = std::collections::HashMap<String, String>;
+        fn expecting(&self, f: &mut std::fmt::Formatter) -> std::fmt::Result {
+            f.write_str("an object of strings")
+        }
+        fn visit_map<A: serde::de::MapAccess<'de>>(self, mut m: A) -> Result<Self::Value, A::Error> {
+            let mut out = std::collections::HashMap::new();
+            while let Some((k, v)) = m.next_entry::<String, String>()? {
+                if out.contains_key(&k) {
+                    return Err(serde::de::Error::custom(format!("duplicate key {k:?}")));
+                }
+                out.insert(k, v);
+            }
+            Ok(out)
+        }
+    }
+    d.deserialize_map(Unique).map(Some)
+}
+
 pub struct ApiState {
     pub topics: Topics,
     pub producer: FutureProducer,
@@ -73,6 +97,9 @@ pub struct ApiState {
     pub event_types_reader: TableHandle,
     /// `ingest.schema_validation`: the mode of types that name none.
     pub schema_validation: hookline_service::config::SchemaValidation,
+    /// `ingest.publish_rate_per_s` / `ingest.publish_burst`: a tenant's publish quota unless it has its own.
+    pub default_publish_quota: Option<hookline_core::rate_limit::RateLimit>,
+    pub publish_quotas: publish_quota::PublishQuotas,
 }
 
 pub fn router(state: Arc<ApiState>, max_request_bytes: usize) -> Router {
@@ -122,7 +149,57 @@ pub fn router(state: Arc<ApiState>, max_request_bytes: usize) -> Router {
         })
         .layer(axum::extract::DefaultBodyLimit::max(max_request_bytes))
         .fallback(|| async { ApiError::new(StatusCode::NOT_FOUND, "not_found", "no such route") })
+        .layer(middleware::from_fn(json_errors))
         .with_state(state)
+}
+
+/// Longest request target and largest header block the API reads (the HTTP parser refuses heads over ~400 KiB
+/// itself, with a bare status: these bounds answer below that, in the documented JSON shape).
+pub const MAX_URI_BYTES: usize = 8 << 10;
+pub const MAX_HEADER_BYTES: usize = 64 << 10;
+
+/// Every `/v1` error in the documented JSON shape: an oversized target or header block is refused here (414, 431),
+/// and an error a framework layer answered in plain text (a path segment that is not UTF-8: `/v1/tenants/%FF`)
+/// is rewrapped, its text kept as the message.
+async fn json_errors(req: Request, next: middleware::Next) -> Response {
+    let v1 = req.uri().path().starts_with("/v1");
+    if v1 {
+        if req.uri().to_string().len() > MAX_URI_BYTES {
+            return ApiError::new(StatusCode::URI_TOO_LONG, "uri_too_long", format!("the request target is longer than {MAX_URI_BYTES} bytes"))
+                .with_field("path")
+                .into_response();
+        }
+        let head: usize = req.headers().iter().map(|(n, v)| n.as_str().len().saturating_add(v.len()).saturating_add(4)).sum();
+        if head > MAX_HEADER_BYTES {
+            return ApiError::new(
+                StatusCode::REQUEST_HEADER_FIELDS_TOO_LARGE,
+                "headers_too_large",
+                format!("the request's headers are larger than {MAX_HEADER_BYTES} bytes"),
+            )
+            .with_field("headers")
+            .into_response();
+        }
+    }
+    let resp = next.run(req).await;
+    let is_json = resp.headers().get(header::CONTENT_TYPE).and_then(|v| v.to_str().ok()).is_some_and(|v| v.starts_with("application/json"));
+    if !v1 || is_json || !(resp.status().is_client_error() || resp.status().is_server_error()) {
+        return resp;
+    }
+    let status = resp.status();
+    let text = match axum::body::to_bytes(resp.into_body(), 4 << 10).await {
+        Ok(b) => String::from_utf8_lossy(&b).trim().to_owned(),
+        Err(_) => String::new(),
+    };
+    let message = if text.is_empty() { status.canonical_reason().unwrap_or("error").to_owned() } else { text };
+    match status {
+        // A path segment the route could not read (not UTF-8, or not of its type).
+        StatusCode::BAD_REQUEST => ApiError::new(status, "invalid_path", message).with_field("path"),
+        StatusCode::NOT_FOUND => ApiError::new(status, "not_found", message),
+        StatusCode::PAYLOAD_TOO_LARGE => ApiError::new(status, "body_too_large", message).with_field("body"),
+        s if s.is_server_error() => ApiError::new(status, "internal", message),
+        _ => ApiError::new(status, "invalid_request", message),
+    }
+    .into_response()
 }
 
 /// An API error with a stable `code`.
@@ -132,11 +209,18 @@ pub struct ApiError {
     pub code: &'static str,
     pub message: String,
     pub field: Option<String>,
+    /// Seconds for a `Retry-After` header (a 429).
+    pub retry_after_s: Option<u64>,
 }
 
 impl ApiError {
     pub fn new(status: StatusCode, code: &'static str, message: impl Into<String>) -> Self {
-        Self { status, code, message: message.into(), field: None }
+        Self { status, code, message: message.into(), field: None, retry_after_s: None }
+    }
+
+    pub fn with_retry_after(mut self, seconds: u64) -> Self {
+        self.retry_after_s = Some(seconds);
+        self
     }
 
     /// Names the field (body key, query parameter, path segment or header) the error is about.
@@ -151,6 +235,7 @@ impl ApiError {
             code: "invalid_field",
             message: format!("{field}: {}", message.into()),
             field: Some(field.to_owned()),
+            retry_after_s: None,
         }
     }
 
@@ -225,10 +310,13 @@ impl IntoResponse for ApiError {
         if let Some(f) = self.field {
             body["error"]["field"] = json!(f);
         }
-        if self.status == StatusCode::PAYLOAD_TOO_LARGE {
+        if matches!(self.status, StatusCode::PAYLOAD_TOO_LARGE | StatusCode::REQUEST_TIMEOUT) {
             // The rest of the body is not read, so the server closes the connection after this answer; saying so
             // keeps the client from sending its next request on it (which would fail as a broken connection).
             return (self.status, [(header::CONNECTION, "close")], Json(body)).into_response();
+        }
+        if let Some(s) = self.retry_after_s {
+            return (self.status, [(header::RETRY_AFTER, s.to_string())], Json(body)).into_response();
         }
         (self.status, Json(body)).into_response()
     }
@@ -249,6 +337,10 @@ pub(crate) fn require_json(headers: &axum::http::HeaderMap, message: &'static st
 
 /// A body that could not be read: over the request limit (or cut off).
 pub(crate) fn body_unreadable(e: axum::extract::rejection::BytesRejection) -> ApiError {
+    // A body cut short by the listener's deadline or minimum rate is the client's slowness, not its size.
+    if let Some(cut) = hookline_service::http_body_guard::cut_short(&e) {
+        return ApiError::new(StatusCode::REQUEST_TIMEOUT, "request_timeout", cut.to_string()).with_field("body");
+    }
     ApiError::new(StatusCode::PAYLOAD_TOO_LARGE, "body_too_large", format!("the request body could not be read: {}", e.body_text()))
         .with_field("body")
 }

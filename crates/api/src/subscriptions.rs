@@ -35,7 +35,7 @@ pub struct CreateSubscription {
     secret: Option<String>,
     #[serde(default)]
     description: Option<String>,
-    #[serde(default)]
+    #[serde(default, deserialize_with = "crate::unique_map")]
     metadata: Option<HashMap<String, String>>,
     #[serde(default)]
     enabled: Option<bool>,
@@ -43,8 +43,11 @@ pub struct CreateSubscription {
     owner_email: Option<String>,
     #[serde(default)]
     tenant: Option<String>,
-    #[serde(default)]
+    #[serde(default, deserialize_with = "crate::unique_map")]
     headers: Option<HashMap<String, String>>,
+    /// Custom headers whose values the delivery log may show (every other value is recorded redacted).
+    #[serde(default)]
+    shown_headers: Option<Vec<String>>,
     #[serde(default)]
     filter: Option<Value>,
     #[serde(default)]
@@ -67,11 +70,15 @@ pub struct UpdateSubscription {
     policy: Option<String>,
     policy_toml: Option<String>,
     description: Option<String>,
+    #[serde(default, deserialize_with = "crate::unique_map")]
     metadata: Option<HashMap<String, String>>,
     enabled: Option<bool>,
     owner_email: Option<String>,
     /// Replaces every custom header (`{}` removes them all).
+    #[serde(default, deserialize_with = "crate::unique_map")]
     headers: Option<HashMap<String, String>>,
+    /// Replaces the names of custom headers whose values the delivery log may show.
+    shown_headers: Option<Vec<String>>,
     /// Replaces the payload filter; `null` removes it.
     #[serde(default, deserialize_with = "crate::present")]
     filter: Option<Value>,
@@ -127,7 +134,7 @@ fn fingerprint(req: &CreateSubscription) -> String {
     let metadata: std::collections::BTreeMap<_, _> = req.metadata.iter().flatten().collect();
     let headers: Option<std::collections::BTreeMap<_, _>> = req.headers.as_ref().map(|h| h.iter().collect());
     let canonical = json!({
-        "headers": headers, "filter": req.filter, "rate_limit_per_s": req.rate_limit_per_s, "burst": req.burst,
+        "headers": headers, "shown_headers": req.shown_headers, "filter": req.filter, "rate_limit_per_s": req.rate_limit_per_s, "burst": req.burst,
         "ordering": req.ordering, "ordering_key": req.ordering_key,
         "url": req.url, "event_types": req.event_types, "policy": req.policy, "policy_toml": req.policy_toml,
         "secret": req.secret.as_deref().map(|x| hookline_core::model::sha256_hex(x.as_bytes())),
@@ -180,6 +187,7 @@ pub async fn create(
         tenant: tenant.unwrap_or_default(),
         owner_email: req.owner_email.unwrap_or_default(),
         headers: req.headers.unwrap_or_default(),
+        shown_headers: req.shown_headers.unwrap_or_default(),
         filter_json: stored_filter(req.filter.as_ref())?,
         rate_limit_per_s: req.rate_limit_per_s.unwrap_or(0),
         burst: req.burst.unwrap_or(0),
@@ -197,6 +205,7 @@ pub async fn create(
     };
     sub.secrets = vec![Secret { value: secret.clone(), expires_at_ms: 0, ..Default::default() }];
     super::event_types::check_subscribed::<&str>(&s, &sub.event_types, &[])?;
+    validate_shown_headers(&mut sub)?;
     let pol = validate(&s, &sub).await?;
     // Written once, with the challenge's result: until then the subscription does not exist, so nothing is sent.
     if super::verify::needs_challenge(&mut sub, None, &pol) {
@@ -358,6 +367,9 @@ pub async fn update(
     if let Some(v) = req.headers {
         sub.headers = v;
     }
+    if let Some(v) = req.shown_headers {
+        sub.shown_headers = v;
+    }
     if let Some(v) = req.filter {
         sub.filter_json = stored_filter(Some(&v))?;
     }
@@ -394,6 +406,7 @@ pub async fn update(
     }
     sub.updated_at_ms = crate::now_ms();
     super::event_types::check_subscribed(&s, &sub.event_types, &entry.sub.event_types)?;
+    validate_shown_headers(&mut sub)?;
     let pol = validate(&s, &sub).await?;
     // A new URL is challenged before it is saved: until it passes, deliveries wait (held) rather than reach it.
     if super::verify::needs_challenge(&mut sub, Some(&entry.sub.to_subscription()), &pol) {
@@ -527,6 +540,26 @@ fn stored_filter(filter: Option<&Value>) -> Result<String, ApiError> {
     }
 }
 
+/// One plain address (`owner@example.com`): one `@` between a local part and a dotted domain, no spaces or control
+/// characters (a CR or LF would make a mail header of it), no display name. Refused on save, so mail that could
+/// never go is not silently dropped later.
+fn email_address(a: &str) -> Result<(), String> {
+    if a.chars().any(|c| c.is_control() || c.is_whitespace()) {
+        return Err("an e-mail address has no spaces, line breaks or control characters".into());
+    }
+    let Some((local, domain)) = a.split_once('@') else { return Err(format!("{a:?} is not an e-mail address (name@domain)")) };
+    let bad_domain = domain.is_empty()
+        || domain.contains('@')
+        || domain.starts_with('.')
+        || domain.ends_with('.')
+        || domain.contains("..")
+        || !domain.chars().all(|c| c.is_alphanumeric() || c == '.' || c == '-');
+    if local.is_empty() || bad_domain || a.contains(['<', '>', ',', ';', '"']) {
+        return Err(format!("{a:?} is not an e-mail address (name@domain)"));
+    }
+    Ok(())
+}
+
 fn at_most(field: &str, value: &str, max: usize) -> Result<(), ApiError> {
     if value.len() > max {
         return Err(ApiError::field(field, format!("at most {max} bytes, got {}", value.len())));
@@ -539,6 +572,9 @@ fn bounds(sub: &Subscription) -> Result<(), ApiError> {
     at_most("url", &sub.url, MAX_URL_BYTES)?;
     at_most("description", &sub.description, MAX_DESCRIPTION_BYTES)?;
     at_most("owner_email", &sub.owner_email, MAX_OWNER_EMAIL_BYTES)?;
+    if !sub.owner_email.is_empty() {
+        email_address(&sub.owner_email).map_err(|e| ApiError::field("owner_email", e))?;
+    }
     at_most("policy", &sub.policy, MAX_POLICY_NAME_BYTES)?;
     at_most("policy_toml", &sub.policy_toml, MAX_POLICY_TOML_BYTES)?;
     at_most("tenant", &sub.tenant, MAX_TENANT_BYTES)?;
@@ -667,6 +703,7 @@ pub(super) fn view(s: &ApiState, e: &SubscriptionEntry) -> Value {
         "tenant": sub.tenant,
         // Values are write-only (they often carry credentials), as the secret is.
         "header_names": header_names(sub),
+        "shown_headers": sub.shown_headers,
         "rate_limit_per_s": (sub.rate_limit_per_s > 0).then_some(sub.rate_limit_per_s),
         "burst": (sub.burst > 0).then_some(sub.burst),
         // What the dispatcher enforces: these fields over the policy's `[rate_limit]` defaults.
@@ -685,6 +722,23 @@ pub(super) fn view(s: &ApiState, e: &SubscriptionEntry) -> Value {
         "created_at_ms": sub.created_at_ms,
         "updated_at_ms": sub.updated_at_ms,
     })
+}
+
+/// `shown_headers` names custom headers the subscription has, each once (compared without case); stored in lower
+/// case, as the request sends header names.
+fn validate_shown_headers(sub: &mut Subscription) -> Result<(), ApiError> {
+    let mut seen = std::collections::BTreeSet::new();
+    for (i, name) in sub.shown_headers.iter().enumerate() {
+        let field = format!("shown_headers[{i}]");
+        if !sub.headers.keys().any(|h| h.eq_ignore_ascii_case(name)) {
+            return Err(ApiError::field(&field, format!("{name:?} is not one of the subscription's custom headers")));
+        }
+        if !seen.insert(name.to_ascii_lowercase()) {
+            return Err(ApiError::field(&field, format!("{name:?} is listed twice")));
+        }
+    }
+    sub.shown_headers = seen.into_iter().collect();
+    Ok(())
 }
 
 fn header_names(sub: &Subscription) -> Vec<&str> {

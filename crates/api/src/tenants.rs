@@ -33,12 +33,19 @@ pub struct CreateTenant {
     id: String,
     #[serde(default)]
     name: Option<String>,
+    #[serde(default)]
+    publish_rate_per_s: Option<u32>,
+    #[serde(default)]
+    publish_burst: Option<u32>,
 }
 
 #[derive(Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct UpdateTenant {
     name: Option<String>,
+    /// Events per second through `POST /v1/events` (0: back to `ingest.publish_rate_per_s`).
+    publish_rate_per_s: Option<u32>,
+    publish_burst: Option<u32>,
 }
 
 #[derive(Deserialize)]
@@ -54,6 +61,11 @@ pub struct ListQuery {
 pub struct CreateKey {
     #[serde(default)]
     name: Option<String>,
+    /// The key's own publish quota, within its tenant's (0 or absent: none of its own).
+    #[serde(default)]
+    publish_rate_per_s: Option<u32>,
+    #[serde(default)]
+    publish_burst: Option<u32>,
 }
 
 #[derive(Deserialize, Default)]
@@ -67,7 +79,25 @@ pub struct CreateLink {
 }
 
 fn view(t: &Tenant) -> Value {
-    json!({"id": t.id, "name": t.name, "created_at_ms": t.created_at_ms, "updated_at_ms": t.updated_at_ms})
+    json!({
+        "id": t.id, "name": t.name, "created_at_ms": t.created_at_ms, "updated_at_ms": t.updated_at_ms,
+        "publish_rate_per_s": t.publish_rate_per_s, "publish_burst": t.publish_burst,
+    })
+}
+
+/// A publish quota's fields: each within its range, a burst only with a rate.
+fn quota_fields(per_s: u32, burst: u32) -> Result<(), ApiError> {
+    use hookline_core::rate_limit::{MAX_PUBLISH_BURST, MAX_PUBLISH_PER_S};
+    if per_s > MAX_PUBLISH_PER_S {
+        return Err(ApiError::field("publish_rate_per_s", format!("at most {MAX_PUBLISH_PER_S}, got {per_s}")));
+    }
+    if burst > MAX_PUBLISH_BURST {
+        return Err(ApiError::field("publish_burst", format!("at most {MAX_PUBLISH_BURST}, got {burst}")));
+    }
+    if burst > 0 && per_s == 0 {
+        return Err(ApiError::field("publish_burst", "a burst needs a rate: set publish_rate_per_s"));
+    }
+    Ok(())
 }
 
 fn not_found(id: &str) -> ApiError {
@@ -104,8 +134,10 @@ pub async fn create(
     if s.tenants.contains(&req.id) {
         return Err(ApiError::new(StatusCode::CONFLICT, "tenant_exists", format!("tenant {} already exists", req.id)).with_field("id"));
     }
+    let (publish_rate_per_s, publish_burst) = (req.publish_rate_per_s.unwrap_or(0), req.publish_burst.unwrap_or(0));
+    quota_fields(publish_rate_per_s, publish_burst)?;
     let now = crate::now_ms();
-    let t = Tenant { id: req.id, name, created_at_ms: now, updated_at_ms: now };
+    let t = Tenant { id: req.id, name, created_at_ms: now, updated_at_ms: now, publish_rate_per_s, publish_burst };
     write(&s, s.topics.tenants(), &s.tenants_reader, &t.id, Some(t.encode_to_vec())).await?;
     Ok((StatusCode::CREATED, Json(view(&t))))
 }
@@ -146,6 +178,17 @@ pub async fn update(
         name_within(&name)?;
         t.name = name;
     }
+    if let Some(v) = req.publish_rate_per_s {
+        t.publish_rate_per_s = v;
+        // A new rate without a burst of its own takes one second's worth.
+        if req.publish_burst.is_none() {
+            t.publish_burst = 0;
+        }
+    }
+    if let Some(v) = req.publish_burst {
+        t.publish_burst = v;
+    }
+    quota_fields(t.publish_rate_per_s, t.publish_burst)?;
     t.updated_at_ms = crate::now_ms();
     write(&s, s.topics.tenants(), &s.tenants_reader, &t.id, Some(t.encode_to_vec())).await?;
     Ok(Json(view(&t)))
@@ -177,6 +220,7 @@ fn key_view(k: &ApiKey, last_used: Option<i64>) -> Value {
     json!({
         "id": k.id, "tenant": k.tenant, "name": k.name, "prefix": k.prefix,
         "created_at_ms": k.created_at_ms, "last_used_at_ms": last_used,
+        "publish_rate_per_s": k.publish_rate_per_s, "publish_burst": k.publish_burst,
     })
 }
 
@@ -201,6 +245,8 @@ pub async fn create_key(
             format!("tenant {id} has {MAX_KEYS_PER_TENANT} API keys; revoke one first"),
         ));
     }
+    let (publish_rate_per_s, publish_burst) = (req.publish_rate_per_s.unwrap_or(0), req.publish_burst.unwrap_or(0));
+    quota_fields(publish_rate_per_s, publish_burst)?;
     let secret = credential::generate_api_key(&mut rand::rng());
     let key = ApiKey {
         id: format!("key_{}", hex_id()),
@@ -209,6 +255,8 @@ pub async fn create_key(
         prefix: secret.chars().take(credential::SHOWN_PREFIX_LEN).collect(),
         name,
         created_at_ms: crate::now_ms(),
+        publish_rate_per_s,
+        publish_burst,
     };
     write(&s, s.topics.api_keys(), &s.keys_reader, &key.id, Some(key.encode_to_vec())).await?;
     let mut v = key_view(&key, None);

@@ -1,7 +1,8 @@
 //! A full run's output holds no secret: `hookline dev --log debug`, with a master key and a portal-link
 //! key of the test's own, through tenants, an API key, a portal link, a subscription with a given secret, a
-//! rotation, a published and delivered event, refused credentials and a refused secret; then every byte it
-//! printed (stdout and stderr) is searched for every one of those secrets.
+//! rotation, a published and delivered event, refused credentials and a refused secret, custom headers carrying
+//! credentials; then every byte it printed (stdout and stderr) and a scrape of `/metrics` are searched for every
+//! one of those secrets.
 
 use std::io::{BufRead, BufReader, Read, Write};
 use std::net::TcpStream;
@@ -12,6 +13,9 @@ use std::time::{Duration, Instant};
 const MASTER_KEY: &str = "bm8tc2VjcmV0LWluLWxvZ3MtbWFzdGVyLWtleS0wMDE="; // 32 bytes
 const LINK_SECRET: &str = "portal-link-secret-that-must-not-be-logged";
 const SUB_SECRET: &str = "whsec_bm8tc2VjcmV0LWluLWxvZ3MtcGxlYXNlLTAxMjM=";
+/// Custom header values: credentials under names no list would guess.
+const HEADER_CRED: &str = "partner-cred-not-for-logs-5a1c";
+const HEADER_BEARER: &str = "Bearer partner-token-not-for-logs-77e2";
 
 fn http(base: &str, method: &str, path: &str, token: &str, body: Option<&str>) -> (u16, String) {
     let authority = base.strip_prefix("http://").unwrap();
@@ -108,7 +112,9 @@ fn nothing_secret_is_printed_during_a_full_run() {
     let (status, body) = http(&hl, "POST", "/v1/tenants/acme/portal-links", admin, None);
     assert_eq!(status, 201, "{body}");
     let link_token = field(&body, "url").split("#token=").nth(1).unwrap().to_owned();
-    let sub_body = format!(r#"{{"url":"{receiver}/ok","event_types":["secret.test"],"secret":"{SUB_SECRET}"}}"#);
+    let sub_body = format!(
+        r#"{{"url":"{receiver}/ok","event_types":["secret.test"],"secret":"{SUB_SECRET}","headers":{{"X-Custom-Cred":"{HEADER_CRED}","Authorization":"{HEADER_BEARER}"}}}}"#
+    );
     let (status, body) = http(&hl, "POST", "/v1/subscriptions", &api_key, Some(&sub_body));
     assert_eq!(status, 201, "{body}");
     let sub = field(&body, "id");
@@ -147,6 +153,10 @@ fn nothing_secret_is_printed_during_a_full_run() {
             break;
         }
     }
+    // What a scrape of /metrics shows is searched too.
+    let (status, metrics) = http(&hl, "GET", "/metrics", admin, None);
+    assert_eq!(status, 200);
+    output.lock().unwrap().push_str(&metrics);
     stop(&mut child);
     for r in readers {
         let _ = r.join();
@@ -164,6 +174,8 @@ fn nothing_secret_is_printed_during_a_full_run() {
         ("the API key (random part)", &api_key["hlk_".len()..]),
         ("the portal link's token", link_token.as_str()),
         ("the refused secret", bad_secret),
+        ("a custom header's value", HEADER_CRED),
+        ("the custom Authorization header's value", HEADER_BEARER),
     ] {
         if let Some(at) = all.find(secret) {
             let line = all[..at].rsplit('\n').next().unwrap_or("");

@@ -7,6 +7,9 @@ use crate::policy::Policy;
 /// The highest rate accepted (requests per second), and the largest burst.
 pub const MAX_PER_S: u32 = 10_000;
 pub const MAX_BURST: u32 = 10_000;
+/// The same for a tenant's or an API key's publish quota (events per second through the API).
+pub const MAX_PUBLISH_PER_S: u32 = 1_000_000;
+pub const MAX_PUBLISH_BURST: u32 = 1_000_000;
 
 /// At most `burst` requests at once, refilled at `per_s` a second: in any window of `w` seconds an endpoint gets at
 /// most `burst + per_s * w` requests.
@@ -44,7 +47,13 @@ pub fn validate(per_s: u32, burst: u32, policy: &Policy) -> Result<(), (&'static
     Ok(())
 }
 
-/// One endpoint's bucket.
+/// µs between two turns, and how far ahead of its time a turn may be taken (the burst).
+fn steps(limit: RateLimit) -> (u64, u64) {
+    let interval = 1_000_000 / u64::from(limit.per_s.clamp(1, MAX_PUBLISH_PER_S));
+    (interval, interval.saturating_mul(u64::from(limit.burst.clamp(1, MAX_PUBLISH_BURST) - 1)))
+}
+
+/// One endpoint's (or publisher's) bucket.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
 pub struct Gcra {
     /// When the bucket would be full again if nothing else came, in the caller's microseconds.
@@ -55,12 +64,34 @@ impl Gcra {
     /// Reserves the next request's turn at `now_us` and returns how long it must wait before starting (0: at once).
     /// Every call takes a turn, so callers wait the returned time rather than asking again.
     pub fn reserve(&mut self, limit: RateLimit, now_us: u64) -> u64 {
-        let interval = 1_000_000 / u64::from(limit.per_s.clamp(1, MAX_PER_S));
-        let tolerance = interval.saturating_mul(u64::from(limit.burst.clamp(1, MAX_BURST) - 1));
+        let (interval, tolerance) = steps(limit);
         let tat = self.tat_us.max(now_us);
         let at = tat.saturating_sub(tolerance).max(now_us);
         self.tat_us = tat.saturating_add(interval);
         at - now_us
+    }
+
+    /// Takes a turn only if one is free at `now_us`; otherwise `Err(wait)`, the bucket unchanged (a refused request
+    /// costs nothing, so a client that retries after `wait` gets in).
+    pub fn try_take(&mut self, limit: RateLimit, now_us: u64) -> Result<(), u64> {
+        match self.wait(limit, now_us) {
+            0 => {
+                self.reserve(limit, now_us);
+                Ok(())
+            }
+            wait => Err(wait),
+        }
+    }
+
+    /// How long a request at `now_us` would wait for its turn (0: none), without taking it.
+    pub fn wait(&self, limit: RateLimit, now_us: u64) -> u64 {
+        let (_, tolerance) = steps(limit);
+        self.tat_us.max(now_us).saturating_sub(tolerance).saturating_sub(now_us)
+    }
+
+    /// Whether the bucket is full at `now_us` (it then remembers nothing: dropping it changes no answer).
+    pub fn is_full(&self, now_us: u64) -> bool {
+        self.tat_us <= now_us
     }
 }
 
@@ -80,6 +111,20 @@ mod tests {
         let later = 10_000_000;
         let waits: Vec<u64> = (0..6).map(|_| b.reserve(TEN, later)).collect();
         assert_eq!(waits, [0, 0, 0, 0, 0, 100_000]);
+    }
+
+    #[test]
+    fn a_refused_turn_costs_nothing() {
+        let mut b = Gcra::default();
+        let t0 = 1_000_000;
+        assert!((0..5).all(|_| b.try_take(TEN, t0).is_ok()), "the burst");
+        assert_eq!(b.try_take(TEN, t0), Err(100_000));
+        // Refusals do not push the next turn back.
+        assert_eq!(b.try_take(TEN, t0 + 50_000), Err(50_000));
+        assert_eq!(b.try_take(TEN, t0 + 100_000), Ok(()));
+        assert_eq!(b.wait(TEN, t0 + 100_000), 100_000);
+        assert!(!b.is_full(t0 + 100_000));
+        assert!(b.is_full(t0 + 600_000));
     }
 
     #[test]

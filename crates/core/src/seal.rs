@@ -1,13 +1,14 @@
-//! Signing secrets at rest: AES-256-GCM under a master key named by an id. A keyring holds every key that may
-//! open a record (old ones during a rotation) and names the one new records are sealed with. The subscription id
-//! is the associated data, so a sealed secret moved into another subscription's record does not open.
+//! Signing secrets and custom header values at rest: AES-256-GCM under a master key named by an id. A keyring
+//! holds every key that may open a record (old ones during a rotation) and names the one new records are sealed
+//! with. The subscription id (and a header's name) is the associated data, so a sealed value moved into another
+//! subscription's record, or under another header, does not open.
 
 use aes_gcm::aead::{Aead, KeyInit, Payload};
 use aes_gcm::{Aes256Gcm, Nonce};
 use base64::engine::general_purpose::STANDARD as B64;
 use base64::Engine as _;
 
-use crate::model::Subscription;
+use crate::model::{SealedHeader, Subscription};
 
 pub const KEY_BYTES: usize = 32;
 const NONCE_BYTES: usize = 12;
@@ -127,7 +128,17 @@ impl Keyring {
     }
 }
 
-/// Seals every secret of `sub` that is in the clear: `value` is emptied, `sealed` and `key_id` set.
+/// A custom header's associated data: the subscription and the header's name.
+fn header_aad(sub_id: &str, name: &str) -> Vec<u8> {
+    let mut aad = Vec::with_capacity(sub_id.len() + name.len() + 8);
+    aad.extend_from_slice(sub_id.as_bytes());
+    aad.extend_from_slice(b"\0header\0");
+    aad.extend_from_slice(name.as_bytes());
+    aad
+}
+
+/// Seals every secret of `sub` that is in the clear (`value` is emptied, `sealed` and `key_id` set), and every
+/// custom header (`headers` is emptied into `sealed_headers`, by name).
 pub fn seal_secrets(sub: &mut Subscription, keyring: &Keyring, rng: &mut dyn rand::RngCore) {
     for s in sub.secrets.iter_mut().filter(|s| !s.value.is_empty()) {
         let (key_id, sealed) = keyring.seal(rng, sub.id.as_bytes(), s.value.as_bytes());
@@ -135,11 +146,34 @@ pub fn seal_secrets(sub: &mut Subscription, keyring: &Keyring, rng: &mut dyn ran
         s.sealed = sealed.into();
         s.value.clear();
     }
+    if sub.headers.is_empty() {
+        // Nothing in the clear: what is sealed stays as it is (entries an opening process emptied have no value
+        // to keep, and a record is sealed from its opened headers).
+        sub.sealed_headers.retain(|h| !h.sealed.is_empty());
+        return;
+    }
+    let mut names: Vec<String> = sub.headers.keys().cloned().collect();
+    names.sort();
+    sub.sealed_headers = names
+        .into_iter()
+        .map(|name| {
+            let value = sub.headers.remove(&name).unwrap_or_default();
+            let (key_id, sealed) = keyring.seal(rng, &header_aad(&sub.id, &name), value.as_bytes());
+            SealedHeader { name, sealed: sealed.into(), key_id }
+        })
+        .collect();
 }
 
-/// Opens every sealed secret of `sub` into `value` (and drops the sealed form). A secret stored in the clear by an
-/// earlier version is kept as it is. Any secret that does not open is an error: nothing is half-opened.
+/// Opens every sealed secret of `sub` into `value` (and drops the sealed form), and every sealed header into
+/// `headers` (keeping its name and key id, its sealed bytes emptied). A secret or header stored in the clear by an
+/// earlier version is kept as it is. Anything that does not open is an error: nothing is half-opened.
 pub fn open_secrets(sub: &mut Subscription, keyring: &Keyring) -> Result<(), SealError> {
+    let mut headers = Vec::with_capacity(sub.sealed_headers.len());
+    for h in sub.sealed_headers.iter().filter(|h| !h.sealed.is_empty()) {
+        let plain = keyring.open(&h.key_id, &header_aad(&sub.id, &h.name), &h.sealed)?;
+        let value = String::from_utf8(plain).map_err(|_| SealError::WrongKey { key_id: h.key_id.clone() })?;
+        headers.push((h.name.clone(), value));
+    }
     let mut opened = Vec::with_capacity(sub.secrets.len());
     for s in &sub.secrets {
         if s.key_id.is_empty() && s.sealed.is_empty() {
@@ -156,13 +190,31 @@ pub fn open_secrets(sub: &mut Subscription, keyring: &Keyring) -> Result<(), Sea
             s.sealed = Default::default();
         }
     }
+    sub.headers.extend(headers);
+    for h in &mut sub.sealed_headers {
+        h.sealed = Default::default();
+    }
     Ok(())
 }
 
+/// Drops every secret and custom header value of `sub`, sealed or not (a process that never sends).
+pub fn drop_secrets(sub: &mut Subscription) {
+    sub.secrets.clear();
+    sub.sealed_headers.clear();
+    sub.headers.clear();
+}
+
 /// Whether any secret of `sub` is stored in the clear, or sealed with another key than the keyring's write key
-/// (such a record is sealed again when it is rewritten).
+/// (such a record is sealed again when it is rewritten); and the same of its custom headers.
 pub fn needs_reseal(sub: &Subscription, keyring: &Keyring) -> bool {
-    sub.secrets.iter().any(|s| key_needs_reseal(&s.key_id, keyring))
+    sub.secrets.iter().any(|s| key_needs_reseal(&s.key_id, keyring)) || headers_need_reseal(sub, keyring)
+}
+
+/// Whether a custom header of `sub` was stored in the clear (a value with no sealed entry of its name), or sealed
+/// with another key than the write key.
+pub fn headers_need_reseal(sub: &Subscription, keyring: &Keyring) -> bool {
+    sub.sealed_headers.iter().any(|h| key_needs_reseal(&h.key_id, keyring))
+        || sub.headers.keys().any(|name| !sub.sealed_headers.iter().any(|h| h.name == *name))
 }
 
 /// [`needs_reseal`] for one secret, by the id of the key that sealed it (empty: stored in the clear).
@@ -250,6 +302,50 @@ mod tests {
         assert!(needs_reseal(&s, &keys));
         open_secrets(&mut s, &keys).unwrap();
         assert_eq!(s.secrets[0].value, "whsec_legacy");
+    }
+
+    #[test]
+    fn custom_headers_are_sealed_by_name_and_open_only_where_they_were_sealed() {
+        let mut rng = rand::rngs::StdRng::seed_from_u64(6);
+        let (old, new) = (generate_entry("old", &mut rng), generate_entry("new", &mut rng));
+        let mut s = sub("whsec_c");
+        s.headers.insert("Authorization".into(), "Bearer partner-token".into());
+        s.headers.insert("X-Custom-Cred".into(), "cred-value-123".into());
+        assert!(needs_reseal(&s, &ring(&[&old], None)), "headers in the clear");
+        seal_secrets(&mut s, &ring(&[&old], None), &mut rng);
+        assert!(s.headers.is_empty());
+        assert_eq!(s.sealed_headers.iter().map(|h| h.name.as_str()).collect::<Vec<_>>(), ["Authorization", "X-Custom-Cred"]);
+        let encoded = prost::Message::encode_to_vec(&s);
+        for plain in [&b"partner-token"[..], b"cred-value-123"] {
+            assert!(!encoded.windows(plain.len()).any(|w| w == plain), "no header value in the record");
+        }
+        // Opened, the values are back and the entries keep only which key sealed them.
+        let both = ring(&[&old, &new], Some("new"));
+        let mut read = s.clone();
+        open_secrets(&mut read, &both).unwrap();
+        assert_eq!(read.headers.get("X-Custom-Cred").map(String::as_str), Some("cred-value-123"));
+        assert!(read.sealed_headers.iter().all(|h| h.sealed.is_empty() && h.key_id == "old"));
+        assert!(headers_need_reseal(&read, &both), "sealed with the old key");
+        seal_secrets(&mut read, &both, &mut rng);
+        assert!(!needs_reseal(&read, &both));
+        open_secrets(&mut read, &ring(&[&new], None)).unwrap();
+        assert_eq!(read.headers.get("Authorization").map(String::as_str), Some("Bearer partner-token"));
+        // A value moved under another header's name, or into another subscription, does not open.
+        let mut swapped = s.clone();
+        swapped.sealed_headers[0].name = "X-Other".into();
+        assert!(open_secrets(&mut swapped, &ring(&[&old], None)).is_err());
+        let mut moved = s.clone();
+        moved.id = "sub_2".into();
+        assert!(open_secrets(&mut moved, &ring(&[&old], None)).is_err());
+        // A record of an earlier version with clear headers reads as it is, and needs sealing.
+        let mut legacy = sub("whsec_d");
+        legacy.secrets.clear();
+        legacy.headers.insert("X-Api-Key".into(), "k".into());
+        open_secrets(&mut legacy, &both).unwrap();
+        assert_eq!(legacy.headers.get("X-Api-Key").map(String::as_str), Some("k"));
+        assert!(needs_reseal(&legacy, &both));
+        drop_secrets(&mut legacy);
+        assert!(legacy.headers.is_empty() && legacy.secrets.is_empty());
     }
 
     #[test]

@@ -46,6 +46,8 @@ pub enum IngestError {
 pub struct Options {
     /// Receives the API's bound address once it listens (tests bind port 0).
     pub bound: Option<oneshot::Sender<SocketAddr>>,
+    /// Receives the health listener's bound address (`ingest.health_addr`), when there is one.
+    pub health_bound: Option<oneshot::Sender<SocketAddr>>,
     pub instance: Option<String>,
     /// Shared with the caller (dev mode waits on it): set once the tables are read and the fan-out's consumer
     /// has its assignment, when an event published now is fanned out at once.
@@ -135,7 +137,22 @@ pub async fn run(config: Config, shutdown: CancellationToken, options: Options) 
         event_types,
         event_types_reader: event_types_reader.clone(),
         schema_validation: config.ingest.schema_validation,
+        default_publish_quota: api::publish_quota::limit_of(config.ingest.publish_rate_per_s, config.ingest.publish_burst, None),
+        publish_quotas: Default::default(),
     });
+    // Dropped at once when there is no health listener: a caller waiting for its address learns there is none.
+    let health_bound = options.health_bound;
+    if let Some(addr) = config.ingest.health_addr {
+        let bound = health::serve(addr, readiness.clone(), metrics.clone(), config.ingest.health_http, shutdown.clone())
+            .await
+            .map_err(|source| IngestError::Listen { addr, source })?;
+        tracing::info!(%bound, "ingest health listening");
+        if let Some(tx) = health_bound {
+            let _ = tx.send(bound);
+        }
+    } else {
+        drop(health_bound);
+    }
     let app = api::router(state, config.ingest.max_request_bytes).merge(health::routes(readiness.clone(), metrics));
     let addr = config.ingest.listen_addr;
     let listener = tokio::net::TcpListener::bind(addr).await.map_err(|source| IngestError::Listen { addr, source })?;

@@ -249,6 +249,7 @@ impl HeldSubscription {
     /// (`hookline_core::seal::needs_reseal`).
     pub fn needs_reseal(&self, keyring: &Keyring) -> bool {
         self.secrets.iter().any(|s| hookline_core::seal::key_needs_reseal(&s.key_id, keyring))
+            || self.rest.as_deref().is_some_and(|r| hookline_core::seal::headers_need_reseal(r, keyring))
     }
 }
 

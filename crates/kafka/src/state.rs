@@ -117,7 +117,7 @@ pub struct SubscriptionEntry {
     pub egress_key: Arc<str>,
     /// The subscription's custom headers, checked and converted once here; every attempt appends them.
     pub headers: Box<[(http::HeaderName, http::HeaderValue)]>,
-    /// The same headers as each attempt record keeps them (secret values redacted), made once here: an attempt
+    /// The same headers as each attempt record keeps them (values redacted but those in `shown_headers`), made once here: an attempt
     /// clones shared buffers instead of judging and copying every value again.
     pub logged_headers: Box<[hookline_core::model::Header]>,
     /// The payload filter: `Ok(None)` = none; `Err` = a stored filter that does not parse, which matches nothing
@@ -159,7 +159,16 @@ impl SubscriptionEntry {
             Ok(p) if !sub.headers.is_empty() => prepared_headers(&sub, p).into_boxed_slice(),
             _ => Box::default(),
         };
-        let logged_headers = headers.iter().map(|(n, v)| logged_header(n.as_str(), v.as_bytes())).collect();
+        // Every custom header's value is recorded redacted unless the subscription marked it as safe to show: a
+        // name says nothing reliable about whether its value is a credential.
+        let logged_headers = headers
+            .iter()
+            .map(|(n, v)| {
+                let shown = sub.shown_headers.iter().any(|s| s.eq_ignore_ascii_case(n.as_str()));
+                let value = if shown { bytes::Bytes::copy_from_slice(v.as_bytes()) } else { bytes::Bytes::from_static(hookline_core::request::REDACTED.as_bytes()) };
+                hookline_core::model::Header { name: n.as_str().to_owned(), value }
+            })
+            .collect();
         let filter = if sub.filter_json.is_empty() {
             Ok(None)
         } else {
@@ -381,10 +390,10 @@ impl SubscriptionTable {
         match &self.secrets {
             SecretMode::AsStored => Ok(()),
             SecretMode::Drop => {
-                sub.secrets.clear();
+                hookline_core::seal::drop_secrets(sub);
                 Ok(())
             }
-            SecretMode::Open(keyring) => hookline_core::seal::open_secrets(sub, keyring).inspect_err(|_| sub.secrets.clear()),
+            SecretMode::Open(keyring) => hookline_core::seal::open_secrets(sub, keyring).inspect_err(|_| hookline_core::seal::drop_secrets(sub)),
         }
     }
 

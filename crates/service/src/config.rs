@@ -243,6 +243,16 @@ pub struct IngestSettings {
     pub group_id: String,
     /// Timeouts and connection cap of the API's listener (`[ingest.http]`).
     pub http: HttpServerSettings,
+    /// /metrics, /healthz and /readyz on a listener of their own as well (unset: only on the API's), so probes and
+    /// scrapes get answers however many connections the API's clients hold. Point Kubernetes probes here.
+    pub health_addr: Option<SocketAddr>,
+    /// Timeouts and connection cap of that listener (`[ingest.health_http]`).
+    pub health_http: HttpServerSettings,
+    /// Each tenant's publish quota unless the tenant has its own (`PATCH /v1/tenants/{id}`): events per second
+    /// through `POST /v1/events`, answered 429 with `Retry-After` past it. 0: no quota.
+    pub publish_rate_per_s: u32,
+    /// Events a tenant may publish at once above the rate (0: one second's worth).
+    pub publish_burst: u32,
     /// Portal links and embedding (`[ingest.portal]`).
     pub portal: PortalSettings,
     /// What `POST /v1/events` does with an event whose `data` fails its catalogued type's JSON Schema, for types
@@ -282,6 +292,10 @@ impl Default for IngestSettings {
             max_request_bytes: 2 << 20,
             group_id: "hookline-ingest".into(),
             http: HttpServerSettings::default(),
+            health_addr: None,
+            health_http: HttpServerSettings::default(),
+            publish_rate_per_s: 0,
+            publish_burst: 0,
             portal: PortalSettings::default(),
             schema_validation: SchemaValidation::default(),
         }
@@ -566,6 +580,18 @@ impl Config {
         self.telemetry.validate()?;
         self.ingest.portal.validate()?;
         self.ingest.http.validate("ingest.http").map_err(ConfigError::Invalid)?;
+        self.ingest.health_http.validate("ingest.health_http").map_err(ConfigError::Invalid)?;
+        for (key, v, max) in [
+            ("ingest.publish_rate_per_s", self.ingest.publish_rate_per_s, hookline_core::rate_limit::MAX_PUBLISH_PER_S),
+            ("ingest.publish_burst", self.ingest.publish_burst, hookline_core::rate_limit::MAX_PUBLISH_BURST),
+        ] {
+            if v > max {
+                return Err(ConfigError::Invalid(format!("{key}: at most {max}, got {v}")));
+            }
+        }
+        if self.ingest.publish_burst > 0 && self.ingest.publish_rate_per_s == 0 {
+            return Err(ConfigError::Invalid("ingest.publish_burst: a burst needs a rate: set ingest.publish_rate_per_s".into()));
+        }
         self.dispatcher.health_http.validate("dispatcher.health_http").map_err(ConfigError::Invalid)?;
         self.retry_scheduler.health_http.validate("retry_scheduler.health_http").map_err(ConfigError::Invalid)?;
         if self.dispatcher.revoke_drain_ms > 60_000 {

@@ -3,6 +3,7 @@
 
 pub mod config;
 pub mod health;
+pub mod http_body_guard;
 pub mod http_server;
 pub mod shutdown;
 pub mod telemetry;

@@ -1,7 +1,8 @@
 //! The bounded HTTP server with real sockets on 127.0.0.1:0: slow-loris clients (idle sockets, headers dribbled a
 //! byte at a time, on a new or a kept-alive connection, a stalled body) are closed on time, a normal request still
-//! answers, a kept-alive connection idles until the idle timeout, connections past the cap wait for a free slot,
-//! and shutdown closes idle keep-alive connections.
+//! answers, a kept-alive connection idles until the idle timeout, at the cap an idle connection is shed (or, all
+//! busy, a new one waits for a free slot), one client address gets only its share, a body dribbled below the
+//! minimum rate is cut short, and shutdown closes idle keep-alive connections.
 
 use std::net::SocketAddr;
 use std::time::{Duration, Instant};
@@ -57,7 +58,7 @@ async fn get_healthz(s: &mut TcpStream, limit: Duration) -> Option<String> {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn slow_loris_clients_are_closed_and_a_normal_request_still_answers() {
-    let settings = HttpServerSettings { header_read_timeout_ms: 400, idle_timeout_ms: 30_000, max_connections: 64 };
+    let settings = HttpServerSettings { header_read_timeout_ms: 400, idle_timeout_ms: 30_000, max_connections: 64, ..Default::default() };
     let (addr, stop, task) = start(settings).await;
     let mut idle = Vec::new();
     for _ in 0..30 {
@@ -123,7 +124,7 @@ async fn slow_loris_clients_are_closed_and_a_normal_request_still_answers() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_kept_alive_connection_idles_until_the_idle_timeout() {
-    let settings = HttpServerSettings { header_read_timeout_ms: 200, idle_timeout_ms: 1_200, max_connections: 8 };
+    let settings = HttpServerSettings { header_read_timeout_ms: 200, idle_timeout_ms: 1_200, max_connections: 8, ..Default::default() };
     let (addr, stop, task) = start(settings).await;
     let mut s = TcpStream::connect(addr).await.unwrap();
     assert_eq!(get_healthz(&mut s, LIMIT).await.as_deref(), Some("HTTP/1.1 200 OK"));
@@ -139,38 +140,129 @@ async fn a_kept_alive_connection_idles_until_the_idle_timeout() {
     tokio::time::timeout(LIMIT, task).await.expect("the server stops").unwrap();
 }
 
+/// A connection from `ip` (any address of 127.0.0.0/8 reaches a listener on 127.0.0.1).
+async fn connect_from(ip: [u8; 4], addr: SocketAddr) -> TcpStream {
+    let socket = tokio::net::TcpSocket::new_v4().unwrap();
+    socket.bind(SocketAddr::from((ip, 0))).unwrap();
+    socket.connect(addr).await.unwrap()
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn past_the_cap_a_connection_waits_for_a_free_slot() {
-    let settings = HttpServerSettings { header_read_timeout_ms: 30_000, idle_timeout_ms: 30_000, max_connections: 3 };
+async fn at_the_cap_an_idle_connection_is_shed_for_a_new_one() {
+    let settings = HttpServerSettings { header_read_timeout_ms: 30_000, idle_timeout_ms: 30_000, max_connections: 3, ..Default::default() };
     let (addr, stop, task) = start(settings).await;
-    // Three keep-alive connections, each answered once (so each holds a slot), then left open.
-    let mut held = Vec::new();
-    for _ in 0..3 {
-        let mut s = TcpStream::connect(addr).await.unwrap();
-        assert_eq!(get_healthz(&mut s, LIMIT).await.as_deref(), Some("HTTP/1.1 200 OK"));
-        held.push(s);
-    }
-    // A fourth is not served while the three are open...
+    // One keep-alive connection answered once, then two that never send a request: the cap is reached.
+    let mut served = TcpStream::connect(addr).await.unwrap();
+    assert_eq!(get_healthz(&mut served, LIMIT).await.as_deref(), Some("HTTP/1.1 200 OK"));
+    let mut silent = vec![TcpStream::connect(addr).await.unwrap(), TcpStream::connect(addr).await.unwrap()];
+    // A fourth is served at once: the silent connection opened first makes room.
     let mut fourth = TcpStream::connect(addr).await.unwrap();
-    let waiting = tokio::spawn(async move {
-        let status = get_healthz(&mut fourth, LIMIT).await;
-        (status, Instant::now())
-    });
+    let t = Instant::now();
+    assert_eq!(get_healthz(&mut fourth, LIMIT).await.as_deref(), Some("HTTP/1.1 200 OK"));
+    assert!(t.elapsed() < Duration::from_secs(2), "served after {:?}", t.elapsed());
+    assert!(closed_within(&mut silent[0], LIMIT).await, "the oldest connection that never made a request was shed");
+    assert!(!closed_within(&mut silent[1], Duration::from_millis(200)).await, "only one was shed");
+    // The connection that made a request goes last: a fifth sheds the other silent one, not it.
+    let mut fifth = TcpStream::connect(addr).await.unwrap();
+    assert_eq!(get_healthz(&mut fifth, LIMIT).await.as_deref(), Some("HTTP/1.1 200 OK"));
+    assert!(closed_within(&mut silent[1], LIMIT).await);
+    assert_eq!(get_healthz(&mut served, LIMIT).await.as_deref(), Some("HTTP/1.1 200 OK"), "still open");
+    stop.cancel();
+    tokio::time::timeout(LIMIT, task).await.expect("the server stops").unwrap();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn at_the_cap_with_every_connection_busy_a_new_one_waits_for_a_free_slot() {
+    let settings = HttpServerSettings { header_read_timeout_ms: 30_000, idle_timeout_ms: 30_000, max_connections: 2, ..Default::default() };
+    let (addr, stop, task) = start(settings).await;
+    // Two requests whose bodies are not finished: each connection is handling a request.
+    let mut busy = Vec::new();
+    for _ in 0..2 {
+        let mut s = TcpStream::connect(addr).await.unwrap();
+        s.write_all(b"POST /echo HTTP/1.1\r\nHost: t\r\nContent-Type: text/plain\r\nContent-Length: 4\r\n\r\nab").await.unwrap();
+        busy.push(s);
+    }
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    let mut third = TcpStream::connect(addr).await.unwrap();
+    let waiting = tokio::spawn(async move { (get_healthz(&mut third, LIMIT).await, Instant::now()) });
     tokio::time::sleep(Duration::from_millis(300)).await;
-    assert!(!waiting.is_finished(), "a connection past max_connections was served");
-    // ...and is, as soon as one of them closes.
+    assert!(!waiting.is_finished(), "a busy connection was shed, or the cap was passed");
+    // One request completes and its client goes: the third is served.
     let freed = Instant::now();
-    drop(held.pop());
+    let mut first = busy.remove(0);
+    first.write_all(b"cd").await.unwrap();
+    drop(first);
     let (status, answered) = waiting.await.unwrap();
     assert_eq!(status.as_deref(), Some("HTTP/1.1 200 OK"));
     assert!(answered.duration_since(freed) < Duration::from_secs(2), "served {:?} after a slot freed", answered.duration_since(freed));
+    stop.cancel();
+    drop(busy);
+    tokio::time::timeout(LIMIT, task).await.expect("the server stops").unwrap();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn one_client_address_gets_its_share_and_others_are_served() {
+    let settings = HttpServerSettings { max_connections: 16, max_connections_per_client: 4, ..Default::default() };
+    let (addr, stop, task) = start(settings).await;
+    let mut held = Vec::new();
+    for _ in 0..4 {
+        held.push(connect_from([127, 0, 0, 2], addr).await);
+    }
+    // The fifth from the same address is closed as it is accepted.
+    let mut fifth = connect_from([127, 0, 0, 2], addr).await;
+    assert!(closed_within(&mut fifth, LIMIT).await, "a connection past the client's share was kept");
+    // Another address is served, at once.
+    let mut other = connect_from([127, 0, 0, 3], addr).await;
+    let t = Instant::now();
+    assert_eq!(get_healthz(&mut other, LIMIT).await.as_deref(), Some("HTTP/1.1 200 OK"));
+    assert!(t.elapsed() < Duration::from_secs(1), "{:?}", t.elapsed());
+    // A share freed is a share back.
+    drop(held.pop());
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    let mut again = connect_from([127, 0, 0, 2], addr).await;
+    assert_eq!(get_healthz(&mut again, LIMIT).await.as_deref(), Some("HTTP/1.1 200 OK"));
+    stop.cancel();
+    drop(held);
+    tokio::time::timeout(LIMIT, task).await.expect("the server stops").unwrap();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_body_dribbled_below_the_minimum_rate_is_cut_short() {
+    let settings = HttpServerSettings { min_body_bytes_per_s: 1_000, body_rate_grace_ms: 500, ..Default::default() };
+    let (addr, stop, task) = start(settings).await;
+    let s = TcpStream::connect(addr).await.unwrap();
+    let (mut rd, mut wr) = s.into_split();
+    wr.write_all(b"POST /echo HTTP/1.1\r\nHost: t\r\nContent-Type: text/plain\r\nContent-Length: 1000000\r\n\r\n").await.unwrap();
+    let t = Instant::now();
+    // A byte every 100 ms (it resets the idle timeout each time) until the server gives up on it.
+    let drip = async {
+        while wr.write_all(b"x").await.is_ok() {
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+        std::future::pending::<()>().await;
+    };
+    let mut answer = Vec::new();
+    tokio::select! {
+        r = tokio::time::timeout(LIMIT, rd.read_to_end(&mut answer)) => assert!(r.is_ok(), "never cut"),
+        _ = drip => unreachable!(),
+    }
+    assert!(t.elapsed() >= Duration::from_millis(450) && t.elapsed() < Duration::from_secs(3), "cut after {:?}", t.elapsed());
+    // The handler saw a body error (axum's String extractor answers 400) and the connection closed after it.
+    let answer = String::from_utf8_lossy(&answer);
+    assert!(answer.starts_with("HTTP/1.1 4"), "{answer}");
+    // A body at a normal pace is read whole.
+    let mut ok = TcpStream::connect(addr).await.unwrap();
+    ok.write_all(b"POST /echo HTTP/1.1\r\nHost: t\r\nContent-Type: text/plain\r\nContent-Length: 2\r\nConnection: close\r\n\r\nhi").await.unwrap();
+    let mut answer = String::new();
+    tokio::time::timeout(LIMIT, ok.read_to_string(&mut answer)).await.unwrap().unwrap();
+    assert!(answer.starts_with("HTTP/1.1 200 OK") && answer.ends_with("hi"), "{answer}");
     stop.cancel();
     tokio::time::timeout(LIMIT, task).await.expect("the server stops").unwrap();
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_stalled_body_is_closed_after_the_idle_timeout() {
-    let settings = HttpServerSettings { header_read_timeout_ms: 30_000, idle_timeout_ms: 400, max_connections: 8 };
+    let settings = HttpServerSettings { header_read_timeout_ms: 30_000, idle_timeout_ms: 400, max_connections: 8, ..Default::default() };
     let (addr, stop, task) = start(settings).await;
     let mut s = TcpStream::connect(addr).await.unwrap();
     s.write_all(b"POST /echo HTTP/1.1\r\nHost: t\r\nContent-Type: text/plain\r\nContent-Length: 100\r\n\r\nhalf").await.unwrap();
@@ -189,7 +281,7 @@ async fn a_stalled_body_is_closed_after_the_idle_timeout() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn shutdown_closes_idle_keep_alive_connections_and_returns() {
-    let settings = HttpServerSettings { header_read_timeout_ms: 30_000, idle_timeout_ms: 30_000, max_connections: 8 };
+    let settings = HttpServerSettings { header_read_timeout_ms: 30_000, idle_timeout_ms: 30_000, max_connections: 8, ..Default::default() };
     let (addr, stop, task) = start(settings).await;
     let mut s = TcpStream::connect(addr).await.unwrap();
     assert_eq!(get_healthz(&mut s, LIMIT).await.as_deref(), Some("HTTP/1.1 200 OK"));
