@@ -57,14 +57,8 @@ pub fn parse_response(arg: &str) -> Result<Outcome, String> {
             if value.is_empty() {
                 return bad("the Retry-After value after \"ra=\" is empty".into());
             }
-            // A receiver may send garbage, and the engine ignores it; but on the command line it is a typo, and
-            // simulating it as "no Retry-After" would answer a question nobody asked.
-            if crate::retry_after::parse(value, WALL_CLOCK_START_MS).is_none() {
-                return bad(format!(
-                    "the Retry-After value {value:?} is neither delta-seconds (\"120\") nor an HTTP-date \
-                     (\"Wed, 21 Oct 2026 07:28:00 GMT\")"
-                ));
-            }
+            // Any text: receivers do send garbage (`soon`, `1.5`), and what the policy does with it (ignores it,
+            // and which wait applies instead) is a fair question. The try's line says it was not usable.
             Some(value.to_owned())
         }
     };
@@ -108,6 +102,12 @@ pub struct TryLine {
     pub status: String,
     /// Extra: the index of the `classify` rule that decided.
     pub rule: usize,
+    /// Extra: the response's `Retry-After` as given, and whether it could be read (an unreadable one is ignored:
+    /// the schedule's wait applies).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub retry_after: Option<String>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub retry_after_usable: Option<bool>,
 }
 
 /// The delivery's fate.
@@ -173,6 +173,14 @@ pub fn simulate(policy: &Policy, responses: &[Outcome], seed: u64) -> Vec<Line> 
             next_delay_max_s: wait.map(|w| Seconds(w.max_ms)),
             status,
             rule: d.rule,
+            retry_after: match outcome {
+                Outcome::Http { retry_after, .. } => retry_after.clone(),
+                _ => None,
+            },
+            retry_after_usable: match outcome {
+                Outcome::Http { retry_after: Some(v), .. } => Some(crate::retry_after::parse(v, progress.wall_clock_ms).is_some()),
+                _ => None,
+            },
         }));
         match d.next {
             Next::MicroRetry(_) => try_no = try_no.saturating_add(1),
@@ -214,6 +222,21 @@ mod tests {
         lines.iter().filter_map(|l| if let Line::Try(t) = l { Some(t) } else { None }).collect()
     }
 
+    /// An unreadable Retry-After is ignored: the schedule's wait applies, and the line says the value was unusable.
+    #[test]
+    fn an_unreadable_retry_after_is_shown_ignored() {
+        let policy = crate::policy::builtin("lucibook").unwrap();
+        let lines = simulate(&policy, &[parse_response("429:ra=soon").unwrap()], 0);
+        let first = tries(&lines)[0].clone();
+        let plain = simulate(&policy, &[parse_response("429").unwrap()], 0);
+        assert_eq!(first.next_delay_s, tries(&plain)[0].next_delay_s, "the wait of no Retry-After at all");
+        assert_eq!((first.retry_after.as_deref(), first.retry_after_usable), (Some("soon"), Some(false)));
+        let json = lines[0].to_json();
+        assert!(json.contains(r#""retry_after":"soon","retry_after_usable":false"#), "{json}");
+        let usable = simulate(&policy, &[parse_response("429:ra=120").unwrap()], 0);
+        assert_eq!(tries(&usable)[0].retry_after_usable, Some(true));
+    }
+
     #[test]
     fn parses_the_response_grammar() {
         let ok = |s: u16, ra: Option<&str>| Ok(Outcome::Http { status: s, retry_after: ra.map(str::to_owned) });
@@ -228,12 +251,15 @@ mod tests {
             ("egress_refused", Ok(Outcome::EgressRefused)),
             ("invalid_url", Ok(Outcome::InvalidUrl)),
             ("TIMEOUT", Ok(Outcome::Timeout)),
+            // Any Retry-After text is taken: the simulation shows the policy ignoring what it cannot read.
+            ("429:ra=soon", ok(429, Some("soon"))),
+            ("429:ra=1.5", ok(429, Some("1.5"))),
         ];
         for (arg, want) in cases {
             assert_eq!(parse_response(arg), want, "{arg}");
         }
         for bad in
-            ["", "5033", "99", "600", "abc", "503:", "503:ra=", "503:retry=5", "50x", "+503", "timeout:ra=5", "-1", "429:ra=abc", "429:ra=1.5", "503:ra=soon"]
+            ["", "5033", "99", "600", "abc", "503:", "503:ra=", "503:retry=5", "50x", "+503", "timeout:ra=5", "-1"]
         {
             let err = parse_response(bad).unwrap_err();
             assert!(err.starts_with(&format!("invalid response {bad:?}")), "{err}");

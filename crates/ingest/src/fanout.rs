@@ -37,6 +37,32 @@ pub struct Fanout {
     pub dlq: hookline_kafka::dead_letters::DeadLetterWriter,
     /// Writes the tasks, settling each event where its last task's acknowledgement arrives.
     pub settler: hookline_kafka::produce::Settler,
+    /// Unreadable events since the last warning about them (one warning at most every [`INVALID_WARN_EVERY`]).
+    pub invalid: Mutex<InvalidSince>,
+}
+
+/// At most one warning about unreadable events this often: a producer stuck writing garbage fills no log.
+pub const INVALID_WARN_EVERY: Duration = Duration::from_secs(10);
+
+/// Unreadable events counted by reason between two warnings.
+#[derive(Default)]
+pub struct InvalidSince {
+    counts: std::collections::BTreeMap<&'static str, u64>,
+    last_warned: Option<std::time::Instant>,
+}
+
+impl InvalidSince {
+    /// Counts one; when a warning is due, returns what to say (`3 invalid_json, 1 oversize`) and starts over.
+    pub fn count(&mut self, reason: &'static str, now: std::time::Instant) -> Option<String> {
+        *self.counts.entry(reason).or_default() += 1;
+        if self.last_warned.is_some_and(|at| now.saturating_duration_since(at) < INVALID_WARN_EVERY) {
+            return None;
+        }
+        self.last_warned = Some(now);
+        let summary = self.counts.iter().map(|(r, n)| format!("{n} {r}")).collect::<Vec<_>>().join(", ");
+        self.counts.clear();
+        Some(summary)
+    }
 }
 
 pub async fn run(f: Arc<Fanout>, config: &hookline_service::Config, client_id: &str) -> Result<(), KafkaError> {
@@ -85,6 +111,14 @@ impl Handler for FanoutHandler {
             Err(invalid) => {
                 metrics::counter!("hookline_events_invalid_total", "reason" => invalid.reason).increment(1);
                 tracing::debug!(partition = p, offset = o, %invalid, "invalid event dead-lettered");
+                if let Some(summary) = f.invalid.lock().unwrap_or_else(|e| e.into_inner()).count(invalid.reason, std::time::Instant::now()) {
+                    tracing::warn!(
+                        partition = p,
+                        offset = o,
+                        last = %invalid,
+                        "{summary} unreadable event(s) on {events} dead-lettered to the dlq topic since the last warning (hookline_events_invalid_total has each reason)"
+                    );
+                }
                 // The raw record is kept whole when it fits the event limit (it always fits a Kafka record
                 // then); an oversize one keeps its first bytes, and the source offset points at all of it.
                 let payload = m.payload().unwrap_or_default();
@@ -278,6 +312,20 @@ mod tests {
         assert_eq!(DeliveryTask::decode(empty.as_slice()).unwrap().event, Some(Event::default()));
     }
 
+    /// A producer stuck writing garbage gets one warning per interval, which counts every reason since the last.
+    #[test]
+    fn unreadable_events_are_warned_about_at_most_once_an_interval_with_their_counts() {
+        let mut w = InvalidSince::default();
+        let t0 = std::time::Instant::now();
+        assert_eq!(w.count("invalid_json", t0).as_deref(), Some("1 invalid_json"));
+        for _ in 0..5 {
+            assert_eq!(w.count("invalid_json", t0 + Duration::from_secs(1)), None);
+        }
+        assert_eq!(w.count("oversize", t0 + Duration::from_secs(2)), None);
+        assert_eq!(w.count("oversize", t0 + INVALID_WARN_EVERY).as_deref(), Some("5 invalid_json, 2 oversize"));
+        assert_eq!(w.count("empty", t0 + INVALID_WARN_EVERY + Duration::from_secs(1)), None);
+    }
+
     impl Settled for tokio::sync::oneshot::Sender<()> {
         fn settled(self) {
             let _ = self.send(());
@@ -303,6 +351,7 @@ mod tests {
             readiness: Default::default(),
             dlq: hookline_kafka::dead_letters::DeadLetterWriter::new(Default::default(), &kafka),
             settler: hookline_kafka::produce::Settler::new(&producer, CancellationToken::new()),
+            invalid: Default::default(),
         });
         // An established producer, then the outage.
         hookline_kafka::produce::send_until_acked(&f.producer, topics.events(), "k", b"warm", None, &f.shutdown).await.unwrap();

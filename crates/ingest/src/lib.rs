@@ -206,6 +206,7 @@ pub async fn run(config: Config, shutdown: CancellationToken, options: Options) 
         readiness: readiness.clone(),
         dlq: hookline_kafka::dead_letters::DeadLetterWriter::new(config.dlq.format, &config.kafka),
         settler: hookline_kafka::produce::Settler::new(&producer, shutdown.clone()),
+        invalid: Default::default(),
     });
     // Owner e-mail for the ops topic, when `notify.smtp_addr` is set.
     let notifier = config.notify.smtp_addr.is_some().then(|| {
