@@ -316,9 +316,14 @@ impl Sender {
             // The connection goes back to the pool when the body was read to its end and may be reused. Boxed:
             // reading the body comes after the wait for the answer, whose state (held by every waiting delivery)
             // need not have room for it.
-            let (excerpt, _ended) = Box::pin(route.pool.read_body(resp, policy.attempt.response_cap_bytes, EXCERPT_BYTES)).await;
+            let (excerpt, end) = Box::pin(route.pool.read_body(resp, policy.attempt.response_cap_bytes, EXCERPT_BYTES)).await;
             let excerpt = String::from_utf8_lossy(&excerpt).into_owned();
-            (Outcome::Http { status, retry_after }, format!("HTTP {status}"), excerpt, response_headers)
+            // The status decides the verdict either way; a body that broke off is said in the attempt's reason.
+            let reason = match end {
+                h1::BodyEnd::CutShort => format!("HTTP {status}; the response body was cut short (the connection ended before its end)"),
+                h1::BodyEnd::Complete | h1::BodyEnd::Capped => format!("HTTP {status}"),
+            };
+            (Outcome::Http { status, retry_after }, reason, excerpt, response_headers)
         };
         match tokio::time::timeout(timeout, exchange).await {
             Ok((outcome, reason, excerpt, response_headers)) => {

@@ -159,13 +159,13 @@ impl Pool {
     }
 
     /// Reads the response's body until its end or `cap` bytes, keeping its first `keep` bytes; the connection is
-    /// kept for the next request to its host when it can take one. Whether the body was read to its end.
-    pub async fn read_body(&self, resp: Response, cap: u64, keep: usize) -> (Vec<u8>, bool) {
+    /// kept for the next request to its host when it can take one. Also how reading the body stopped.
+    pub async fn read_body(&self, resp: Response, cap: u64, keep: usize) -> (Vec<u8>, h1::BodyEnd) {
         let read = resp.inner.read_body(cap, keep).await;
         if let Some(io) = read.reusable {
             self.put_back(resp.key, io);
         }
-        (read.excerpt, read.ended)
+        (read.excerpt, read.end)
     }
 
     fn put_back(&self, key: Key, io: h1::Stream) {
@@ -271,7 +271,7 @@ mod tests {
         let uri: Uri = format!("http://{addr}/").parse().unwrap();
         let resp = pool.send(&uri, HeaderMap::new(), Bytes::new()).await.unwrap();
         assert_eq!(resp.status(), 200);
-        assert_eq!(pool.read_body(resp, 1024, 512).await, (Vec::new(), true));
+        assert_eq!(pool.read_body(resp, 1024, 512).await, (Vec::new(), h1::BodyEnd::Complete));
         assert_eq!(pool.idle.lock().unwrap().by_key.values().map(Vec::len).sum::<usize>(), 1, "kept");
         let deadline = std::time::Instant::now() + Duration::from_secs(10);
         while closed.load(Ordering::SeqCst) == 0 && std::time::Instant::now() < deadline {
@@ -423,7 +423,7 @@ mod tests {
         for body in ["hello", "again"] {
             let resp = pool.send(&uri, HeaderMap::new(), Bytes::from_static(body.as_bytes())).await.unwrap();
             assert_eq!(resp.status(), 200);
-            assert_eq!(pool.read_body(resp, 1024, 512).await, (body.as_bytes().to_vec(), true));
+            assert_eq!(pool.read_body(resp, 1024, 512).await, (body.as_bytes().to_vec(), h1::BodyEnd::Complete));
         }
         assert_eq!(handshakes.load(Ordering::SeqCst), 1, "the second request went on the kept TLS connection");
     }

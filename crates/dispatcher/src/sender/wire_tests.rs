@@ -233,3 +233,17 @@ async fn a_body_over_the_cap_is_cut_and_its_connection_not_reused() {
     assert_eq!(post(&sender, &s.url).await.outcome, Outcome::http(200));
     assert_eq!(conns(&s), 2);
 }
+
+/// A body shorter than its `Content-Length` (the connection closed early): the status still decides, the attempt's
+/// reason says the body was cut short, and the connection is not reused. A body read whole, or up to the response
+/// cap, says nothing of the kind.
+#[tokio::test]
+async fn a_body_cut_short_keeps_the_status_and_says_so() {
+    let s = server(vec![reply("HTTP/1.1 200 OK\r\ncontent-length: 10\r\n\r\nabc", After::Close), reply(OK, After::Keep)]).await;
+    let sender = loopback_sender();
+    let r = post(&sender, &s.url).await;
+    assert_eq!((&r.outcome, r.response_excerpt.as_str()), (&Outcome::http(200), "abc"));
+    assert!(r.reason.starts_with("HTTP 200; the response body was cut short"), "{}", r.reason);
+    let whole = post(&sender, &s.url).await;
+    assert_eq!((&whole.outcome, whole.reason.as_str()), (&Outcome::http(200), "HTTP 200"));
+}

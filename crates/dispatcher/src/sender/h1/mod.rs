@@ -271,11 +271,22 @@ impl Error {
     }
 }
 
-/// What reading a body gave: its first bytes, and the connection when it can take another request.
+/// How reading a body stopped.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum BodyEnd {
+    /// Read to its end (the rest of the connection is not needed for it).
+    Complete,
+    /// Reading stopped at the response cap: the rest was not wanted.
+    Capped,
+    /// The body broke off before its end: the connection closed or failed before `Content-Length` bytes or the
+    /// last chunk, or its chunked framing was malformed. The status still decides; the attempt says so.
+    CutShort,
+}
+
+/// What reading a body gave: its first bytes, how it stopped, and the connection when it can take another request.
 pub struct Read {
     pub excerpt: Vec<u8>,
-    /// The body was read to its end (the rest of the connection is not needed for it).
-    pub ended: bool,
+    pub end: BodyEnd,
     pub reusable: Option<Stream>,
 }
 
@@ -286,7 +297,7 @@ impl Response {
         let Body { mut conn, mut decoder, keep_alive } = self.body;
         let mut excerpt = Vec::new();
         let mut read: u64 = 0;
-        let ended = loop {
+        let end = loop {
             let mut sink = |data: &[u8]| {
                 read = read.saturating_add(data.len() as u64);
                 if excerpt.len() < keep {
@@ -297,13 +308,13 @@ impl Response {
             match decoder.decode(conn.unused(), &mut sink) {
                 Ok(used) => conn.consume(used),
                 // A broken body after the status arrived does not change the outcome: the status decides.
-                Err(_) => break false,
+                Err(_) => break BodyEnd::CutShort,
             }
             if decoder.is_done() {
-                break true;
+                break BodyEnd::Complete;
             }
             if read >= cap {
-                break false;
+                break BodyEnd::Capped;
             }
             let limit = match decoder {
                 // A line (chunk size, trailer) must fit; data is handed on as it comes.
@@ -312,12 +323,14 @@ impl Response {
                 _ => BODY_READ_BYTES,
             };
             match conn.fill(limit).await {
-                Ok(Some(0)) if decoder == body::Decoder::Close => break true,
-                Ok(Some(0)) | Ok(None) | Err(_) => break false,
+                Ok(Some(0)) if decoder == body::Decoder::Close => break BodyEnd::Complete,
+                Ok(Some(0)) | Err(_) => break BodyEnd::CutShort,
+                // The read buffer is full without a complete line: framing no receiver should send.
+                Ok(None) => break BodyEnd::CutShort,
                 Ok(Some(_)) => {}
             }
         };
-        let reusable = (ended && keep_alive && conn.unused().is_empty()).then_some(conn.io);
-        Read { excerpt, ended, reusable }
+        let reusable = (end == BodyEnd::Complete && keep_alive && conn.unused().is_empty()).then_some(conn.io);
+        Read { excerpt, end, reusable }
     }
 }
