@@ -320,3 +320,17 @@ async fn bodies_dribbled_by_a_valid_key_are_cut_and_cannot_starve_the_api() {
     assert!(closed_at_once >= 600 - 64 - answers.iter().filter(|a| a.is_none()).count(), "{closed_at_once} closed without an answer");
     p.stop().await;
 }
+
+/// Replay since a time on a broker that cannot look offsets up by time (the embedded mock) used to answer
+/// `{"replayed":0}` as if nothing had been published: now 501 naming `kafka.offsets_by_time`.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_replay_the_broker_cannot_place_in_time_says_which_setting_fixes_it() {
+    let p = Pipeline::start_with(1, |c| c.kafka.offsets_by_time = true).await;
+    let (sub, _) = p.subscribe(json!({"url": p.url("ok"), "event_types": ["*"]})).await;
+    p.publish("evt_replay_time", "order.created").await;
+    p.wait_final_of(&sub, 1, Duration::from_secs(60)).await;
+    let (status, v) = p.call("POST", &format!("/v1/subscriptions/{sub}/replay"), Some(json!({"since_ms": 0}))).await;
+    assert_eq!((status, v["error"]["code"].as_str()), (501, Some("offsets_by_time_unsupported")), "{v}");
+    assert!(v["error"]["message"].as_str().unwrap().contains("kafka.offsets_by_time = false"), "{v}");
+    p.stop().await;
+}

@@ -23,6 +23,9 @@ pub enum ScanError {
     Security { topic: String, reason: String },
     #[error("reading {topic} took longer than {limit:?}; narrow the time range")]
     TooLong { topic: String, limit: Duration },
+    /// The broker answers no offset for any time, even for records it holds (librdkafka's mock cluster does so).
+    #[error("reading {topic}: the broker cannot look offsets up by time; set kafka.offsets_by_time = false (the topic is then read from its start and filtered by time)")]
+    NoOffsetsByTime { topic: String },
 }
 
 /// Calls `visit` for every record of `topic` written at or after `since_ms` (all records when `None`), up to
@@ -75,7 +78,10 @@ where
                 let found = c.offsets_for_times(tpl, Duration::from_secs(10)).map_err(kafka)?;
                 start = match found.find_partition(&t, p).map(|e| e.offset()) {
                     Some(Offset::Offset(o)) => o,
-                    _ => high, // nothing at or after `since`
+                    // Nothing at or after `since`; unless the broker finds nothing for any time though the
+                    // partition holds records, which means it cannot look offsets up by time at all.
+                    _ if low < high && !finds_any(&c, &t, p)? => return Err(ScanError::NoOffsetsByTime { topic: t.clone() }),
+                    _ => high,
                 };
             }
             if start < high {
@@ -117,6 +123,16 @@ where
         }
     }
     Ok(visited)
+}
+
+/// Whether the broker finds an offset for the earliest time in a partition that holds records (every broker that
+/// keeps record timestamps does).
+fn finds_any(c: &StreamConsumer<QuietEof>, topic: &str, partition: i32) -> Result<bool, ScanError> {
+    let kafka = |source| ScanError::Kafka { topic: topic.to_owned(), source };
+    let mut tpl = TopicPartitionList::new();
+    tpl.add_partition_offset(topic, partition, Offset::Offset(0)).map_err(kafka)?;
+    let found = c.offsets_for_times(tpl, Duration::from_secs(10)).map_err(kafka)?;
+    Ok(matches!(found.find_partition(topic, partition).map(|e| e.offset()), Some(Offset::Offset(_))))
 }
 
 /// Reads one partition of a topic from an offset up to (not including) another, one record at a time: how the
