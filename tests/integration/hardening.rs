@@ -246,7 +246,8 @@ async fn a_client_reconnecting_idle_sockets_cannot_starve_the_api_or_its_health_
     };
     let (slowest_api, slowest_probe, n) = victim(&p, health, stop.clone()).await;
     watch.await.unwrap();
-    let (opened, _) = attack.await.unwrap();
+    let (opened, refused) = attack.await.unwrap();
+    eprintln!("reconnecting idle sockets: {opened} opened ({refused} refused), {n} rounds, slowest list {slowest_api:?}, slowest /healthz {slowest_probe:?}");
     assert!(opened > 1_000, "the attack reconnected: {opened}");
     assert!(n >= 20, "{n} rounds");
     assert!(slowest_api < Duration::from_secs(1), "an authenticated request took {slowest_api:?}");
@@ -310,6 +311,11 @@ async fn bodies_dribbled_by_a_valid_key_are_cut_and_cannot_starve_the_api() {
     let (slowest_api, slowest_probe, n) = victim(&p, health, stop.clone()).await;
     watch.await.unwrap();
     let answers = attack.await.unwrap();
+    eprintln!(
+        "dribbled bodies: {} answered 408, {} closed unanswered, {n} rounds, slowest list {slowest_api:?}, slowest /healthz {slowest_probe:?}",
+        answers.iter().flatten().filter(|a| a.starts_with("HTTP/1.1 408")).count(),
+        answers.iter().flatten().filter(|a| a.is_empty()).count()
+    );
     assert!(n >= 20, "{n} rounds");
     assert!(slowest_api < Duration::from_secs(1), "an authenticated request took {slowest_api:?}");
     assert!(slowest_probe < Duration::from_secs(1), "/healthz took {slowest_probe:?}");
