@@ -365,6 +365,24 @@ impl<S: Send + Sync, T: DeserializeOwned> FromRequestParts<S> for ApiQuery<T> {
     }
 }
 
+/// Every request body is a JSON object: serde would otherwise read a struct from an array by position
+/// (`[null, null]`), which no documented shape allows.
+pub(crate) fn object_body(bytes: &[u8]) -> Result<(), ApiError> {
+    match bytes.iter().find(|b| !b.is_ascii_whitespace()) {
+        Some(b'{') | None => Ok(()),
+        Some(_) => Err(ApiError::new(StatusCode::UNPROCESSABLE_ENTITY, "invalid_body", "the body must be a JSON object").with_field("body")),
+    }
+}
+
+/// A JSON body that may be left out (an empty POST takes the defaults).
+pub(crate) fn optional_body<T: serde::de::DeserializeOwned + Default>(body: &[u8]) -> Result<T, ApiError> {
+    if body.iter().all(u8::is_ascii_whitespace) {
+        return Ok(T::default());
+    }
+    object_body(body)?;
+    serde_path_to_error::deserialize(&mut serde_json::Deserializer::from_slice(body)).map_err(ApiError::body)
+}
+
 /// `Json<T>` whose rejections are JSON errors naming the field.
 pub struct ApiJson<T>(pub T);
 
@@ -374,6 +392,7 @@ impl<S: Send + Sync, T: DeserializeOwned> FromRequest<S> for ApiJson<T> {
     async fn from_request(req: Request, state: &S) -> Result<Self, Self::Rejection> {
         require_json(req.headers(), "send the body as JSON with `Content-Type: application/json`")?;
         let bytes = axum::body::Bytes::from_request(req, state).await.map_err(body_unreadable)?;
+        object_body(&bytes)?;
         let mut de = serde_json::Deserializer::from_slice(&bytes);
         let value = serde_path_to_error::deserialize(&mut de).map_err(ApiError::body)?;
         de.end().map_err(|e| {

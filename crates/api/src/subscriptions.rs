@@ -465,13 +465,8 @@ pub async fn rotate_secret(
     body: Result<axum::body::Bytes, axum::extract::rejection::BytesRejection>,
 ) -> Result<Json<Value>, ApiError> {
     who.require_write()?;
-    let body = body.map_err(|e| ApiError::new(StatusCode::PAYLOAD_TOO_LARGE, "body_too_large", e.body_text()).with_field("body"))?;
     // The body is optional: an empty POST rotates with the defaults.
-    let req: RotateSecret = if body.iter().all(u8::is_ascii_whitespace) {
-        RotateSecret::default()
-    } else {
-        serde_path_to_error::deserialize(&mut serde_json::Deserializer::from_slice(&body)).map_err(ApiError::body)?
-    };
+    let req: RotateSecret = crate::optional_body(&body.map_err(super::body_unreadable)?)?;
     let overlap_s = req.overlap_s.unwrap_or(86_400);
     if overlap_s > 30 * 86_400 {
         return Err(ApiError::field("overlap_s", "at most 30 days (2592000 s)"));

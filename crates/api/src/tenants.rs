@@ -232,7 +232,7 @@ pub async fn create_key(
     body: Result<axum::body::Bytes, axum::extract::rejection::BytesRejection>,
 ) -> Result<(StatusCode, Json<Value>), ApiError> {
     who.require_admin()?;
-    let req: CreateKey = optional_body(&body.map_err(super::body_unreadable)?)?;
+    let req: CreateKey = crate::optional_body(&body.map_err(super::body_unreadable)?)?;
     find(&s, &who, &id)?;
     let name = req.name.unwrap_or_default();
     if name.len() > MAX_KEY_NAME_BYTES {
@@ -306,7 +306,7 @@ pub async fn create_link(
     body: Result<axum::body::Bytes, axum::extract::rejection::BytesRejection>,
 ) -> Result<Response, ApiError> {
     who.require_admin()?;
-    let req: CreateLink = optional_body(&body.map_err(super::body_unreadable)?)?;
+    let req: CreateLink = crate::optional_body(&body.map_err(super::body_unreadable)?)?;
     find(&s, &who, &id)?;
     let Some(secret) = s.portal.link_secret.as_deref() else {
         return Err(ApiError::new(
@@ -334,14 +334,6 @@ pub async fn create_link(
     };
     let body = json!({"url": format!("{base}/portal/#token={token}"), "tenant": grant.tenant, "expires_at_ms": expires_at_ms, "read_only": read_only});
     Ok((StatusCode::CREATED, Json(body)).into_response())
-}
-
-/// A JSON body that may be left out (an empty POST takes the defaults).
-fn optional_body<T: serde::de::DeserializeOwned + Default>(body: &[u8]) -> Result<T, ApiError> {
-    if body.iter().all(u8::is_ascii_whitespace) {
-        return Ok(T::default());
-    }
-    serde_path_to_error::deserialize(&mut serde_json::Deserializer::from_slice(body)).map_err(ApiError::body)
 }
 
 /// Produces to a compacted topic and waits until `reader` has applied it.
