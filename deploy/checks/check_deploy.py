@@ -1,11 +1,15 @@
 #!/usr/bin/env python3
-"""Checks of the deployment files that can run without Docker, Helm or a cluster (run by scripts/check-deploy).
+"""Checks of the deployment files that can run without Docker or a cluster (run by scripts/check-deploy).
 
 1. docker-compose.yml parses; every depends_on names a service; every bind-mounted file exists; every service
    has an image or a build whose context and Dockerfile exist; every network/volume used is declared.
 2. deploy/kubernetes/*.yaml pass kubernetes-validate (strict); the CRDs in deploy/kubernetes/optional/ (KEDA
-   ScaledObject, ServiceMonitor) are checked structurally here, since kubernetes-validate has no schema for them.
-3. helm/hookline/values.yaml validates against values.schema.json.
+   ScaledObject, ServiceMonitor) are checked structurally here, and in 3 against the chart's rendering.
+3. helm/hookline/values.yaml validates against values.schema.json; the chart passes helm lint and renders with each
+   value set in helm/hookline/ci, every object validating against the Kubernetes schemas (kubernetes-validate, strict)
+   or its CRD's schema (KEDA, Prometheus Operator, Strimzi: chart_tools.py), with its references checked and, when a
+   hookline binary is built, each container's config loaded by hookline itself; deploy/checks/chart-must-fail/*.yaml
+   must be refused.
 4. deploy/prometheus/alerts.yml and deploy/grafana/hookline.json parse, their PromQL parses, and every hookline_*
    metric they name is in docs/metrics.md.
 5. Every metric emitted in crates/*/src (counter!/gauge!/histogram!) is in docs/metrics.md, and vice versa.
@@ -18,6 +22,7 @@ import os
 import re
 import subprocess
 import sys
+import tempfile
 
 ROOT = os.path.abspath(os.path.join(os.path.dirname(__file__), "..", ".."))
 K8S_VERSION = "1.30.0"
@@ -523,6 +528,66 @@ def check_rendered(where, docs, values, schemas, strict_validate):
     return n_crd
 
 
+def hookline_binary():
+    """The `hookline` CLI when one is built (scripts/test builds the binaries before it runs check-deploy)."""
+    for p in (os.environ.get("HOOKLINE_BIN"), os.path.join(ROOT, "target", "debug", "hookline"),
+              os.path.join(ROOT, "target", "release", "hookline")):
+        if p and os.access(p, os.X_OK):
+            return p
+    return None
+
+
+# Stand-ins for secret values the rendered Secrets do not hold (they come from Secrets made outside the chart).
+SECRET_STAND_INS = {"log-postgres-url": "postgres://check:check@127.0.0.1:5432/hookline"}
+
+
+def check_config_loads(where, docs, binary):
+    """Each container's hookline.toml and HOOKLINE_* variables, loaded and validated by hookline's own config loader
+    (`hookline topics list`, which contacts no cluster), with the files the pod mounts as stand-ins."""
+    config_maps = {d["metadata"]["name"]: d for d in docs if d["kind"] == "ConfigMap"}
+    secrets = {d["metadata"]["name"]: d.get("stringData") or {} for d in docs if d["kind"] == "Secret"}
+    n = 0
+    for d in docs:
+        if d["kind"] not in ("Deployment", "Job"):
+            continue
+        pod = d["spec"]["template"]["spec"]
+        for c in pod["containers"]:
+            name = f"{where} {d['kind']} {d['metadata']['name']}"
+            env = {"PATH": os.environ.get("PATH", "/usr/bin:/bin")}
+            for e in c.get("env", []):
+                src = e.get("valueFrom") or {}
+                if "value" in e:
+                    env[e["name"]] = e["value"]
+                elif "fieldRef" in src:
+                    env[e["name"]] = "check-pod-0"
+                elif "secretKeyRef" in src:
+                    ref = src["secretKeyRef"]
+                    value = secrets.get(ref["name"], {}).get(ref["key"], SECRET_STAND_INS.get(ref["key"]))
+                    if value is not None:
+                        env[e["name"]] = value
+                    elif not ref.get("optional"):
+                        fail(f"{name}: env {e['name']}: no stand-in for key {ref['key']} of Secret {ref['name']}")
+            with tempfile.TemporaryDirectory() as tmp:
+                text = None
+                for path, how in pod_files(pod, c).items():
+                    if how[0] == "configMap" and how[1] in config_maps and path.endswith("/hookline.toml"):
+                        text = config_maps[how[1]]["data"]["hookline.toml"]
+                    elif not path.endswith(("/", "/*")):
+                        os.makedirs(os.path.dirname(tmp + path), exist_ok=True)
+                        open(tmp + path, "w").write("stand-in\n")
+                if text is None:
+                    fail(f"{name}: container {c['name']} mounts no hookline.toml")
+                    continue
+                cfg = os.path.join(tmp, "hookline.toml")
+                open(cfg, "w").write(text.replace('"/var/run/hookline/', f'"{tmp}/var/run/hookline/'))
+                env["HOOKLINE_CONFIG"] = cfg
+                r = subprocess.run([binary, "topics", "list", "--json"], capture_output=True, text=True, env=env, cwd=tmp)
+                if r.returncode != 0:
+                    fail(f"{name}: hookline does not accept the container's config: {(r.stderr or r.stdout).strip()}")
+                n += 1
+    return n
+
+
 def check_helm_render():
     try:
         helm = chart_tools.helm()
@@ -534,6 +599,9 @@ def check_helm_render():
         fail(f"CRD schemas of {source} could not be had: {err}")
     from kubernetes_validate.utils import validate as strict_validate
 
+    binary = hookline_binary()
+    if not binary:
+        ok("rendered configs not loaded: no target/debug/hookline (HOOKLINE_BIN); scripts/test builds it first")
     base_values = yaml.safe_load(open(os.path.join(CHART, "values.yaml")))
     sets = sorted(glob.glob(os.path.join(CHART, "ci", "*.yaml")))
     if not sets:
@@ -553,9 +621,11 @@ def check_helm_render():
         values["_chartSecret"] = values["secrets"].get("existingSecret") or RELEASE
         before = len(failures)
         n_crd = check_rendered(where, docs, values, schemas, strict_validate)
+        loaded = check_config_loads(where, docs, binary) if binary else 0
         if len(failures) == before:
             kinds = sorted({d["kind"] for d in docs})
-            ok(f"{where}: {len(docs)} objects valid ({n_crd} against CRD schemas): {', '.join(kinds)}")
+            loads = f", {loaded} containers' config accepted by hookline" if binary else ""
+            ok(f"{where}: {len(docs)} objects valid ({n_crd} against CRD schemas){loads}: {', '.join(kinds)}")
     for vf in sorted(glob.glob(os.path.join(MUST_FAIL, "*.yaml"))):
         expect = next((m.group(1).strip() for line in open(vf) if (m := re.match(r"^#\s*expect:\s*(.+)$", line))), None)
         r = subprocess.run([helm, "template", RELEASE, CHART, "-f", vf, *helm_args(vf)], capture_output=True, text=True)
