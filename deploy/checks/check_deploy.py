@@ -635,24 +635,68 @@ def check_helm_render():
             fail(f"helm template -f {rel(vf)}: refused, but not with '{expect}': {r.stderr.strip()}")
         else:
             ok(f"helm template -f {rel(vf)}: refused as it must be")
-    # The optional plain manifests are the chart's rendering; the alerts the chart ships are deploy/prometheus's.
-    check_optional_manifests(helm)
+    # The plain manifests are the chart's rendering; the alerts the chart ships are deploy/prometheus's.
+    check_plain_manifests(helm)
     if open(os.path.join(CHART, "files", "alerts.yml")).read() != open(os.path.join(ROOT, "deploy", "prometheus", "alerts.yml")).read():
         fail("helm/hookline/files/alerts.yml differs from deploy/prometheus/alerts.yml (copy it over)")
 
 
-def check_optional_manifests(helm):
-    r = subprocess.run([helm, "template", RELEASE, CHART, "--kube-version", K8S_VERSION, "--set", "dispatcher.autoscaling.mode=keda",
-                        "--set", "serviceMonitor.enabled=true"], capture_output=True, text=True)
+# The plain manifests are the chart's rendering (release hookline): deploy/kubernetes with the default values,
+# deploy/kubernetes/optional with KEDA and the ServiceMonitor. `scripts/check-deploy --write-manifests` rewrites them
+# (each file keeps its leading comments and its objects, in order).
+PLAIN_MANIFESTS = [
+    (os.path.join(ROOT, "deploy", "kubernetes", "*.yaml"), []),
+    (os.path.join(ROOT, "deploy", "kubernetes", "optional", "*.yaml"),
+     ["--set", "dispatcher.autoscaling.mode=keda", "--set", "serviceMonitor.enabled=true"]),
+]
+WRITE_MANIFESTS = "--write-manifests" in sys.argv
+
+
+def rendered_documents(helm, args):
+    """{(kind, name): (object, its text as helm printed it)}."""
+    r = subprocess.run([helm, "template", RELEASE, CHART, "--kube-version", K8S_VERSION, *args], capture_output=True, text=True)
     if r.returncode != 0:
-        fail(f"helm template (keda, serviceMonitor): {r.stderr.strip()}")
-        return
-    rendered = {d["kind"]: d for d in yaml.safe_load_all(r.stdout) if d}
-    for f in sorted(glob.glob(os.path.join(ROOT, "deploy", "kubernetes", "optional", "*.yaml"))):
-        d = yaml.safe_load(open(f))
-        if rendered.get(d["kind"]) != d:
-            fail(f"{rel(f)}: differs from the chart's {d['kind']} (helm template {RELEASE} helm/hookline "
-                 f"--set dispatcher.autoscaling.mode=keda --set serviceMonitor.enabled=true)")
+        raise chart_tools.ToolError(f"helm template {' '.join(args)}: {r.stderr.strip()}")
+    out = {}
+    for text in re.split(r"^---\s*$", r.stdout, flags=re.M):
+        text = "\n".join(line for line in text.strip("\n").splitlines() if not line.startswith("# Source: ")).strip("\n") + "\n"
+        d = yaml.safe_load(text)
+        if d:
+            out[(d["kind"], d["metadata"]["name"])] = (d, text)
+    return out
+
+
+def check_plain_manifests(helm):
+    for pattern, args in PLAIN_MANIFESTS:
+        try:
+            rendered = rendered_documents(helm, args)
+        except chart_tools.ToolError as e:
+            fail(str(e))
+            continue
+        how = f"helm template {RELEASE} helm/hookline {' '.join(args)}".rstrip()
+        for f in sorted(glob.glob(pattern)):
+            text = open(f).read()
+            header = "".join(re.match(r"^((?:#[^\n]*\n)*)", text).group(1))
+            have = {(d["kind"], d["metadata"]["name"]): d for d in yaml.safe_load_all(text) if d}
+            keys = list(have)
+            missing = [k for k in keys if k not in rendered]
+            if missing:
+                fail(f"{rel(f)}: {missing} not in the chart's rendering ({how})")
+                continue
+            if WRITE_MANIFESTS:
+                open(f, "w").write(header + "---\n".join(rendered[k][1] for k in keys))
+                ok(f"{rel(f)}: rewritten from {how}")
+                continue
+            for k in keys:
+                if rendered[k][0] != have[k]:
+                    fail(f"{rel(f)} {k[0]} {k[1]}: differs from the chart's rendering ({how}); "
+                         "scripts/check-deploy --write-manifests rewrites it")
+        covered = {(d["kind"], d["metadata"]["name"]) for f in glob.glob(pattern) for d in yaml.safe_load_all(open(f)) if d}
+        if not args:
+            for k in sorted(set(rendered) - covered):
+                fail(f"deploy/kubernetes: the chart's {k[0]} {k[1]} ({how}) is in no plain manifest")
+    if not failures:
+        ok("deploy/kubernetes and deploy/kubernetes/optional are the chart's rendering")
 
 
 def merge(a, b):
