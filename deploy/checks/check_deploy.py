@@ -466,6 +466,13 @@ def check_rendered(where, docs, values, schemas, strict_validate):
                         secret = next((x for x in docs if x["kind"] == "Secret" and x["metadata"]["name"] == files[path][1]), None)
                         if secret is not None and files[path][2] not in (secret.get("stringData") or {}):
                             fail(f"{name}: {key} = {path} comes from key {files[path][2]} of the chart's Secret, which does not set it")
+            # The root filesystem is read-only: ingest's SQLite delivery log needs a writable volume at its directory.
+            log = (config or {}).get("log", {})
+            if d["kind"] == "Deployment" and pod["containers"][0].get("command") == ["hookline-ingest"] and log.get("store") == "sqlite":
+                mounts = {m["mountPath"]: m for m in pod["containers"][0].get("volumeMounts", [])}
+                m = mounts.get(os.path.dirname(log.get("sqlite_path", "")))
+                if m is None or m.get("readOnly"):
+                    fail(f"{name}: log.sqlite_path {log.get('sqlite_path')} is on no writable volume (the root filesystem is read-only)")
         if d["kind"] == "Service":
             sel = d["spec"].get("selector", {})
             if not any(x["kind"] == "Deployment" and sel.items() <= x["spec"]["template"]["metadata"]["labels"].items() for x in docs):
