@@ -577,8 +577,9 @@ def check_config_loads(where, docs, binary):
             with tempfile.TemporaryDirectory() as tmp:
                 text = None
                 for path, how in pod_files(pod, c).items():
-                    if how[0] == "configMap" and how[1] in config_maps and path.endswith("/hookline.toml"):
-                        text = config_maps[how[1]]["data"]["hookline.toml"]
+                    cm = config_maps.get(how[1]) if how[0] == "configMap" else None
+                    if cm and (path.endswith("/hookline.toml") or (path.endswith("/*") and "hookline.toml" in cm.get("data", {}))):
+                        text = cm["data"]["hookline.toml"]
                     elif not path.endswith(("/", "/*")):
                         os.makedirs(os.path.dirname(tmp + path), exist_ok=True)
                         open(tmp + path, "w").write("stand-in\n")
