@@ -418,6 +418,7 @@ def check_rendered(where, docs, values, schemas, strict_validate):
     external = {values.get("secrets", {}).get("existingSecret"), k.get("tls", {}).get("ca", {}).get("secretName"),
                 k.get("tls", {}).get("clientCert", {}).get("secretName"),
                 k.get("sasl", {}).get("passwordSecret", {}).get("name")} - {None, ""}
+    kafka_users = {d["metadata"]["name"] for d in docs if d["kind"] == "KafkaUser"}
     config = None
     for d in docs:
         if d["kind"] == "ConfigMap" and "hookline.toml" in d.get("data", {}):
@@ -462,6 +463,11 @@ def check_rendered(where, docs, values, schemas, strict_validate):
                         continue
                     if path not in files and os.path.dirname(path) + "/*" not in files:
                         fail(f"{name}: {key} = {path}, but no volume of container {c['name']} provides that file")
+                    elif (path in files and d["kind"] == "Job" and files[path][0] == "secret"
+                          and "pre-install" in d["metadata"].get("annotations", {}).get("helm.sh/hook", "")
+                          and (("Secret", files[path][1]) in have or files[path][1] in kafka_users)):
+                        fail(f"{name}: a pre-install hook, but {key} = {path} comes from Secret {files[path][1]}, "
+                             "which the release creates after its pre-install hooks")
                     elif path in files and files[path][0] == "secret" and files[path][1] == values.get("_chartSecret"):
                         secret = next((x for x in docs if x["kind"] == "Secret" and x["metadata"]["name"] == files[path][1]), None)
                         if secret is not None and files[path][2] not in (secret.get("stringData") or {}):

@@ -418,6 +418,18 @@ compares the two): the base name after kafka.topicPrefix, the cleanup policy, wh
 {{- if and .Values.topicsJob.enabled (not .Values.strimzi.topics.enabled) -}}true{{- end -}}
 {{- end -}}
 
+{{/*
+When the topics Job runs. Before install (and before every upgrade), unless it needs a Secret the release itself
+creates: the KafkaUser's (strimzi.user.enabled), or the chart's own Secret for the SASL password or the OAuth client
+secret. Then it runs after install (the services wait for their topics meanwhile) and before every upgrade.
+*/}}
+{{- define "hookline.topicsJobHook" -}}
+{{- $k := .Values.kafka -}}
+{{- $sasl := has ($k.securityProtocol | default "plaintext") (list "sasl_plaintext" "sasl_ssl") -}}
+{{- $fromChartSecret := and $sasl (not .Values.secrets.existingSecret) (or (eq $k.sasl.mechanism "oauthbearer") (not $k.sasl.passwordSecret.name)) -}}
+{{- if or .Values.strimzi.user.enabled $fromChartSecret -}}post-install,pre-upgrade{{- else -}}pre-install,pre-upgrade{{- end -}}
+{{- end -}}
+
 {{- define "hookline.strimziUser" -}}
 {{- .Values.strimzi.user.name | default (printf "%s-kafka" (include "hookline.fullname" .)) -}}
 {{- end -}}
