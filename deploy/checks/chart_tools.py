@@ -30,7 +30,7 @@ KEDA_MODULE, KEDA_VERSION = "github.com/kedacore/keda/v2", "v2.21.0"
 PROM_OP_MODULE, PROM_OP_VERSION = "github.com/prometheus-operator/prometheus-operator", "v0.85.0"
 STRIMZI_VERSION = "1.2.0"
 
-# (apiVersion, kind) -> (source name, version, how to get the CRD documents)
+# (apiVersion, kind) -> (source, version); crd_schemas() knows how to get each source's CRD documents.
 CRDS = {
     ("keda.sh/v1alpha1", "ScaledObject"): ("keda", KEDA_VERSION),
     ("monitoring.coreos.com/v1", "ServiceMonitor"): ("prometheus-operator", PROM_OP_VERSION),
