@@ -1,11 +1,15 @@
 #!/usr/bin/env python3
-"""Checks of the deployment files that can run without Docker, Helm or a cluster (run by scripts/check-deploy).
+"""Checks of the deployment files that can run without Docker or a cluster (run by scripts/check-deploy).
 
 1. docker-compose.yml parses; every depends_on names a service; every bind-mounted file exists; every service
    has an image or a build whose context and Dockerfile exist; every network/volume used is declared.
 2. deploy/kubernetes/*.yaml pass kubernetes-validate (strict); the CRDs in deploy/kubernetes/optional/ (KEDA
-   ScaledObject, ServiceMonitor) are checked structurally here, since kubernetes-validate has no schema for them.
-3. helm/hookline/values.yaml validates against values.schema.json.
+   ScaledObject, ServiceMonitor) are checked structurally here, and in 3 against the chart's rendering.
+3. helm/hookline/values.yaml validates against values.schema.json; the chart passes helm lint and renders with each
+   value set in helm/hookline/ci, every object validating against the Kubernetes schemas (kubernetes-validate, strict)
+   or its CRD's schema (KEDA, Prometheus Operator, Strimzi: chart_tools.py), with its references checked and, when a
+   hookline binary is built, each container's config loaded by hookline itself; deploy/checks/chart-must-fail/*.yaml
+   must be refused.
 4. deploy/prometheus/alerts.yml and deploy/grafana/hookline.json parse, their PromQL parses, and every hookline_*
    metric they name is in docs/metrics.md.
 5. Every metric emitted in crates/*/src (counter!/gauge!/histogram!) is in docs/metrics.md, and vice versa.
@@ -18,6 +22,7 @@ import os
 import re
 import subprocess
 import sys
+import tempfile
 
 ROOT = os.path.abspath(os.path.join(os.path.dirname(__file__), "..", ".."))
 K8S_VERSION = "1.30.0"
@@ -49,6 +54,8 @@ yaml = need("yaml", "pyyaml")
 jsonschema = need("jsonschema", "jsonschema")
 need("kubernetes_validate", "kubernetes-validate")
 promql = need("promql_parser", "promql-parser")
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import chart_tools  # noqa: E402 - after the pip installs it relies on
 
 
 # --- 5. the metrics catalogue ----------------------------------------------------------------------------------
@@ -316,8 +323,406 @@ def check_helm():
         ok("helm/hookline/values.yaml validates against values.schema.json")
 
 
+# --- 3b. The chart, rendered --------------------------------------------------------------------------------------
+CHART = os.path.join(ROOT, "helm", "hookline")
+RELEASE = "hookline"
+# Value sets that the chart must refuse (helm template fails): file -> a phrase of the expected error.
+MUST_FAIL = os.path.join(ROOT, "deploy", "checks", "chart-must-fail")
+
+
+def helm_args(values_file):
+    """Extra helm template arguments a value set asks for in a `# helm-args: ...` line (e.g. --api-versions)."""
+    args = []
+    for line in open(values_file):
+        m = re.match(r"^#\s*helm-args:\s*(.+)$", line)
+        if m:
+            args += m.group(1).split()
+    return args
+
+
+def code_topics():
+    """{base name: (cleanup, co-partitioned, retention days)} from Topics in crates/kafka/src/topics.rs."""
+    text = open(os.path.join(ROOT, "crates", "kafka", "src", "topics.rs")).read()
+    names = dict(re.findall(r"(\w+): name\(\"([^\"]+)\"\)", text))
+    tiers = re.findall(r'Tier \{ name: "([^"]+)", delay_ms', text)
+    found = {}
+    spec = re.compile(r"TopicSpec \{ name: self\.(\w+)\.clone\(\), cleanup: Cleanup::(\w+), co_partitioned: (true|false), "
+                      r"retention_ms: (None|Some\((\d+) \* day\)) \}")
+    for field, cleanup, co, _, days in spec.findall(text):
+        found[names[field]] = (cleanup.lower(), co == "true", int(days or 0))
+    m = re.search(r"specs\.extend\(TIERS\.iter\(\)\.map\(\|t\| TopicSpec \{.*?cleanup: Cleanup::(\w+),\s*co_partitioned: (true|false),"
+                  r"\s*retention_ms: Some\((\d+) \* day\)", text, re.S)
+    if not m or not tiers:
+        raise ValueError("crates/kafka/src/topics.rs: the retry tiers' TopicSpec not found (scan broken?)")
+    for t in tiers:
+        found[f"retry.{t}"] = (m.group(1).lower(), m.group(2) == "true", int(m.group(3)))
+    return found
+
+
+def pod_files(pod, container):
+    """{path: how it is provided} for each file a container gets from a Secret/ConfigMap volume; a directory whose
+    volume projects every key maps to None."""
+    vols = {v["name"]: v for v in pod.get("volumes", [])}
+    files = {}
+    for m in container.get("volumeMounts", []):
+        v = vols.get(m["name"])
+        if v is None:
+            continue
+        base = m["mountPath"].rstrip("/")
+        sources = []
+        if "secret" in v:
+            sources = [("secret", v["secret"].get("secretName"), v["secret"].get("items"))]
+        elif "configMap" in v:
+            sources = [("configMap", v["configMap"].get("name"), v["configMap"].get("items"))]
+        elif "projected" in v:
+            for src in v["projected"]["sources"]:
+                for kind in ("secret", "configMap"):
+                    if kind in src:
+                        sources.append((kind, src[kind].get("name"), src[kind].get("items")))
+        else:
+            files[base + "/"] = ("dir", m["name"])
+            continue
+        for kind, name, items in sources:
+            if items is None:
+                files[base + "/*"] = (kind, name, None)
+            for it in items or []:
+                files[f"{base}/{it['path']}"] = (kind, name, it["key"])
+    return files
+
+
+def check_rendered(where, docs, values, schemas, strict_validate):
+    """Schema validation of every rendered object, and the references between them."""
+    try:
+        import tomllib
+    except ImportError:  # Python < 3.11
+        tomllib = need("tomli", "tomli")
+    have = {(d["kind"], d["metadata"]["name"]) for d in docs}
+    n_crd = 0
+    for d in docs:
+        key = (d.get("apiVersion"), d.get("kind"))
+        name = f"{where} {d.get('kind')} {d.get('metadata', {}).get('name')}"
+        if key in schemas:
+            n_crd += 1
+            for e in sorted(jsonschema.Draft202012Validator(schemas[key]).iter_errors(d), key=lambda e: list(e.path)):
+                fail(f"{name}: {'.'.join(map(str, e.path)) or '(root)'}: {e.message}")
+        elif key[0] in {k[0] for k in chart_tools.CRDS}:
+            fail(f"{name}: no schema for {key[1]} {key[0]} (CRD source missing)")
+        else:
+            try:
+                strict_validate(d, K8S_VERSION, True)
+            except Exception as e:  # noqa: BLE001 - kubernetes_validate raises its own exception kinds
+                path = ".".join(map(str, getattr(e, "path", []) or []))
+                fail(f"{name}: {path}: {getattr(e, 'message', e)}")
+    # Secrets the values name exist outside the chart (Strimzi's, or created by the operator).
+    k = values.get("kafka", {})
+    external = {values.get("secrets", {}).get("existingSecret"), k.get("tls", {}).get("ca", {}).get("secretName"),
+                k.get("tls", {}).get("clientCert", {}).get("secretName"),
+                k.get("sasl", {}).get("passwordSecret", {}).get("name")} - {None, ""}
+    kafka_users = {d["metadata"]["name"] for d in docs if d["kind"] == "KafkaUser"}
+    config = None
+    for d in docs:
+        if d["kind"] == "ConfigMap" and "hookline.toml" in d.get("data", {}):
+            try:
+                config = tomllib.loads(d["data"]["hookline.toml"])
+            except Exception as e:  # noqa: BLE001
+                fail(f"{where} ConfigMap {d['metadata']['name']}: hookline.toml does not parse: {e}")
+    for d in docs:
+        name = f"{where} {d['kind']} {d['metadata']['name']}"
+        if d["kind"] in ("Deployment", "Job"):
+            pod = d["spec"]["template"]["spec"]
+            labels = d["spec"]["template"]["metadata"].get("labels", {})
+            if d["kind"] == "Deployment" and not d["spec"]["selector"]["matchLabels"].items() <= labels.items():
+                fail(f"{name}: selector does not match its pod labels")
+            for v in pod.get("volumes", []):
+                refs = []
+                if "configMap" in v:
+                    refs.append(("ConfigMap", v["configMap"]["name"], v["configMap"].get("optional")))
+                if "secret" in v:
+                    refs.append(("Secret", v["secret"]["secretName"], v["secret"].get("optional")))
+                for src in (v.get("projected") or {}).get("sources", []):
+                    if "secret" in src:
+                        refs.append(("Secret", src["secret"]["name"], src["secret"].get("optional")))
+                for kind, ref, optional in refs:
+                    if (kind, ref) not in have and ref not in external and not optional:
+                        fail(f"{name}: volume {v['name']} needs {kind} {ref}, which is neither rendered nor named in the values")
+            for c in pod["containers"]:
+                if (c.get("command") or [""])[0] not in BINARIES:
+                    fail(f"{name}: command {c.get('command')} is not a hookline binary")
+                for e in c.get("env", []):
+                    ref = (e.get("valueFrom") or {}).get("secretKeyRef")
+                    if ref and ("Secret", ref["name"]) not in have and ref["name"] not in external and not ref.get("optional"):
+                        fail(f"{name}: env {e['name']} needs Secret {ref['name']}")
+                # Every file hookline.toml names is mounted in the container.
+                files = pod_files(pod, c)
+                kc = (config or {}).get("kafka", {})
+                wanted = [(f"kafka.{t}.{key}", kc.get(t, {}).get(key)) for t, keys in
+                          (("tls", ("ca_file", "cert_file", "key_file")), ("sasl", ("password_file",)),
+                           ("oauth", ("client_secret_file",))) for key in keys]
+                for key, path in wanted:
+                    if not path:
+                        continue
+                    if path not in files and os.path.dirname(path) + "/*" not in files:
+                        fail(f"{name}: {key} = {path}, but no volume of container {c['name']} provides that file")
+                    elif (path in files and d["kind"] == "Job" and files[path][0] == "secret"
+                          and "pre-install" in d["metadata"].get("annotations", {}).get("helm.sh/hook", "")
+                          and (("Secret", files[path][1]) in have or files[path][1] in kafka_users)):
+                        fail(f"{name}: a pre-install hook, but {key} = {path} comes from Secret {files[path][1]}, "
+                             "which the release creates after its pre-install hooks")
+                    elif path in files and files[path][0] == "secret" and files[path][1] == values.get("_chartSecret"):
+                        secret = next((x for x in docs if x["kind"] == "Secret" and x["metadata"]["name"] == files[path][1]), None)
+                        if secret is not None and files[path][2] not in (secret.get("stringData") or {}):
+                            fail(f"{name}: {key} = {path} comes from key {files[path][2]} of the chart's Secret, which does not set it")
+            # The root filesystem is read-only: ingest's SQLite delivery log needs a writable volume at its directory.
+            log = (config or {}).get("log", {})
+            if d["kind"] == "Deployment" and pod["containers"][0].get("command") == ["hookline-ingest"] and log.get("store") == "sqlite":
+                mounts = {m["mountPath"]: m for m in pod["containers"][0].get("volumeMounts", [])}
+                m = mounts.get(os.path.dirname(log.get("sqlite_path", "")))
+                if m is None or m.get("readOnly"):
+                    fail(f"{name}: log.sqlite_path {log.get('sqlite_path')} is on no writable volume (the root filesystem is read-only)")
+        if d["kind"] == "Service":
+            sel = d["spec"].get("selector", {})
+            if not any(x["kind"] == "Deployment" and sel.items() <= x["spec"]["template"]["metadata"]["labels"].items() for x in docs):
+                fail(f"{name}: selector matches no Deployment's pods")
+        if d["kind"] == "PodDisruptionBudget":
+            sel = d["spec"]["selector"]["matchLabels"]
+            if not any(x["kind"] == "Deployment" and sel.items() <= x["spec"]["template"]["metadata"]["labels"].items() for x in docs):
+                fail(f"{name}: selector matches no Deployment's pods")
+        if d["kind"] in ("HorizontalPodAutoscaler", "ScaledObject"):
+            target = d["spec"]["scaleTargetRef"]["name"]
+            if ("Deployment", target) not in have:
+                fail(f"{name}: scaleTargetRef {target} is not a rendered Deployment")
+            hi = d["spec"].get("maxReplicas", d["spec"].get("maxReplicaCount"))
+            if config and hi > config["kafka"]["partitions"]:
+                fail(f"{name}: at most {hi} replicas, above kafka.partitions ({config['kafka']['partitions']}): the rest sit idle")
+            dispatchers = [x for x in docs if x["kind"] == "Deployment" and x["metadata"]["name"] == target]
+            if dispatchers and "replicas" in dispatchers[0]["spec"]:
+                fail(f"{name}: the Deployment it scales also sets spec.replicas (every helm upgrade would reset the scale)")
+        if d["kind"] == "ScaledObject" and config:
+            for t in d["spec"]["triggers"]:
+                md = t["metadata"]
+                if t["type"] != "kafka" or md.get("topic") != config["kafka"]["topic_prefix"] + "deliveries":
+                    fail(f"{name}: must scale on the kafka topic {config['kafka']['topic_prefix']}deliveries")
+                if md.get("consumerGroup") != config["dispatcher"]["group_id"]:
+                    fail(f"{name}: consumerGroup {md.get('consumerGroup')} is not dispatcher.group_id")
+                if md.get("excludePersistentLag") not in (None, "false"):
+                    fail(f"{name}: excludePersistentLag would hide a stuck dispatcher's lag")
+        if d["kind"] == "ServiceMonitor":
+            ports = {p["name"] for x in docs if x["kind"] == "Service" for p in x["spec"]["ports"]}
+            for ep in d["spec"]["endpoints"]:
+                if ep["port"] not in ports:
+                    fail(f"{name}: endpoint port {ep['port']} is on no Service")
+        if d["kind"] in ("KafkaTopic", "KafkaUser") and not d["metadata"].get("labels", {}).get("strimzi.io/cluster"):
+            fail(f"{name}: no strimzi.io/cluster label")
+        if d["kind"] == "KafkaUser":
+            # The User Operator writes the user's Secret under the user's name: it must not be one the chart renders,
+            # and the pods must use that Secret.
+            user = d["metadata"]["name"]
+            if ("Secret", user) in have:
+                fail(f"{name}: the User Operator's Secret {user} would clash with the chart's Secret of that name")
+            auth = d["spec"]["authentication"]["type"]
+            if auth.startswith("scram") and (k.get("sasl", {}).get("username") != user or k["sasl"]["passwordSecret"]["name"] != user):
+                fail(f"{name}: kafka.sasl.username and kafka.sasl.passwordSecret.name are not the KafkaUser {user}")
+            if auth == "tls" and k.get("tls", {}).get("clientCert", {}).get("secretName") != user:
+                fail(f"{name}: kafka.tls.clientCert.secretName is not the KafkaUser's Secret {user}")
+    topics = [d for d in docs if d["kind"] == "KafkaTopic"]
+    if topics and config:
+        prefix = config["kafka"]["topic_prefix"]
+        want = {}
+        for base, (cleanup, co, days) in code_topics().items():
+            want[prefix + base] = (config["kafka"]["partitions" if co else "event_partitions"], cleanup, days * 86_400_000 or None)
+        got = {t["spec"]["topicName"]: (t["spec"]["partitions"], t["spec"]["config"]["cleanup.policy"],
+                                        t["spec"]["config"].get("retention.ms")) for t in topics}
+        for topic in sorted(set(want) | set(got)):
+            if want.get(topic) != got.get(topic):
+                fail(f"{where} KafkaTopic {topic}: (partitions, cleanup.policy, retention.ms) {got.get(topic)}, "
+                     f"but `hookline topics create` makes {want.get(topic)}")
+        if any(d["kind"] == "Job" for d in docs):
+            fail(f"{where}: the topics Job is rendered beside KafkaTopics (the Topic Operator owns them)")
+    return n_crd
+
+
+def hookline_binary():
+    """The `hookline` CLI when one is built (scripts/test builds the binaries before it runs check-deploy)."""
+    for p in (os.environ.get("HOOKLINE_BIN"), os.path.join(ROOT, "target", "debug", "hookline"),
+              os.path.join(ROOT, "target", "release", "hookline")):
+        if p and os.access(p, os.X_OK):
+            return p
+    return None
+
+
+# Stand-ins for secret values the rendered Secrets do not hold (they come from Secrets made outside the chart).
+SECRET_STAND_INS = {"log-postgres-url": "postgres://check:check@127.0.0.1:5432/hookline"}
+
+
+def check_config_loads(where, docs, binary):
+    """Each container's hookline.toml and HOOKLINE_* variables, loaded and validated by hookline's own config loader
+    (`hookline topics list`, which contacts no cluster), with the files the pod mounts as stand-ins."""
+    config_maps = {d["metadata"]["name"]: d for d in docs if d["kind"] == "ConfigMap"}
+    secrets = {d["metadata"]["name"]: d.get("stringData") or {} for d in docs if d["kind"] == "Secret"}
+    n = 0
+    for d in docs:
+        if d["kind"] not in ("Deployment", "Job"):
+            continue
+        pod = d["spec"]["template"]["spec"]
+        for c in pod["containers"]:
+            name = f"{where} {d['kind']} {d['metadata']['name']}"
+            env = {"PATH": os.environ.get("PATH", "/usr/bin:/bin")}
+            for e in c.get("env", []):
+                src = e.get("valueFrom") or {}
+                if "value" in e:
+                    env[e["name"]] = e["value"]
+                elif "fieldRef" in src:
+                    env[e["name"]] = "check-pod-0"
+                elif "secretKeyRef" in src:
+                    ref = src["secretKeyRef"]
+                    value = secrets.get(ref["name"], {}).get(ref["key"], SECRET_STAND_INS.get(ref["key"]))
+                    if value is not None:
+                        env[e["name"]] = value
+                    elif not ref.get("optional"):
+                        fail(f"{name}: env {e['name']}: no stand-in for key {ref['key']} of Secret {ref['name']}")
+            with tempfile.TemporaryDirectory() as tmp:
+                text = None
+                for path, how in pod_files(pod, c).items():
+                    cm = config_maps.get(how[1]) if how[0] == "configMap" else None
+                    if cm and (path.endswith("/hookline.toml") or (path.endswith("/*") and "hookline.toml" in cm.get("data", {}))):
+                        text = cm["data"]["hookline.toml"]
+                    elif not path.endswith(("/", "/*")):
+                        os.makedirs(os.path.dirname(tmp + path), exist_ok=True)
+                        open(tmp + path, "w").write("stand-in\n")
+                if text is None:
+                    fail(f"{name}: container {c['name']} mounts no hookline.toml")
+                    continue
+                cfg = os.path.join(tmp, "hookline.toml")
+                open(cfg, "w").write(text.replace('"/var/run/hookline/', f'"{tmp}/var/run/hookline/'))
+                env["HOOKLINE_CONFIG"] = cfg
+                r = subprocess.run([binary, "topics", "list", "--json"], capture_output=True, text=True, env=env, cwd=tmp)
+                if r.returncode != 0:
+                    fail(f"{name}: hookline does not accept the container's config: {(r.stderr or r.stdout).strip()}")
+                n += 1
+    return n
+
+
+def check_helm_render():
+    try:
+        helm = chart_tools.helm()
+    except chart_tools.ToolError as e:
+        fail(f"helm {chart_tools.HELM_VERSION}: {e}")
+        return
+    schemas, missing = chart_tools.crd_schemas()
+    for source, err in sorted(missing.items()):
+        fail(f"CRD schemas of {source} could not be had: {err}")
+    from kubernetes_validate.utils import validate as strict_validate
+
+    binary = hookline_binary()
+    if not binary:
+        ok("rendered configs not loaded: no target/debug/hookline (HOOKLINE_BIN); scripts/test builds it first")
+    base_values = yaml.safe_load(open(os.path.join(CHART, "values.yaml")))
+    sets = sorted(glob.glob(os.path.join(CHART, "ci", "*.yaml")))
+    if not sets:
+        fail("helm/hookline/ci: no value sets to render")
+    for vf in sets:
+        where = f"helm template -f {rel(vf)}"
+        lint = subprocess.run([helm, "lint", "--strict", CHART, "-f", vf], capture_output=True, text=True)
+        if lint.returncode != 0:
+            fail(f"helm lint --strict -f {rel(vf)}:\n{lint.stdout}{lint.stderr}")
+        r = subprocess.run([helm, "template", RELEASE, CHART, "-f", vf, "--kube-version", K8S_VERSION, *helm_args(vf)],
+                           capture_output=True, text=True)
+        if r.returncode != 0:
+            fail(f"{where}: {r.stderr.strip()}")
+            continue
+        docs = [d for d in yaml.safe_load_all(r.stdout) if d]
+        values = merge(base_values, yaml.safe_load(open(vf)) or {})
+        values["_chartSecret"] = values["secrets"].get("existingSecret") or RELEASE
+        before = len(failures)
+        n_crd = check_rendered(where, docs, values, schemas, strict_validate)
+        loaded = check_config_loads(where, docs, binary) if binary else 0
+        if len(failures) == before:
+            kinds = sorted({d["kind"] for d in docs})
+            loads = f", {loaded} containers' config accepted by hookline" if binary else ""
+            ok(f"{where}: {len(docs)} objects valid ({n_crd} against CRD schemas){loads}: {', '.join(kinds)}")
+    for vf in sorted(glob.glob(os.path.join(MUST_FAIL, "*.yaml"))):
+        expect = next((m.group(1).strip() for line in open(vf) if (m := re.match(r"^#\s*expect:\s*(.+)$", line))), None)
+        r = subprocess.run([helm, "template", RELEASE, CHART, "-f", vf, *helm_args(vf)], capture_output=True, text=True)
+        if r.returncode == 0:
+            fail(f"helm template -f {rel(vf)}: rendered, but the chart must refuse it")
+        elif expect and expect not in r.stderr:
+            fail(f"helm template -f {rel(vf)}: refused, but not with '{expect}': {r.stderr.strip()}")
+        else:
+            ok(f"helm template -f {rel(vf)}: refused as it must be")
+    # The plain manifests are the chart's rendering; the alerts the chart ships are deploy/prometheus's.
+    check_plain_manifests(helm)
+    if open(os.path.join(CHART, "files", "alerts.yml")).read() != open(os.path.join(ROOT, "deploy", "prometheus", "alerts.yml")).read():
+        fail("helm/hookline/files/alerts.yml differs from deploy/prometheus/alerts.yml (copy it over)")
+
+
+# The plain manifests are the chart's rendering (release hookline): deploy/kubernetes with the default values,
+# deploy/kubernetes/optional with KEDA and the ServiceMonitor. `scripts/check-deploy --write-manifests` rewrites them
+# (each file keeps its leading comments and its objects, in order).
+PLAIN_MANIFESTS = [
+    (os.path.join(ROOT, "deploy", "kubernetes", "*.yaml"), []),
+    (os.path.join(ROOT, "deploy", "kubernetes", "optional", "*.yaml"),
+     ["--set", "dispatcher.autoscaling.mode=keda", "--set", "serviceMonitor.enabled=true"]),
+]
+WRITE_MANIFESTS = "--write-manifests" in sys.argv
+
+
+def rendered_documents(helm, args):
+    """{(kind, name): (object, its text as helm printed it)}."""
+    r = subprocess.run([helm, "template", RELEASE, CHART, "--kube-version", K8S_VERSION, *args], capture_output=True, text=True)
+    if r.returncode != 0:
+        raise chart_tools.ToolError(f"helm template {' '.join(args)}: {r.stderr.strip()}")
+    out = {}
+    for text in re.split(r"^---\s*$", r.stdout, flags=re.M):
+        text = "\n".join(line for line in text.strip("\n").splitlines() if not line.startswith("# Source: ")).strip("\n") + "\n"
+        d = yaml.safe_load(text)
+        if d:
+            out[(d["kind"], d["metadata"]["name"])] = (d, text)
+    return out
+
+
+def check_plain_manifests(helm):
+    for pattern, args in PLAIN_MANIFESTS:
+        try:
+            rendered = rendered_documents(helm, args)
+        except chart_tools.ToolError as e:
+            fail(str(e))
+            continue
+        how = f"helm template {RELEASE} helm/hookline {' '.join(args)}".rstrip()
+        for f in sorted(glob.glob(pattern)):
+            text = open(f).read()
+            header = "".join(re.match(r"^((?:#[^\n]*\n)*)", text).group(1))
+            have = {(d["kind"], d["metadata"]["name"]): d for d in yaml.safe_load_all(text) if d}
+            keys = list(have)
+            missing = [k for k in keys if k not in rendered]
+            if missing:
+                fail(f"{rel(f)}: {missing} not in the chart's rendering ({how})")
+                continue
+            if WRITE_MANIFESTS:
+                open(f, "w").write(header + "---\n".join(rendered[k][1] for k in keys))
+                ok(f"{rel(f)}: rewritten from {how}")
+                continue
+            for k in keys:
+                if rendered[k][0] != have[k]:
+                    fail(f"{rel(f)} {k[0]} {k[1]}: differs from the chart's rendering ({how}); "
+                         "scripts/check-deploy --write-manifests rewrites it")
+        covered = {(d["kind"], d["metadata"]["name"]) for f in glob.glob(pattern) for d in yaml.safe_load_all(open(f)) if d}
+        if not args:
+            for k in sorted(set(rendered) - covered):
+                fail(f"deploy/kubernetes: the chart's {k[0]} {k[1]} ({how}) is in no plain manifest")
+    if not failures:
+        ok("deploy/kubernetes and deploy/kubernetes/optional are the chart's rendering")
+
+
+def merge(a, b):
+    out = dict(a)
+    for k, v in b.items():
+        out[k] = merge(a[k], v) if isinstance(v, dict) and isinstance(a.get(k), dict) else v
+    return out
+
+
 def main():
-    for check in (check_compose, check_dockerfile, check_kubernetes, check_helm, check_alerts, check_dashboard, check_catalogue):
+    for check in (check_compose, check_dockerfile, check_kubernetes, check_helm, check_helm_render, check_alerts, check_dashboard,
+                  check_catalogue):
         try:
             check()
         except Exception as e:  # noqa: BLE001 - report the item and keep checking the rest

@@ -56,12 +56,12 @@ security_protocol = {{ .Values.kafka.securityProtocol | default "plaintext" | qu
 
 [kafka.tls]
 check_hostname = {{ $k.tls.checkHostname }}
-{{- if $k.tls.secretName }}
+{{- if $k.tls.ca.secretName }}
 ca_file = "/var/run/hookline/kafka-tls/ca.crt"
-{{- if $k.tls.clientCertificate }}
+{{- end }}
+{{- if $k.tls.clientCert.secretName }}
 cert_file = "/var/run/hookline/kafka-tls/tls.crt"
 key_file = "/var/run/hookline/kafka-tls/tls.key"
-{{- end }}
 {{- end }}
 {{- end }}
 {{- if has ($k.securityProtocol | default "plaintext") (list "sasl_plaintext" "sasl_ssl") }}
@@ -79,7 +79,11 @@ scope = {{ . | quote }}
 {{- end }}
 {{- else }}
 username = {{ $k.sasl.username | quote }}
+{{- if $k.sasl.passwordSecret.name }}
+password_file = "/var/run/hookline/kafka-sasl/password"
+{{- else }}
 password_file = "/var/run/hookline/secrets/kafka-sasl-password"
+{{- end }}
 {{- end }}
 {{- end }}
 
@@ -164,18 +168,36 @@ blocked_hostnames = {{ .Values.egress.blockedHostnames | toJson }}
 {{- end }}
 {{- end -}}
 
+{{/* Whether the pods mount Kafka TLS files (a CA or a client certificate from existing Secrets): (dict "root" $) */}}
+{{- define "hookline.kafkaTls" -}}
+{{- $t := .root.Values.kafka.tls -}}
+{{- if and (has (.root.Values.kafka.securityProtocol | default "plaintext") (list "ssl" "sasl_ssl")) (or $t.ca.secretName $t.clientCert.secretName) -}}true{{- end -}}
+{{- end -}}
+
+{{/* Whether the SASL password comes from an existing Secret of its own (a Strimzi KafkaUser's): (dict "root" $) */}}
+{{- define "hookline.kafkaSaslSecret" -}}
+{{- $k := .root.Values.kafka -}}
+{{- if and (has ($k.securityProtocol | default "plaintext") (list "sasl_plaintext" "sasl_ssl")) (ne $k.sasl.mechanism "oauthbearer") $k.sasl.passwordSecret.name -}}true{{- end -}}
+{{- end -}}
+
 {{/* Kafka credentials as files (volumeMounts / volumes of every hookline pod): (dict "root" $) */}}
 {{- define "hookline.kafkaMounts" -}}
 - name: secrets
   mountPath: /var/run/hookline/secrets
   readOnly: true
-{{- if .root.Values.kafka.tls.secretName }}
+{{- if include "hookline.kafkaTls" . }}
 - name: kafka-tls
   mountPath: /var/run/hookline/kafka-tls
   readOnly: true
 {{- end }}
+{{- if include "hookline.kafkaSaslSecret" . }}
+- name: kafka-sasl
+  mountPath: /var/run/hookline/kafka-sasl
+  readOnly: true
+{{- end }}
 {{- end -}}
 {{- define "hookline.kafkaVolumes" -}}
+{{- $t := .root.Values.kafka.tls -}}
 - name: secrets
   secret:
     secretName: {{ include "hookline.secretName" .root }}
@@ -183,10 +205,31 @@ blocked_hostnames = {{ .Values.egress.blockedHostnames | toJson }}
     items:
       - {key: kafka-sasl-password, path: kafka-sasl-password}
       - {key: kafka-oauth-client-secret, path: kafka-oauth-client-secret}
-{{- with .root.Values.kafka.tls.secretName }}
+{{- if include "hookline.kafkaTls" . }}
+# The CA and the client certificate may come from different Secrets (Strimzi: the cluster CA and the KafkaUser).
 - name: kafka-tls
+  projected:
+    sources:
+      {{- with $t.ca.secretName }}
+      - secret:
+          name: {{ . }}
+          items:
+            - {key: {{ $t.ca.key | quote }}, path: ca.crt}
+      {{- end }}
+      {{- with $t.clientCert.secretName }}
+      - secret:
+          name: {{ . }}
+          items:
+            - {key: {{ $t.clientCert.certKey | quote }}, path: tls.crt}
+            - {key: {{ $t.clientCert.keyKey | quote }}, path: tls.key}
+      {{- end }}
+{{- end }}
+{{- if include "hookline.kafkaSaslSecret" . }}
+- name: kafka-sasl
   secret:
-    secretName: {{ . }}
+    secretName: {{ .root.Values.kafka.sasl.passwordSecret.name }}
+    items:
+      - {key: {{ .root.Values.kafka.sasl.passwordSecret.key | quote }}, path: password}
 {{- end }}
 {{- end -}}
 
@@ -338,4 +381,55 @@ spec:
       port: {{ .servicePort }}
       targetPort: {{ .portName }}
       protocol: TCP
+{{- end -}}
+
+{{/*
+Every topic hookline uses, as `hookline topics create` makes it (Topics::all in crates/kafka/src/topics.rs; check-deploy
+compares the two): the base name after kafka.topicPrefix, the cleanup policy, whether it has kafka.partitions
+(co-partitioned) or kafka.eventPartitions, and the retention in days (0: the broker's default).
+*/}}
+{{- define "hookline.topicSpecs" -}}
+- {base: events, cleanup: delete, coPartitioned: false, retentionDays: 30}
+- {base: deliveries, cleanup: delete, coPartitioned: true, retentionDays: 7}
+- {base: retry.1s, cleanup: delete, coPartitioned: true, retentionDays: 7}
+- {base: retry.4s, cleanup: delete, coPartitioned: true, retentionDays: 7}
+- {base: retry.15s, cleanup: delete, coPartitioned: true, retentionDays: 7}
+- {base: retry.1m, cleanup: delete, coPartitioned: true, retentionDays: 7}
+- {base: retry.4m, cleanup: delete, coPartitioned: true, retentionDays: 7}
+- {base: retry.15m, cleanup: delete, coPartitioned: true, retentionDays: 7}
+- {base: retry.1h, cleanup: delete, coPartitioned: true, retentionDays: 7}
+- {base: retry.4h, cleanup: delete, coPartitioned: true, retentionDays: 7}
+- {base: held, cleanup: delete, coPartitioned: true, retentionDays: 30}
+- {base: parked, cleanup: compact, coPartitioned: true, retentionDays: 0}
+- {base: ordered, cleanup: delete, coPartitioned: true, retentionDays: 30}
+- {base: dlq, cleanup: delete, coPartitioned: false, retentionDays: 30}
+- {base: subscriptions, cleanup: compact, coPartitioned: true, retentionDays: 0}
+- {base: endpoint-state, cleanup: compact, coPartitioned: true, retentionDays: 0}
+- {base: inflight, cleanup: compact, coPartitioned: true, retentionDays: 0}
+- {base: attempts, cleanup: delete, coPartitioned: true, retentionDays: 30}
+- {base: ops, cleanup: delete, coPartitioned: false, retentionDays: 30}
+- {base: tenants, cleanup: compact, coPartitioned: false, retentionDays: 0}
+- {base: api-keys, cleanup: compact, coPartitioned: false, retentionDays: 0}
+- {base: event-types, cleanup: compact, coPartitioned: false, retentionDays: 0}
+{{- end -}}
+
+{{/* Whether the chart's topics Job runs: not when the Strimzi Topic Operator owns the topics. */}}
+{{- define "hookline.topicsJob" -}}
+{{- if and .Values.topicsJob.enabled (not .Values.strimzi.topics.enabled) -}}true{{- end -}}
+{{- end -}}
+
+{{/*
+When the topics Job runs. Before install (and before every upgrade), unless it needs a Secret the release itself
+creates: the KafkaUser's (strimzi.user.enabled), or the chart's own Secret for the SASL password or the OAuth client
+secret. Then it runs after install (the services wait for their topics meanwhile) and before every upgrade.
+*/}}
+{{- define "hookline.topicsJobHook" -}}
+{{- $k := .Values.kafka -}}
+{{- $sasl := has ($k.securityProtocol | default "plaintext") (list "sasl_plaintext" "sasl_ssl") -}}
+{{- $fromChartSecret := and $sasl (not .Values.secrets.existingSecret) (or (eq $k.sasl.mechanism "oauthbearer") (not $k.sasl.passwordSecret.name)) -}}
+{{- if or .Values.strimzi.user.enabled $fromChartSecret -}}post-install,pre-upgrade{{- else -}}pre-install,pre-upgrade{{- end -}}
+{{- end -}}
+
+{{- define "hookline.strimziUser" -}}
+{{- .Values.strimzi.user.name | default (printf "%s-kafka" (include "hookline.fullname" .)) -}}
 {{- end -}}
