@@ -106,7 +106,7 @@ pub struct TryLine {
     pub next_delay_max_s: Option<Seconds>,
     /// Extra: the delivery's status after this try, in the profile's words (`pending`, `DEAD_LETTER`, ...).
     pub status: String,
-    /// Extra: the index of the `classify` rule that decided.
+    /// Extra: the number of the `classify` rule that decided, counted from 1 as in the delivery log (0: none).
     pub rule: usize,
 }
 
@@ -172,7 +172,8 @@ pub fn simulate(policy: &Policy, responses: &[Outcome], seed: u64) -> Vec<Line> 
             next_delay_min_s: wait.map(|w| Seconds(w.min_ms)),
             next_delay_max_s: wait.map(|w| Seconds(w.max_ms)),
             status,
-            rule: d.rule,
+            // Counted from 1, as the delivery log and the portal count (0: no rule decided).
+            rule: policy.classify.get(d.rule).map_or(0, |_| d.rule.saturating_add(1)),
         }));
         match d.next {
             Next::MicroRetry(_) => try_no = try_no.saturating_add(1),
@@ -244,12 +245,12 @@ mod tests {
     fn lucibook_503_runs_the_whole_schedule_and_stays_failed() {
         let lines = run("lucibook", &["503"], 0);
         let want = [
-            r#"{"attempt":1,"try":1,"at_s":0,"outcome":"503","verdict":"retry","counts_toward_disable":true,"next_delay_s":60,"next_delay_min_s":60,"next_delay_max_s":60,"status":"pending","rule":4}"#,
-            r#"{"attempt":2,"try":1,"at_s":60,"outcome":"503","verdict":"retry","counts_toward_disable":true,"next_delay_s":300,"next_delay_min_s":300,"next_delay_max_s":300,"status":"pending","rule":4}"#,
-            r#"{"attempt":3,"try":1,"at_s":360,"outcome":"503","verdict":"retry","counts_toward_disable":true,"next_delay_s":1800,"next_delay_min_s":1800,"next_delay_max_s":1800,"status":"pending","rule":4}"#,
-            r#"{"attempt":4,"try":1,"at_s":2160,"outcome":"503","verdict":"retry","counts_toward_disable":true,"next_delay_s":7200,"next_delay_min_s":7200,"next_delay_max_s":7200,"status":"pending","rule":4}"#,
-            r#"{"attempt":5,"try":1,"at_s":9360,"outcome":"503","verdict":"retry","counts_toward_disable":true,"next_delay_s":43200,"next_delay_min_s":43200,"next_delay_max_s":43200,"status":"pending","rule":4}"#,
-            r#"{"attempt":6,"try":1,"at_s":52560,"outcome":"503","verdict":"retry","counts_toward_disable":true,"status":"failed","rule":4}"#,
+            r#"{"attempt":1,"try":1,"at_s":0,"outcome":"503","verdict":"retry","counts_toward_disable":true,"next_delay_s":60,"next_delay_min_s":60,"next_delay_max_s":60,"status":"pending","rule":5}"#,
+            r#"{"attempt":2,"try":1,"at_s":60,"outcome":"503","verdict":"retry","counts_toward_disable":true,"next_delay_s":300,"next_delay_min_s":300,"next_delay_max_s":300,"status":"pending","rule":5}"#,
+            r#"{"attempt":3,"try":1,"at_s":360,"outcome":"503","verdict":"retry","counts_toward_disable":true,"next_delay_s":1800,"next_delay_min_s":1800,"next_delay_max_s":1800,"status":"pending","rule":5}"#,
+            r#"{"attempt":4,"try":1,"at_s":2160,"outcome":"503","verdict":"retry","counts_toward_disable":true,"next_delay_s":7200,"next_delay_min_s":7200,"next_delay_max_s":7200,"status":"pending","rule":5}"#,
+            r#"{"attempt":5,"try":1,"at_s":9360,"outcome":"503","verdict":"retry","counts_toward_disable":true,"next_delay_s":43200,"next_delay_min_s":43200,"next_delay_max_s":43200,"status":"pending","rule":5}"#,
+            r#"{"attempt":6,"try":1,"at_s":52560,"outcome":"503","verdict":"retry","counts_toward_disable":true,"status":"failed","rule":5}"#,
             r#"{"final":"failed","status":"failed","attempts":6}"#,
         ];
         assert_eq!(lines, want);
