@@ -212,6 +212,23 @@ fn every_command_hookline_dev_prints_works() {
         seen.1 |= line.starts_with("webhook on /gone → answered 410, ✓ signature");
     }
 
+    // docs/api.md's create example is the whole answer: the same fields as a real create's.
+    let doc = std::fs::read_to_string(concat!(env!("CARGO_MANIFEST_DIR"), "/../../docs/api.md")).unwrap();
+    let example = &doc[doc.find("### Create a subscription").unwrap()..];
+    let example = &example[example.find("```json\n").unwrap() + 8..];
+    let example: serde_json::Value = serde_json::from_str(&example[..example.find("```").unwrap()]).expect("the example is JSON");
+    let create = Request {
+        method: "POST".into(),
+        url: format!("{}/v1/subscriptions", vars["HL"]),
+        headers: vec![vars["AUTH"].clone(), "Content-Type: application/json".into()],
+        body: Some(format!(r#"{{"url":"{}/ok","event_types":["order.*"],"description":"orders to the dev receiver"}}"#, vars["RECEIVER"])),
+    };
+    let (status, answer) = send(&create);
+    assert_eq!(status, 201, "{answer}");
+    let real: serde_json::Value = serde_json::from_str(answer.split_once("\r\n\r\n").unwrap().1).unwrap();
+    let keys = |v: &serde_json::Value| v.as_object().unwrap().keys().cloned().collect::<Vec<_>>();
+    assert_eq!(keys(&example), keys(&real), "docs/api.md's create example differs from a real answer: {real}");
+
     // A browser at the server's address is sent to the portal, and the printed link opens it.
     let hl = &vars["HL"];
     let root = send(&Request { method: "GET".into(), url: format!("{hl}/"), headers: vec![], body: None });
