@@ -364,3 +364,56 @@ fn operations_md_walks_through_a_helm_install_and_the_chart_has_a_readme() {
         "{chart}"
     );
 }
+
+#[test]
+fn each_service_says_in_its_help_where_it_listens_and_what_it_needs() {
+    // Next to this hookline, as `hookline soak` finds them (scripts/test builds every binary first).
+    let dir = PathBuf::from(env!("CARGO_BIN_EXE_hookline"))
+        .parent()
+        .unwrap()
+        .to_owned();
+    for (bin, port, needs) in [
+        (
+            "hookline-ingest",
+            "8080",
+            &[
+                "kafka.bootstrap_servers",
+                "ingest.api_tokens",
+                "secrets.keys",
+            ][..],
+        ),
+        (
+            "hookline-dispatcher",
+            "9091",
+            &["kafka.bootstrap_servers", "secrets.keys"][..],
+        ),
+        (
+            "hookline-retry-scheduler",
+            "9092",
+            &["kafka.bootstrap_servers"][..],
+        ),
+    ] {
+        let path = dir.join(bin);
+        assert!(
+            path.is_file(),
+            "{} not found: build the binaries first (`cargo build --workspace --bins`)",
+            path.display()
+        );
+        let out = Command::new(&path)
+            .arg("--help")
+            .output()
+            .expect("run --help");
+        let help = text(&out.stdout);
+        assert!(out.status.success(), "{bin}: {}", text(&out.stderr));
+        assert!(
+            help.lines().count() > 8,
+            "{bin} --help is one sentence:\n{help}"
+        );
+        for wanted in [port, "docs/configuration.md"].iter().chain(needs) {
+            assert!(
+                help.contains(wanted),
+                "{bin} --help does not name {wanted}:\n{help}"
+            );
+        }
+    }
+}
