@@ -204,6 +204,8 @@ test('the portal through a tenant’s portal link', async (t) => {
     await page.getByRole('heading', { name: 'Subscriptions' }).waitFor();
     await page.locator('#who .who-tenant', { hasText: 'admin' }).waitFor();
     await page.locator('#subs tr[data-sub]').first().waitFor();
+    // The admin sees whose each subscription is.
+    await page.getByRole('columnheader', { name: 'Tenant' }).waitFor();
     const loads = await page.evaluate(() => performance.getEntriesByType('navigation').length);
     const l = await link(A.id, { read_only: true });
     await page.evaluate((hash) => { location.hash = hash; }, new URL(l.url).hash);
@@ -212,6 +214,7 @@ test('the portal through a tenant’s portal link', async (t) => {
     assert.equal((await page.locator('#who [data-testid=tenant]').textContent()).trim(), A.name);
     await page.locator(`#subs tr[data-sub="${subs.a.id}"]`).waitFor();
     assert.equal(await page.locator(`#subs tr[data-sub="${subs.b.id}"]`).count(), 0, 'the admin’s list is gone');
+    assert.equal(await page.getByRole('columnheader', { name: 'Tenant' }).count(), 0, 'a tenant needs no tenant column');
     assert.equal(new URL(page.url()).hash, '', 'the token is taken out of the address');
     assert.equal(await page.evaluate(() => sessionStorage.getItem('hookline.portal.token')), tokenOf(l), 'the link’s session replaced the admin’s');
     assert.equal(await page.evaluate(() => performance.getEntriesByType('navigation').length), loads, 'no page load');
