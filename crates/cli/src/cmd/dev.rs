@@ -247,8 +247,9 @@ fn print_welcome(w: &Welcome<'_>) {
     println!("  portal    http://{api}/portal/#token={token}   (signs you in; dev mode only)");
     println!("  broker    {bootstrap}");
     println!("  receiver  http://{receiver}/ok answers 204 and prints each webhook, the status it answered and whether");
-    println!("            the signature verified with the dev secret; also /slow /flaky /ratelimited /gone /failing and");
-    println!("            /switch (500 or 204, set with: curl -s -X POST $RECEIVER/switch/control -d fail   or -d ok)");
+    println!("            the signature verified with the dev secret; also /slow /flaky /ratelimited /throttled /gone");
+    println!("            /failing and /switch (500 or 204, set with: curl -s -X POST $RECEIVER/switch/control -d fail");
+    println!("            or -d ok)");
     println!();
     println!("In another terminal, paste these (all at once or one by one; docs/api.md explains each call):");
     println!();
@@ -274,7 +275,8 @@ fn print_welcome(w: &Welcome<'_>) {
 }
 
 /// The local receiver. Behaviour per path: `ok` 204; `slow` 200 after 200 ms; `flaky` 503 on the first try of
-/// each event, then 200; `ratelimited` 429 with `Retry-After: 1` first, then 200; `gone` 410; `failing` 500;
+/// each event, then 200; `ratelimited` 429 with `Retry-After: 1` first, then 200; `throttled` 429 with
+/// `Retry-After: 60` always; `gone` 410; `failing` 500;
 /// `switch` 500 or 204 as set by a `POST /switch/control` with body `fail` or `ok` (204 until then).
 struct Receiver {
     addr: SocketAddr,
@@ -316,6 +318,7 @@ async fn receive(State(s): State<Arc<ReceiverState>>, Path(b): Path<String>, hea
         }
         "flaky" if first => (StatusCode::SERVICE_UNAVAILABLE, "warming up").into_response(),
         "ratelimited" if first => (StatusCode::TOO_MANY_REQUESTS, [("retry-after", "1")], "slow down").into_response(),
+        "throttled" => (StatusCode::TOO_MANY_REQUESTS, [("retry-after", "60")], "slow down").into_response(),
         "gone" => (StatusCode::GONE, "unsubscribed").into_response(),
         "failing" => (StatusCode::INTERNAL_SERVER_ERROR, "broken").into_response(),
         "switch" if s.switch_failing.load(std::sync::atomic::Ordering::SeqCst) => {
