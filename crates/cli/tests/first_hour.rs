@@ -94,6 +94,31 @@ fn the_readme_the_api_reference_and_every_help_text_name_no_sessions_or_issue_nu
 }
 
 #[test]
+fn the_help_summary_names_every_command_group() {
+    let summary = text(&hookline(&["--help"]).stdout);
+    let first = summary.lines().next().unwrap_or("");
+    for group in [
+        "dev",
+        "topics",
+        "policies",
+        "filters",
+        "dead letters",
+        "signatures",
+        "egress",
+        "master keys",
+        "delivery log",
+        "soak",
+    ] {
+        assert!(
+            first.contains(group),
+            "`hookline --help` does not mention {group}: {first}"
+        );
+    }
+    let log = text(&hookline(&["log", "--help"]).stdout);
+    assert!(log.lines().next().unwrap_or("").contains("index"), "{log}");
+}
+
+#[test]
 fn two_master_keys_made_the_same_day_have_different_ids() {
     let ids: Vec<String> = (0..3)
         .map(|_| {
