@@ -112,6 +112,9 @@ test('the delivery log in the portal: search, attempt detail, resend', async (t)
     await page.locator('#found-delivery details.event-body summary').click();
     const shown = JSON.parse(await page.locator('#found-delivery [data-testid=event-data]').textContent());
     assert.deepEqual(shown, JSON.parse(received[0].body).data, 'the event data the receiver got');
+    // Labelled as what it is (the body's `data`, not the body), and every time says its zone.
+    assert.match(await page.locator('#found-delivery details.event-body summary').textContent(), /^Event data: .*"data"$/);
+    assert.match(await page.locator('#found-delivery').textContent(), /\d\d:\d\d:\d\d UTC([+−]\d\d:\d\d)?/);
     await page.screenshot({ path: SCREENSHOT, fullPage: true });
   });
 

@@ -77,7 +77,7 @@ test('the portal, end to end', async (t) => {
     const token = page.getByLabel('API token');
     await token.fill('not-the-right-token');
     await token.press('Enter');
-    await page.locator('#signin-error', { hasText: 'token expired or invalid' }).waitFor();
+    await page.locator('#signin-error', { hasText: 'not a valid token' }).waitFor();
     assert.equal(await page.locator('#session').isVisible(), false, 'no session controls while signed out');
   });
 
@@ -222,7 +222,7 @@ test('the portal, end to end', async (t) => {
   await t.test('an expired token goes back to the sign-in form', async () => {
     await page.evaluate(() => sessionStorage.setItem('hookline.portal.token', 'an-expired-token'));
     await page.reload();
-    await page.locator('#signin-error', { hasText: 'token expired or invalid' }).waitFor();
+    await page.locator('#signin-error', { hasText: 'the token expired or was revoked' }).waitFor();
     assert.equal(await page.evaluate(() => sessionStorage.getItem('hookline.portal.token')), null);
   });
 

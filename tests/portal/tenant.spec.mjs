@@ -10,7 +10,7 @@
 
 import { test, before, after } from 'node:test';
 import assert from 'node:assert/strict';
-import { API, WAIT, api, launch, required, until } from './harness.mjs';
+import { API, TOKEN, WAIT, api, launch, required, until } from './harness.mjs';
 
 const RECEIVER = required('HOOKLINE_RECEIVER');
 const SCREENSHOT = (process.env.PORTAL_SCREENSHOT || 'target/portal-screenshot.png').replace(/\.png$/, '-tenant.png');
@@ -195,6 +195,29 @@ test('the portal through a tenant’s portal link', async (t) => {
     assert.equal(refused.status, 403, JSON.stringify(refused.body));
     assert.equal(refused.body.error.code, 'forbidden');
     assert.equal((await api('GET', `/v1/subscriptions/${subs.a.id}`)).body.state, 'active', 'not paused');
+  });
+
+  await t.test('a read-only link opened in the tab where the admin is signed in becomes the tenant’s view', async () => {
+    // The admin signs in by a dev link; the tenant's link then arrives in the same tab, changing only the hash
+    // (pasted into the address bar, or followed from another page of the portal): no page load.
+    await open(page, `${API}/portal/#token=${encodeURIComponent(TOKEN)}`);
+    await page.getByRole('heading', { name: 'Subscriptions' }).waitFor();
+    await page.locator('#who .who-tenant', { hasText: 'admin' }).waitFor();
+    await page.locator('#subs tr[data-sub]').first().waitFor();
+    // The admin sees whose each subscription is.
+    await page.getByRole('columnheader', { name: 'Tenant' }).waitFor();
+    const loads = await page.evaluate(() => performance.getEntriesByType('navigation').length);
+    const l = await link(A.id, { read_only: true });
+    await page.evaluate((hash) => { location.hash = hash; }, new URL(l.url).hash);
+    await page.getByRole('heading', { name: `Endpoints of ${A.name}` }).waitFor();
+    await page.locator('#who [data-testid=read-only]').waitFor();
+    assert.equal((await page.locator('#who [data-testid=tenant]').textContent()).trim(), A.name);
+    await page.locator(`#subs tr[data-sub="${subs.a.id}"]`).waitFor();
+    assert.equal(await page.locator(`#subs tr[data-sub="${subs.b.id}"]`).count(), 0, 'the admin’s list is gone');
+    assert.equal(await page.getByRole('columnheader', { name: 'Tenant' }).count(), 0, 'a tenant needs no tenant column');
+    assert.equal(new URL(page.url()).hash, '', 'the token is taken out of the address');
+    assert.equal(await page.evaluate(() => sessionStorage.getItem('hookline.portal.token')), tokenOf(l), 'the link’s session replaced the admin’s');
+    assert.equal(await page.evaluate(() => performance.getEntriesByType('navigation').length), loads, 'no page load');
   });
 
   await t.test('an expired link lands on "this link has expired", not a sign-in form or a generic error', async () => {

@@ -51,10 +51,13 @@ function h(name, attrs = {}, ...children) {
 }
 
 const pad2 = (n) => String(n).padStart(2, '0');
+/// Local time with its offset from UTC, so a time read aloud or pasted elsewhere is not ambiguous.
 function fmtTime(ms) {
   if (!ms) return '–';
   const d = new Date(ms);
-  return `${d.getFullYear()}-${pad2(d.getMonth() + 1)}-${pad2(d.getDate())} ${pad2(d.getHours())}:${pad2(d.getMinutes())}:${pad2(d.getSeconds())}`;
+  const off = -d.getTimezoneOffset();
+  const zone = off === 0 ? 'UTC' : `UTC${off > 0 ? '+' : '−'}${pad2(Math.floor(Math.abs(off) / 60))}:${pad2(Math.abs(off) % 60)}`;
+  return `${d.getFullYear()}-${pad2(d.getMonth() + 1)}-${pad2(d.getDate())} ${pad2(d.getHours())}:${pad2(d.getMinutes())}:${pad2(d.getSeconds())} ${zone}`;
 }
 function ago(ms) {
   if (!ms) return '';
@@ -152,6 +155,7 @@ function describe(e) {
 
 function signOut(message) {
   state.token = '';
+  state.who = null;
   applyWho(null);
   sessionStorage.removeItem(TOKEN_KEY);
   stopTimer();
@@ -162,8 +166,11 @@ function signOut(message) {
   $('token').focus();
 }
 
-async function signIn(token) {
+/// `resumed`: the token is the one this tab kept (a reload), not one just typed or linked.
+async function signIn(token, resumed = false) {
   state.token = token;
+  state.who = null;
+  state.resumed = resumed;
   try {
     state.who = await api('GET', '/v1/whoami');
   } catch (e) {
@@ -203,7 +210,8 @@ function refused(code) {
     $('link-h').focus();
     return;
   }
-  signOut('token expired or invalid');
+  // A token that the server never issued (mistyped, or cut when pasted) and one that expired read alike to it.
+  signOut(state.who || state.resumed ? 'your session ended: the token expired or was revoked' : 'not a valid token: check it and try again');
 }
 
 /// Shows what the credential is scoped to, and hides what it may not do: every control marked `mutates` is hidden
@@ -354,12 +362,17 @@ async function loadList() {
       return h('p', { class: 'empty' }, state.who && state.who.tenant ? 'No endpoints yet. ' : 'No subscriptions yet. ',
         h('button', { type: 'button', class: 'mutates', onclick: () => openSubDialog(null) }, 'Create the first one'));
     }
+    // An admin sees every tenant's subscriptions: say whose each is. Newest first within the page (the API pages by id).
+    const admin = !(state.who && state.who.tenant);
+    const items = [...page.items].sort((a, b) => (b.created_at_ms || 0) - (a.created_at_ms || 0));
+    const heads = ['Endpoint', ...(admin ? ['Tenant'] : []), 'Event types', 'Health', 'Success (24 h)', 'Last success'];
     return h('table', { class: 'table subs' },
-      h('caption', { class: 'sr-only' }, 'Subscriptions'),
-      h('thead', {}, h('tr', {}, ...['Endpoint', 'Event types', 'Health', 'Success (24 h)', 'Last success'].map((t) => h('th', { scope: 'col' }, t)))),
-      h('tbody', {}, page.items.map((s) => h('tr', { 'data-sub': s.id },
+      h('caption', { class: 'sr-only' }, 'Subscriptions, newest first'),
+      h('thead', {}, h('tr', {}, ...heads.map((t) => h('th', { scope: 'col' }, t)))),
+      h('tbody', {}, items.map((s) => h('tr', { 'data-sub': s.id },
         h('td', { 'data-label': 'Endpoint' }, h('a', { href: `#/subscriptions/${encodeURIComponent(s.id)}`, class: 'url', 'data-key': `sub-${s.id}` }, s.url),
           s.description ? h('div', { class: 'muted' }, s.description) : null),
+        admin ? h('td', { 'data-label': 'Tenant', 'data-testid': 'tenant-cell' }, s.tenant || h('span', { class: 'muted' }, 'none')) : null,
         h('td', { 'data-label': 'Event types' }, s.event_types.join(', ')),
         h('td', { 'data-label': 'Health' }, healthBadge(s)),
         h('td', { 'data-label': 'Success (24 h)', class: 'num' }, successRate(s.success_24h)),
@@ -370,7 +383,7 @@ async function loadList() {
 
 /// The parts of a list item the list shows.
 function listed(s) {
-  return [s.id, s.url, s.description, s.event_types, s.health, s.state, s.disabled_reason, s.consecutive_failures, s.success_24h, s.last_success_at_ms];
+  return [s.id, s.url, s.tenant, s.created_at_ms, s.description, s.event_types, s.health, s.state, s.disabled_reason, s.consecutive_failures, s.success_24h, s.last_success_at_ms];
 }
 
 const HEALTH_TITLES = {
@@ -383,6 +396,14 @@ const HEALTH_TITLES = {
 /// The endpoint's health at a glance (the API's `health`), with why it is switched off or how often it failed.
 function healthBadge(s) {
   const health = s.health || 'healthy';
+  // No counted failure, yet nothing got through: every delivery waits on retries its policy does not count (LuciBook's
+  // 429s). Green "healthy" with "last success never" would mislead: say it is waiting.
+  const x = s.success_24h;
+  if (health === 'healthy' && !s.last_success_at_ms && x && x.pending > 0 && x.succeeded === 0) {
+    return h('span', { class: 'badge h-failing', 'data-testid': 'health', 'data-health': 'waiting',
+      title: 'No delivery has succeeded yet; its deliveries are being retried (answers its policy does not count as failures, such as 429)' },
+      `waiting · ${x.pending} retrying`);
+  }
   let detail = '';
   if (health === 'failing') detail = ` · ${s.consecutive_failures} in a row`;
   else if (s.disabled_reason) detail = ` · ${s.disabled_reason}`;
@@ -485,7 +506,7 @@ async function loadLog() {
     }
     return h('table', { class: 'table log' },
       h('caption', { class: 'sr-only' }, 'Deliveries, newest first'),
-      h('thead', {}, h('tr', {}, ...['Delivery', 'Event type', 'State', 'Attempts', 'Last attempt', 'Actions'].map((t) => h('th', { scope: 'col' }, t)))),
+      h('thead', {}, h('tr', {}, ...['Event', 'Event type', 'State', 'Attempts', 'Last attempt', 'Actions'].map((t) => h('th', { scope: 'col' }, t)))),
       h('tbody', {}, shown.map(([d, att]) => logRows(d, att))));
   });
 }
@@ -501,7 +522,7 @@ function logRows(d, att) {
   const panelId = `att-${d.delivery_id}`;
   const last = d.last_attempt;
   const row = h('tr', { 'data-delivery': d.delivery_id, class: `st-${d.state}` },
-    h('td', {}, h('code', { title: d.delivery_id }, d.event_id || d.delivery_id)),
+    h('td', {}, h('code', { class: 'id', title: `delivery ${d.delivery_id}` }, d.event_id || d.delivery_id)),
     h('td', {}, d.event_type),
     // hookline's word for the state; the policy's own word (Fynapse's DEAD_LETTER) only as a hint.
     h('td', {}, h('span', { class: `badge d-${d.state}`, 'data-testid': 'delivery-status', title: d.platform_status && d.platform_status !== d.state ? `the policy says ${d.platform_status}` : d.state }, d.state)),
@@ -525,11 +546,12 @@ function logRows(d, att) {
 
 // ----- attempt detail (shared by the subscription's log and the event search) -----
 
-/// The event the requests carried (its `data` is the body's payload), while the delivery log keeps it.
+/// The event the requests carried, while the delivery log keeps it: its `data`, which the request body wraps in the
+/// policy's envelope (the event's id, type and time beside it), so it is labelled as the data, not as the body.
 function eventBody(entry) {
   if (!entry.event) return h('p', { class: 'muted' }, 'The event is no longer kept (older than the log\'s retention).');
   return h('details', { class: 'event-body', 'data-key': `ev-${entry.delivery_id}` },
-    h('summary', {}, `Request body: event ${entry.event.id} (${entry.event.type})`),
+    h('summary', {}, `Event data: ${entry.event.id} (${entry.event.type}), sent as the request body's "data"`),
     h('pre', { class: 'excerpt', 'data-testid': 'event-data' }, JSON.stringify(entry.event.data, null, 2)));
 }
 
@@ -691,10 +713,21 @@ async function chartWindow(subPath) {
   const probe = await api('GET', `${subPath}/stats${q({ since_ms: now - FIT_LOOKBACK_MS, bucket_ms: FIT_PROBE_BUCKET_MS })}`);
   const busy = probe.buckets.filter((b) => b.attempts > 0);
   if (busy.length === 0) return [now - 3600e3, undefined, 60e3];
-  // From the first busy bucket to the end of the last one (or now), at least 5 minutes.
-  const first = busy[0].start_ms;
-  const last = Math.min(busy[busy.length - 1].start_ms + FIT_PROBE_BUCKET_MS, now);
-  const span = Math.max(last - first, 300e3);
+  // From the first busy bucket to the end of the last one (or now).
+  let first = busy[0].start_ms;
+  let last = Math.min(busy[busy.length - 1].start_ms + FIT_PROBE_BUCKET_MS, now);
+  if (last - first <= 2 * FIT_PROBE_BUCKET_MS) {
+    // A few minutes at most (a new endpoint's first burst): find where in them the attempts are, in 5 s buckets, so
+    // the burst is drawn across the chart rather than squeezed against its right edge.
+    const fine = await api('GET', `${subPath}/stats${q({ since_ms: first, until_ms: last, bucket_ms: 5e3 })}`);
+    const hits = fine.buckets.filter((b) => b.attempts > 0);
+    if (hits.length > 0) {
+      first = hits[0].start_ms;
+      last = Math.min(hits[hits.length - 1].start_ms + 5e3, now);
+    }
+  }
+  // At least a minute; a little room on either side of the data.
+  const span = Math.max(last - first, 60e3) * 1.2;
   const bucket = FIT_BUCKETS_MS.find((b) => span / b <= 60) || FIT_PROBE_BUCKET_MS;
   // The probe's buckets are coarse: start one fine bucket before the first, so its first bars are not cut.
   const until = last >= now - FIT_PROBE_BUCKET_MS ? undefined : last;
@@ -1070,7 +1103,13 @@ function wire() {
   $('sign-out').addEventListener('click', () => signOut('Signed out.'));
   $('refresh').addEventListener('click', () => { state.lastRender.clear(); refresh(); });
   $('skip').addEventListener('click', (ev) => { ev.preventDefault(); $('main').focus(); });
-  window.addEventListener('hashchange', () => route(true));
+  // A portal link opened in a tab where the portal already runs changes only the address's hash: its token
+  // replaces the session (an admin who opens a tenant's read-only link sees what the tenant sees).
+  window.addEventListener('hashchange', () => {
+    const t = linkedToken();
+    if (t !== null) switchTo(t);
+    else route(true);
+  });
 
   $('btn-create').addEventListener('click', () => openSubDialog(null));
   $('subs-next').addEventListener('click', () => { if (state.subsNext) { state.subsCursor.push(state.subsNext); refresh(); } });
@@ -1119,14 +1158,38 @@ function wire() {
   });
 }
 
-wire();
-// `hookline dev` prints a link ending in `#token=...` that signs in at once. The token is taken out of the
-// address straight away, so it is neither kept in the history nor sent on in a Referer.
-const linked = location.hash.match(/^#token=([^&]+)$/);
-if (linked) {
+/// `hookline dev` and the portal-links API give links ending in `#token=...` that sign in at once. The token is
+/// taken out of the address straight away, so it is neither kept in the history nor sent on in a Referer. `null`
+/// when the address has none.
+function linkedToken() {
+  const linked = location.hash.match(/^#token=([^&]+)$/);
+  if (!linked) return null;
   history.replaceState(null, '', location.pathname + location.search);
-  signIn(decodeURIComponent(linked[1]));
-} else if (state.token) signIn(state.token);
+  return decodeURIComponent(linked[1]);
+}
+
+/// Ends the current session (its timer, its views' state, the stored token) and signs in with `token`.
+function switchTo(token) {
+  stopTimer();
+  sessionStorage.removeItem(TOKEN_KEY);
+  applyWho(null);
+  state.who = null;
+  state.subId = null;
+  state.sub = null;
+  state.subsCursor = [null];
+  state.subsNext = null;
+  state.logCursor = [null];
+  state.logNext = null;
+  state.expanded.clear();
+  state.attempts.clear();
+  state.lastRender.clear();
+  signIn(token);
+}
+
+wire();
+const linked = linkedToken();
+if (linked !== null) signIn(linked);
+else if (state.token) signIn(state.token, true);
 else signOut('');
 
 /// The subscription's delivery order in words: "none", "strict (one at a time)", "by entity_id", with the keys that

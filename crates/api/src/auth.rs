@@ -78,8 +78,10 @@ impl Principal {
     }
 }
 
+/// A credential that may not do what it asks: `field` is `Authorization` (the credential), unless a caller names the
+/// request's field it may not set.
 pub fn forbidden(message: &str) -> ApiError {
-    ApiError::new(StatusCode::FORBIDDEN, "forbidden", message)
+    ApiError::new(StatusCode::FORBIDDEN, "forbidden", message).with_field("Authorization")
 }
 
 /// Why a credential was refused: 401 `link_expired` for a portal link that was genuine but is past its time (so
@@ -180,4 +182,15 @@ fn record_use(s: Arc<ApiState>, key_id: String, now_ms: i64) {
             tracing::warn!(key_id = %key_id, error = %e, "could not record an API key's last use");
         }
     });
+}
+
+#[cfg(test)]
+mod tests {
+    #[test]
+    fn a_refused_credential_names_the_field_it_is_about() {
+        let e = super::forbidden("this portal link is read-only");
+        assert_eq!((e.status.as_u16(), e.code, e.field.as_deref()), (403, "forbidden", Some("Authorization")));
+        let e = super::forbidden("another tenant").with_field("tenant");
+        assert_eq!(e.field.as_deref(), Some("tenant"));
+    }
 }

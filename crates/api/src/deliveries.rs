@@ -4,12 +4,13 @@
 
 use std::collections::HashMap;
 use std::sync::Arc;
+use std::time::Duration;
 
 use axum::extract::{Path, State};
 use axum::Extension;
 use axum::http::StatusCode;
 use axum::Json;
-use hookline_log::{AttemptRow, Cursor, DeliveryRow, DeliveryState, ListQuery, Scope};
+use hookline_log::{AttemptRow, Cursor, DeliveryDetail, DeliveryRow, DeliveryState, ListQuery, Scope};
 use serde::Deserialize;
 use serde_json::{json, Value};
 
@@ -19,6 +20,45 @@ use crate::replay;
 
 /// Largest page (`limit`).
 const MAX_LIMIT: usize = 500;
+/// Longest a read may wait for the delivery log (`wait_ms`).
+const MAX_WAIT_MS: u64 = 30_000;
+/// How often a waiting read looks again when no indexer of this process wakes it (the log filled by another).
+const WAIT_POLL: Duration = Duration::from_millis(250);
+
+/// `wait_ms`: how long a read of something just published may wait for the delivery log to have it (the log trails
+/// Kafka by about a batch). Woken as soon as the indexer stores a batch; answers as without it once time is up.
+struct Wait {
+    deadline: Option<tokio::time::Instant>,
+    written: tokio::sync::watch::Receiver<u64>,
+}
+
+impl Wait {
+    fn new(wait_ms: Option<u64>) -> Result<Self, ApiError> {
+        if wait_ms.is_some_and(|w| w > MAX_WAIT_MS) {
+            return Err(invalid_query("wait_ms", format!("must be between 0 and {MAX_WAIT_MS}")));
+        }
+        let deadline = wait_ms.filter(|w| *w > 0).map(|w| tokio::time::Instant::now() + Duration::from_millis(w));
+        Ok(Self { deadline, written: hookline_log::written() })
+    }
+
+    /// False once the time is up (or no wait was asked for); else true after the next stored batch (or a poll).
+    async fn again(&mut self) -> bool {
+        let Some(deadline) = self.deadline else { return false };
+        let now = tokio::time::Instant::now();
+        if now >= deadline {
+            return false;
+        }
+        let _ = tokio::time::timeout((deadline - now).min(WAIT_POLL), self.written.changed()).await;
+        true
+    }
+}
+
+/// `?wait_ms=` on reads of one delivery.
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct WaitQuery {
+    wait_ms: Option<u64>,
+}
 
 #[derive(Deserialize)]
 #[serde(deny_unknown_fields)]
@@ -34,6 +74,8 @@ pub struct LogQuery {
     until_ms: Option<i64>,
     limit: Option<usize>,
     after: Option<String>,
+    /// Wait up to this long (ms) for the page to have at least one delivery.
+    wait_ms: Option<u64>,
 }
 
 fn invalid_query(field: &str, message: impl Into<String>) -> ApiError {
@@ -95,16 +137,22 @@ pub async fn list(
 ) -> Result<Json<Value>, ApiError> {
     super::subscriptions::find(&s, &who, &id)?;
     let lq = list_query(Scope::Subscription(id.clone()), &q)?;
-    let (items, next) = match &q.event_id {
-        Some(event_id) => {
-            let rows = s.log.by_event_id(event_id, None, MAX_LIMIT).await.map_err(ApiError::log_unavailable)?;
-            let mut rows: Vec<DeliveryRow> = rows.into_iter().filter(|d| d.subscription_id == id && matches(d, &lq)).collect();
-            rows.truncate(lq.page_size());
-            (rows, None)
-        }
-        None => {
-            let page = s.log.list(&lq).await.map_err(ApiError::log_unavailable)?;
-            (page.items, page.next)
+    let mut wait = Wait::new(q.wait_ms)?;
+    let (items, next) = loop {
+        let (items, next) = match &q.event_id {
+            Some(event_id) => {
+                let rows = s.log.by_event_id(event_id, None, MAX_LIMIT).await.map_err(ApiError::log_unavailable)?;
+                let mut rows: Vec<DeliveryRow> = rows.into_iter().filter(|d| d.subscription_id == id && matches(d, &lq)).collect();
+                rows.truncate(lq.page_size());
+                (rows, None)
+            }
+            None => {
+                let page = s.log.list(&lq).await.map_err(ApiError::log_unavailable)?;
+                (page.items, page.next)
+            }
+        };
+        if !items.is_empty() || !wait.again().await {
+            break (items, next);
         }
     };
     Ok(Json(page_view(&s, items, next).await?))
@@ -115,6 +163,8 @@ pub async fn list(
 pub struct SearchQuery {
     event_id: Option<String>,
     delivery_id: Option<String>,
+    /// Wait up to this long (ms) for at least one delivery.
+    wait_ms: Option<u64>,
 }
 
 /// `GET /v1/deliveries?event_id=` (every subscription's delivery of the event) or `?delivery_id=`.
@@ -124,17 +174,26 @@ pub async fn search(
     Extension(who): Extension<Principal>,
     ApiQuery(q): ApiQuery<SearchQuery>,
 ) -> Result<Json<Value>, ApiError> {
-    let items = match (&q.event_id, &q.delivery_id) {
-        (Some(e), None) if !e.is_empty() => s.log.by_event_id(e, who.tenant(), MAX_LIMIT).await.map_err(ApiError::log_unavailable)?,
-        (None, Some(d)) if !d.is_empty() => {
-            s.log.delivery(d).await.map_err(ApiError::log_unavailable)?.map(|d| d.delivery).into_iter().collect()
-        }
+    match (&q.event_id, &q.delivery_id) {
+        (Some(e), None) if !e.is_empty() => {}
+        (None, Some(d)) if !d.is_empty() => {}
         (Some(_), Some(_)) => return Err(invalid_query("delivery_id", "give event_id or delivery_id, not both")),
         (Some(_), None) => return Err(invalid_query("event_id", "must not be empty")),
         (None, Some(_)) => return Err(invalid_query("delivery_id", "must not be empty")),
         (None, None) => return Err(invalid_query("event_id", "give event_id or delivery_id to search by")),
+    }
+    let mut wait = Wait::new(q.wait_ms)?;
+    let items = loop {
+        let items: Vec<DeliveryRow> = match (&q.event_id, &q.delivery_id) {
+            (Some(e), _) => s.log.by_event_id(e, who.tenant(), MAX_LIMIT).await.map_err(ApiError::log_unavailable)?,
+            (None, Some(d)) => s.log.delivery(d).await.map_err(ApiError::log_unavailable)?.map(|d| d.delivery).into_iter().collect(),
+            (None, None) => Vec::new(),
+        };
+        let items: Vec<DeliveryRow> = items.into_iter().filter(|d| visible(&s, &who, d)).collect();
+        if !items.is_empty() || !wait.again().await {
+            break items;
+        }
     };
-    let items = items.into_iter().filter(|d| visible(&s, &who, d)).collect();
     Ok(Json(page_view(&s, items, None).await?))
 }
 
@@ -169,8 +228,25 @@ fn own_event(s: &ApiState, d: &DeliveryRow, event: &hookline_core::model::Event)
     }
 }
 
-pub async fn get(State(s): State<Arc<ApiState>>, Extension(who): Extension<Principal>, Path(id): Path<String>) -> Result<Json<Value>, ApiError> {
-    let d = s.log.delivery(&id).await.map_err(ApiError::log_unavailable)?.filter(|d| visible(&s, &who, &d.delivery)).ok_or_else(|| not_found(&id))?;
+/// The delivery as this credential may see it, waiting (`wait_ms`) until `ready` says it is there as wanted; after
+/// the wait, whatever the log has (`None`: not in it).
+async fn find(s: &ApiState, who: &Principal, id: &str, wait_ms: Option<u64>, ready: fn(&DeliveryDetail) -> bool) -> Result<Option<DeliveryDetail>, ApiError> {
+    let mut wait = Wait::new(wait_ms)?;
+    loop {
+        let d = s.log.delivery(id).await.map_err(ApiError::log_unavailable)?.filter(|d| visible(s, who, &d.delivery));
+        if d.as_ref().is_some_and(ready) || !wait.again().await {
+            return Ok(d);
+        }
+    }
+}
+
+pub async fn get(
+    State(s): State<Arc<ApiState>>,
+    Extension(who): Extension<Principal>,
+    Path(id): Path<String>,
+    ApiQuery(q): ApiQuery<WaitQuery>,
+) -> Result<Json<Value>, ApiError> {
+    let d = find(&s, &who, &id, q.wait_ms, |_| true).await?.ok_or_else(|| not_found(&id))?;
     let event = d.event.as_ref().filter(|e| own_event(&s, &d.delivery, e));
     let mut v = view(&d.delivery, event.is_some() && d.delivery.state != DeliveryState::Pending);
     v["attempts"] = json!(d.attempts.iter().map(|a| attempt_view(a, true)).collect::<Vec<_>>());
@@ -188,20 +264,23 @@ pub async fn get(State(s): State<Arc<ApiState>>, Extension(who): Extension<Princ
 }
 
 /// Resends one finished delivery, whatever its outcome: its stored event in a new run that continues the attempt
-/// count. The subscription must be active (resume it first if it was paused).
+/// count. The subscription must be active (resume it first if it was paused). `wait_ms`: wait for the delivery to
+/// be in the log, finished, with its event.
 pub async fn replay_one(
     State(s): State<Arc<ApiState>>,
     Extension(who): Extension<Principal>,
     Path(id): Path<String>,
+    ApiQuery(q): ApiQuery<WaitQuery>,
 ) -> Result<(StatusCode, Json<Value>), ApiError> {
-    let d = s.log.delivery(&id).await.map_err(ApiError::log_unavailable)?.filter(|d| visible(&s, &who, &d.delivery)).ok_or_else(|| not_found(&id))?;
+    let replayable = |d: &DeliveryDetail| d.delivery.state != DeliveryState::Pending && d.event.is_some();
+    let d = find(&s, &who, &id, q.wait_ms, replayable).await?.ok_or_else(|| not_found(&id))?;
     who.require_write()?;
     let sub = s.subs.get(&d.delivery.subscription_id).ok_or_else(|| {
         ApiError::new(StatusCode::CONFLICT, "subscription_deleted", "the delivery's subscription was deleted").with_field("id")
     })?;
     require_active(&s, &sub)?;
     if d.delivery.state == DeliveryState::Pending {
-        return Err(ApiError::new(StatusCode::CONFLICT, "delivery_in_progress", "the delivery has not reached a final state yet").with_field("id"));
+        return Err(ApiError::new(StatusCode::CONFLICT, "delivery_in_progress", "the delivery has not reached a final state yet (?wait_ms= waits for it)").with_field("id"));
     }
     let Some(event) = d.event else {
         return Err(ApiError::new(
@@ -295,7 +374,12 @@ fn require_active(s: &ApiState, sub: &hookline_kafka::state::SubscriptionEntry) 
 }
 
 fn not_found(id: &str) -> ApiError {
-    ApiError::new(StatusCode::NOT_FOUND, "not_found", format!("no delivery {id} in the delivery log")).with_field("id")
+    ApiError::new(
+        StatusCode::NOT_FOUND,
+        "not_found",
+        format!("no delivery {id} in the delivery log (a delivery just made is there about 200 ms later: add ?wait_ms=5000 to wait for it)"),
+    )
+    .with_field("id")
 }
 
 fn view(d: &DeliveryRow, replayable: bool) -> Value {

@@ -372,8 +372,7 @@ pub async fn test_event(
             let i = i.unwrap_or(0);
             let n = entry.ty.examples_json.len();
             entry.ty.examples_json.get(i).cloned().ok_or_else(|| {
-                let why = if n == 0 { format!("event type {} has no examples; give `data`", req.event_type) } else { format!("event type {} has {n} examples (0 to {})", req.event_type, n - 1) };
-                ApiError::field("example", why)
+                ApiError::field("example", no_such_example(&req.event_type, i, n))
             })?
         }
     };
@@ -395,4 +394,29 @@ pub async fn test_event(
         .map_err(ApiError::unavailable)?;
     metrics::counter!("hookline_test_events_total").increment(1);
     Ok((StatusCode::ACCEPTED, Json(json!({"event_id": event_id, "delivery_id": delivery_id, "subscription_id": id}))))
+}
+
+/// Why example `i` of a type with `n` examples cannot be sent, counted as a reader counts.
+fn no_such_example(event_type: &str, i: usize, n: usize) -> String {
+    match n {
+        0 => format!("event type {event_type} has no examples; give `data`"),
+        1 => format!("there is no example {i}: event type {event_type} has one example, number 0"),
+        _ => format!("there is no example {i}: event type {event_type} has {n} examples, numbered 0 to {}", n - 1),
+    }
+}
+
+#[cfg(test)]
+mod example_tests {
+    #[test]
+    fn a_missing_example_is_named_in_plain_words() {
+        assert_eq!(
+            super::no_such_example("order.paid", 3, 1),
+            "there is no example 3: event type order.paid has one example, number 0"
+        );
+        assert_eq!(
+            super::no_such_example("order.paid", 3, 2),
+            "there is no example 3: event type order.paid has 2 examples, numbered 0 to 1"
+        );
+        assert_eq!(super::no_such_example("t", 0, 0), "event type t has no examples; give `data`");
+    }
 }

@@ -150,6 +150,8 @@ pub fn router(state: Arc<ApiState>, max_request_bytes: usize) -> Router {
         .layer(axum::extract::DefaultBodyLimit::max(max_request_bytes))
         .fallback(|| async { ApiError::new(StatusCode::NOT_FOUND, "not_found", "no such route") })
         .layer(middleware::from_fn(json_errors))
+        // Outermost: the answers the layers above rewrote end their line too.
+        .layer(middleware::map_response(json_newline))
         .with_state(state)
 }
 
@@ -200,6 +202,29 @@ async fn json_errors(req: Request, next: middleware::Next) -> Response {
         _ => ApiError::new(status, "invalid_request", message),
     }
     .into_response()
+}
+
+/// Every JSON answer ends its line, so answers printed one after another (a pasted block of `curl` commands) do
+/// not run together.
+async fn json_newline(resp: Response) -> Response {
+    let json = resp
+        .headers()
+        .get(header::CONTENT_TYPE)
+        .and_then(|v| v.to_str().ok())
+        .is_some_and(|v| v.starts_with("application/json"));
+    if !json {
+        return resp;
+    }
+    let (mut parts, body) = resp.into_parts();
+    let mut bytes = match axum::body::to_bytes(body, usize::MAX).await {
+        Ok(b) => Vec::from(b),
+        Err(_) => return StatusCode::INTERNAL_SERVER_ERROR.into_response(),
+    };
+    if bytes.last() != Some(&b'\n') {
+        bytes.push(b'\n');
+    }
+    parts.headers.remove(header::CONTENT_LENGTH);
+    Response::from_parts(parts, axum::body::Body::from(bytes))
 }
 
 /// An API error with a stable `code`.
@@ -265,14 +290,10 @@ impl ApiError {
     /// `invalid_body`), with the field it concerns and in hookline's words, not the parser's.
     pub fn body(e: serde_path_to_error::Error<serde_json::Error>) -> Self {
         use serde_json::error::Category;
-        let (line, column) = (e.inner().line(), e.inner().column());
         match e.inner().classify() {
-            Category::Syntax | Category::Eof | Category::Io => Self::new(
-                StatusCode::BAD_REQUEST,
-                "invalid_json",
-                format!("the body is not valid JSON (line {line}, column {column})"),
-            )
-            .with_field("body"),
+            Category::Syntax | Category::Eof | Category::Io => {
+                Self::new(StatusCode::BAD_REQUEST, "invalid_json", hookline_core::event_decode::json_error(e.inner())).with_field("body")
+            }
             Category::Data => {
                 let (field, message) = describe(&e.path().to_string(), &e.inner().to_string());
                 Self::new(StatusCode::UNPROCESSABLE_ENTITY, "invalid_body", message).with_field(&field)

@@ -166,7 +166,7 @@ pub async fn create(
     if key.is_some() {
         if let Some(existing) = s.subs.get(&id) {
             if !who.sees(&existing.sub.tenant) {
-                return Err(ApiError::new(StatusCode::CONFLICT, "idempotency_conflict", "this Idempotency-Key is already in use"));
+                return Err(ApiError::new(StatusCode::CONFLICT, "idempotency_conflict", "this Idempotency-Key is already in use").with_field("Idempotency-Key"));
             }
             return replayed(&s, &existing, &fingerprint).await;
         }
@@ -225,7 +225,8 @@ async fn replayed(s: &ApiState, existing: &SubscriptionEntry, fingerprint: &str)
             StatusCode::CONFLICT,
             "idempotency_conflict",
             format!("this Idempotency-Key already created {} from a different request", existing.sub.id),
-        ));
+        )
+        .with_field("Idempotency-Key"));
     }
     let mut view = shown(s, existing).await;
     // The secret that signs now: a rotation puts the new one first, without an expiry.

@@ -1,7 +1,7 @@
 //! `hookline`: the operator CLI. Each subcommand lives in its own file under `cmd/`.
 
 // jemalloc instead of glibc's malloc: the data plane allocates and frees on different threads (librdkafka's,
-// tokio's), where glibc's arenas cost the most; see docs/benchmarks.md "The allocator (#17, session 7)".
+// tokio's), where glibc's arenas cost the most; see the allocator section of docs/benchmarks.md.
 #[global_allocator]
 static ALLOCATOR: tikv_jemallocator::Jemalloc = tikv_jemallocator::Jemalloc;
 
@@ -11,9 +11,10 @@ use clap::{Parser, Subcommand};
 
 mod cmd;
 
-/// hookline — Kafka-native webhook delivery. Operator commands.
+/// hookline — Kafka-native webhook delivery. Operator commands: dev mode and its broker, topics, policies, payload
+/// filters, dead letters, signatures, egress, master keys, the delivery log, benchmarks and the soak.
 #[derive(Parser)]
-#[command(name = "hookline", version, about, long_about = None)]
+#[command(name = "hookline", version, long_about = None)]
 struct Cli {
     #[command(subcommand)]
     command: Command,
@@ -45,7 +46,7 @@ enum Command {
     /// Make and check the master keys that seal signing secrets at rest.
     #[command(subcommand)]
     Secrets(cmd::secrets::SecretsCmd),
-    /// The delivery log's store: apply its schema migrations.
+    /// The delivery log: apply its store's schema migrations (`migrate`), or run its indexer on its own (`index`).
     #[command(subcommand)]
     Log(cmd::log::LogCmd),
     /// Benchmark the pipeline (throughput, latency, retry-precision, isolation, memory, fanout, list, log, or all).

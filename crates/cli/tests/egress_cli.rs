@@ -89,7 +89,8 @@ fn output_fields_in_documented_order() {
 #[test]
 fn loopback_needs_the_allow_list_and_http() {
     let url = "http://127.0.0.1:8080/hook";
-    assert_eq!(check(&[url])[0]["reason"], "scheme http is not allowed (allowed: https)");
+    // The scheme, and what the address would get under https too.
+    assert_eq!(check(&[url])[0]["reason"], "scheme http is not allowed (allowed: https); and 127.0.0.1 is loopback");
     assert_eq!(check(&["--allow-http", url])[0]["reason"], "127.0.0.1 is loopback");
     let out = hookline(&["egress", "check", "--allow-http", "--allow-range", "127.0.0.0/8", url, "http://10.0.0.1/"]);
     let stderr = String::from_utf8_lossy(&out.stderr).into_owned();
@@ -134,10 +135,28 @@ fn bad_arguments_exit_2_naming_the_problem() {
     let out = hookline(&["egress", "check", "--allow-range", "10.0.0.0/33", "https://93.184.216.34/"]);
     assert_eq!(out.status.code(), Some(2));
     let stderr = String::from_utf8_lossy(&out.stderr);
-    assert!(stderr.contains(r#"egress.allow_ranges[0]: "10.0.0.0/33" is not a CIDR range"#), "{stderr}");
+    assert!(stderr.contains(r#"--allow-range 10.0.0.0/33: "10.0.0.0/33" is not a CIDR range"#), "{stderr}");
+    // The flag is named as the culprit, not "--allow-range, the config file, or policy".
+    let out = hookline(&["egress", "check", "--allow-range", "127.0.0/8", "https://93.184.216.34/"]);
+    assert_eq!(out.status.code(), Some(2));
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(stderr.contains("--allow-range 127.0.0/8: ") && !stderr.contains("config file"), "{stderr}");
     let out = hookline(&["egress", "check", "--policy", "nope", "https://93.184.216.34/"]);
     assert_eq!(out.status.code(), Some(2));
     assert!(String::from_utf8_lossy(&out.stderr).contains("unknown policy profile"));
     let out = hookline(&["egress", "check"]);
     assert_eq!(out.status.code(), Some(2), "a URL is required");
+}
+
+#[test]
+fn an_http_url_to_a_refused_address_is_refused_for_both() {
+    let v = check(&["http://169.254.169.254/latest/meta-data/"]);
+    let reason = v[0]["reason"].as_str().unwrap();
+    assert_eq!(v[0]["allowed"], false);
+    assert!(reason.starts_with("scheme http is not allowed"), "{reason}");
+    assert!(reason.contains("169.254.169.254") && reason.contains("metadata"), "the address is not named as refused: {reason}");
+    // An allowed address behind a refused scheme: only the scheme.
+    let v = check(&["http://93.184.216.34/"]);
+    let reason = v[0]["reason"].as_str().unwrap();
+    assert!(!reason.contains("; and"), "{reason}");
 }

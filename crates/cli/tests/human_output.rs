@@ -25,13 +25,13 @@ fn simulate_prints_a_timeline_on_a_terminal() {
     let want = "\
 policy lucibook
 
-attempt  at       outcome  verdict  next in  rule  why
-1        0s       503      retry    1m       503   counts toward disable
-2        1m       503      retry    5m       503   counts toward disable
-3        6m       503      retry    30m      503   counts toward disable
-4        36m      503      retry    2h       503   counts toward disable
-5        2h 36m   503      retry    12h      503   counts toward disable
-6        14h 36m  503      retry    -        503   counts toward disable; nothing left to try: failed
+attempt  at       outcome  verdict  next in  rule    why
+1        0s       503      retry    1m       5: 503  counts toward disable
+2        1m       503      retry    5m       5: 503  counts toward disable
+3        6m       503      retry    30m      5: 503  counts toward disable
+4        36m      503      retry    2h       5: 503  counts toward disable
+5        2h 36m   503      retry    12h      5: 503  counts toward disable
+6        14h 36m  503      retry    -        5: 503  counts toward disable; nothing left to try: failed
 
 failed after 6 attempts
 ";
@@ -46,11 +46,11 @@ fn simulate_shows_micro_retries_jitter_bounds_and_the_profiles_word() {
     let want = "\
 policy fynapse
 
-attempt  at       outcome        verdict  next in            rule                       why
-1        0s       connect_error  retry    254ms (200ms–2s)   connect_error 502 503 504  counts toward disable
-1.2      254ms    503            retry    27.685s (24s–36s)  connect_error 502 503 504  counts toward disable
-2        27.939s  429            retry    2m 6s (2m–2m 12s)  any                        counts toward disable
-3        2m 34s   200            success  -                  2xx
+attempt  at       outcome        verdict  next in            rule                          why
+1        0s       connect_error  retry    254ms (200ms–2s)   4: connect_error 502 503 504  counts toward disable
+1.2      254ms    503            retry    27.685s (24s–36s)  4: connect_error 502 503 504  counts toward disable
+2        27.939s  429            retry    2m 6s (2m–2m 12s)  6: any                        counts toward disable
+3        2m 34s   200            success  -                  1: 2xx
 (1.2: attempt 1, try 2, a micro-retry inside the attempt)
 
 succeeded (the profile says DELIVERED) after 3 attempts

@@ -271,3 +271,35 @@ fn every_command_has_help() {
     }
     assert!(stdout(&hookline(&["policy", "simulate", "--help"])).contains("429:ra=120"));
 }
+
+#[test]
+fn policy_mistakes_are_answered_in_plain_words_with_a_suggestion() {
+    let text = stdout(&hookline(&["policy", "show", "gauge"]));
+    assert!(text.contains("max_attempts = 5") && text.contains("timeout_ms = "), "the profile changed:\n{text}");
+    let typo = scratch("typo-attemps.toml", &text.replace("max_attempts = 5", "max_attemps = 5"));
+    let o = hookline(&["policy", "check", typo.to_str().unwrap()]);
+    assert_eq!(o.status.code(), Some(1));
+    let err = stderr(&o);
+    assert!(err.contains("did you mean `max_attempts`?"), "{err}");
+    assert_eq!(err.matches("invalid policy").count(), 1, "said twice:\n{err}");
+
+    let timeout = text.lines().find(|l| l.trim_start().starts_with("timeout_ms = ")).unwrap();
+    let wrong = scratch("timeout-string.toml", &text.replace(timeout, "timeout_ms = \"10s\""));
+    let err = stderr(&hookline(&["policy", "check", wrong.to_str().unwrap()]));
+    assert!(err.contains("expected a whole number") && !err.contains("u64"), "{err}");
+
+    let err = stderr(&hookline(&["policy", "simulate", "--policy", "stanard", "503"]));
+    assert!(err.contains("did you mean \"standard\"?"), "{err}");
+    let err = stderr(&hookline(&["policy", "check", "stanard"]));
+    assert!(err.contains("did you mean \"standard\"?"), "{err}");
+
+    // The services' settings too: a word where a number goes.
+    let out = Command::new(env!("CARGO_BIN_EXE_hookline"))
+        .args(["topics", "list"])
+        .env_remove("HOOKLINE_CONFIG")
+        .env("HOOKLINE_DISPATCHER__MAX_IN_FLIGHT", "lots")
+        .output()
+        .unwrap();
+    let err = stderr(&out);
+    assert!(err.contains("HOOKLINE_DISPATCHER__MAX_IN_FLIGHT") && err.contains("expected a whole number") && !err.contains("usize"), "{err}");
+}

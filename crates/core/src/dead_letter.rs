@@ -151,7 +151,10 @@ pub struct Document {
     /// `failed` or `dead`; `null` for an input event that could not be read.
     #[serde(default)]
     pub final_state: Option<String>,
-    /// The profile's own word for the final state (Fynapse: `DEAD_LETTER`).
+    /// The profile's own word for the final state (Fynapse: `DEAD_LETTER`): the API's `platform_status`.
+    #[serde(default)]
+    pub platform_status: Option<String>,
+    /// The same as `platform_status`: its first name, kept for readers written against it.
     #[serde(default)]
     pub status_word: Option<String>,
     #[serde(default)]
@@ -162,12 +165,22 @@ pub struct Document {
     pub tenant: Option<String>,
     #[serde(default)]
     pub event: Option<EventDoc>,
+    /// Attempts made, as the API's `attempts_made`.
+    #[serde(default)]
+    pub attempts_made: Option<u32>,
+    /// The same as `attempts_made`: its first name.
     #[serde(default)]
     pub attempts: u32,
     #[serde(default)]
     pub last_attempt: Option<LastAttempt>,
+    /// Epoch ms, as every time in the API (`first_attempt_at_ms`); `first_attempt_at` is the same in RFC 3339.
+    #[serde(default)]
+    pub first_attempt_at_ms: Option<i64>,
     #[serde(default)]
     pub first_attempt_at: Option<String>,
+    /// Epoch ms; `dead_lettered_at` is the same in RFC 3339.
+    #[serde(default)]
+    pub dead_lettered_at_ms: Option<i64>,
     #[serde(default)]
     pub dead_lettered_at: Option<String>,
     /// Where an unreadable input record was read from.
@@ -248,18 +261,22 @@ impl From<&DeadLetter> for Document {
             reason: dl.reason.clone(),
             detail: some(&dl.detail),
             final_state: some(&dl.final_state),
+            platform_status: some(&dl.status_word),
             status_word: some(&dl.status_word),
             delivery_id: some(&dl.delivery_id),
             subscription_id: some(&dl.subscription_id),
             tenant: event.and_then(|e| some(&e.tenant)),
             event: event.map(EventDoc::from),
+            attempts_made: Some(dl.attempts),
             attempts: dl.attempts,
             last_attempt: has_attempt.then(|| LastAttempt {
                 outcome: dl.last_outcome.clone(),
                 http_status: (dl.last_http_status != 0).then_some(dl.last_http_status),
                 response_excerpt: some(&dl.last_response_excerpt),
             }),
+            first_attempt_at_ms: (dl.first_attempt_at_ms > 0).then_some(dl.first_attempt_at_ms),
             first_attempt_at: time(dl.first_attempt_at_ms),
+            dead_lettered_at_ms: (dl.at_ms > 0).then_some(dl.at_ms),
             dead_lettered_at: time(dl.at_ms),
             source: (!dl.source_topic.is_empty()).then(|| Source {
                 topic: dl.source_topic.clone(),
@@ -354,12 +371,19 @@ impl TryFrom<Document> for DeadLetter {
         };
         let source = d.source.unwrap_or(Source { topic: String::new(), partition: 0, offset: 0 });
         Ok(DeadLetter {
-            at_ms: parse_time("dead_lettered_at", &d.dead_lettered_at)?,
-            first_attempt_at_ms: parse_time("first_attempt_at", &d.first_attempt_at)?,
+            // Either name of each: the API's (`*_ms`, `platform_status`, `attempts_made`) first.
+            at_ms: match d.dead_lettered_at_ms {
+                Some(ms) => ms,
+                None => parse_time("dead_lettered_at", &d.dead_lettered_at)?,
+            },
+            first_attempt_at_ms: match d.first_attempt_at_ms {
+                Some(ms) => ms,
+                None => parse_time("first_attempt_at", &d.first_attempt_at)?,
+            },
             reason: d.reason,
             detail: d.detail.unwrap_or_default(),
             final_state: d.final_state.unwrap_or_default(),
-            status_word: d.status_word.unwrap_or_default(),
+            status_word: d.platform_status.or(d.status_word).unwrap_or_default(),
             subscription_id: d.subscription_id.unwrap_or_default(),
             delivery_id: d.delivery_id.unwrap_or_default(),
             event,
@@ -367,7 +391,7 @@ impl TryFrom<Document> for DeadLetter {
             source_topic: source.topic,
             source_partition: source.partition,
             source_offset: source.offset,
-            attempts: d.attempts,
+            attempts: d.attempts_made.unwrap_or(d.attempts),
             last_outcome,
             last_http_status,
             last_response_excerpt,
@@ -425,6 +449,10 @@ mod tests {
         assert_eq!(v["last_attempt"], serde_json::json!({"outcome": "503", "http_status": 503, "response_excerpt": "busy"}));
         assert_eq!(v["attempts"], 3);
         assert_eq!(v["dead_lettered_at"], "2026-01-01T00:01:00.123Z");
+        // The API's words too, for the same values: one vocabulary, the first names kept as aliases.
+        assert_eq!((v["attempts_made"].as_u64(), v["dead_lettered_at_ms"].as_i64()), (Some(3), Some(1_767_225_660_123)));
+        assert_eq!(v["first_attempt_at_ms"], 1_767_225_600_300i64);
+        assert_eq!(v["platform_status"], v["status_word"]);
         assert_eq!(v["source"], serde_json::Value::Null);
         assert_eq!(decode(&bytes, None).unwrap(), dl, "read back by content");
         assert_eq!(decode(&bytes, Some(b"json")).unwrap(), dl);

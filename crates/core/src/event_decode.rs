@@ -67,11 +67,26 @@ pub fn decode(bytes: &[u8], max_bytes: usize, json_only: bool) -> Result<Event, 
     }
 }
 
+/// A JSON body that does not parse, in the one wording every API answer uses: "the body is not valid JSON (line 1,
+/// column 34)"; a document of the wrong shape keeps serde's sentence, with the same position.
+pub fn json_error(e: &serde_json::Error) -> String {
+    use serde_json::error::Category;
+    let (line, column) = (e.line(), e.column());
+    match e.classify() {
+        Category::Syntax | Category::Eof | Category::Io => format!("the body is not valid JSON (line {line}, column {column})"),
+        Category::Data => {
+            let msg = e.to_string();
+            let msg = msg.split(" at line ").next().unwrap_or(&msg).to_owned();
+            format!("{msg} (line {line}, column {column})")
+        }
+    }
+}
+
 fn decode_json(bytes: &[u8]) -> Result<Event, Invalid> {
     let text = std::str::from_utf8(bytes)
         .map_err(|e| invalid(Reason::EventInvalidUtf8, format!("the event is not valid UTF-8 (at byte {})", e.valid_up_to())))?;
     check_depth(text.as_bytes())?;
-    let env: Envelope<'_> = serde_json::from_str(text).map_err(|e| invalid(Reason::EventInvalidJson, e.to_string()))?;
+    let env: Envelope<'_> = serde_json::from_str(text).map_err(|e| invalid(Reason::EventInvalidJson, json_error(&e)))?;
     let id = required(env.id, "id")?;
     let event_type = required(env.event_type, "type")?;
     let occurred_at_ms = match env.occurred_at {
@@ -327,6 +342,17 @@ mod tests {
     fn accepts_protobuf() {
         let ev = Event { id: "e".into(), r#type: "t".into(), data_json: Bytes::from_static(b"[1]"), ..Default::default() };
         assert_eq!(decode(&ev.encode_to_vec(), MAX, false).unwrap(), ev);
+    }
+
+    #[test]
+    fn json_that_does_not_parse_is_worded_as_the_api_words_every_body() {
+        for (bytes, detail) in [
+            (&b"{\"id\":\"a\",\"type\":\"t\""[..], "the body is not valid JSON (line 1, column 20)"),
+            (&b"{not json"[..], "the body is not valid JSON (line 1, column 2)"),
+        ] {
+            let e = decode(bytes, MAX, false).unwrap_err();
+            assert_eq!((e.reason, e.detail.as_str()), ("invalid_json", detail));
+        }
     }
 
     #[test]

@@ -27,6 +27,7 @@ pub mod time;
 pub mod trace;
 pub mod verification;
 pub mod vocabulary;
+pub mod words;
 
 pub use engine::{decide, decide_lost_attempt, due_at_ms, DecidedBy, Decision, FinalState, Next, Progress, Verdict, Wait};
 pub use outcome::{Outcome, UntriedOutcome};

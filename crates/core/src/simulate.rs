@@ -100,7 +100,7 @@ pub struct TryLine {
     pub next_delay_max_s: Option<Seconds>,
     /// Extra: the delivery's status after this try, in the profile's words (`pending`, `DEAD_LETTER`, ...).
     pub status: String,
-    /// Extra: the index of the `classify` rule that decided.
+    /// Extra: the number of the `classify` rule that decided, counted from 1 as in the delivery log (0: none).
     pub rule: usize,
     /// Extra: the response's `Retry-After` as given, and whether it could be read (an unreadable one is ignored:
     /// the schedule's wait applies).
@@ -172,7 +172,8 @@ pub fn simulate(policy: &Policy, responses: &[Outcome], seed: u64) -> Vec<Line> 
             next_delay_min_s: wait.map(|w| Seconds(w.min_ms)),
             next_delay_max_s: wait.map(|w| Seconds(w.max_ms)),
             status,
-            rule: d.rule,
+            // Counted from 1, as the delivery log and the portal count (0: no rule decided).
+            rule: policy.classify.get(d.rule).map_or(0, |_| d.rule.saturating_add(1)),
             retry_after: match outcome {
                 Outcome::Http { retry_after, .. } => retry_after.clone(),
                 _ => None,
@@ -270,12 +271,12 @@ mod tests {
     fn lucibook_503_runs_the_whole_schedule_and_stays_failed() {
         let lines = run("lucibook", &["503"], 0);
         let want = [
-            r#"{"attempt":1,"try":1,"at_s":0,"outcome":"503","verdict":"retry","counts_toward_disable":true,"next_delay_s":60,"next_delay_min_s":60,"next_delay_max_s":60,"status":"pending","rule":4}"#,
-            r#"{"attempt":2,"try":1,"at_s":60,"outcome":"503","verdict":"retry","counts_toward_disable":true,"next_delay_s":300,"next_delay_min_s":300,"next_delay_max_s":300,"status":"pending","rule":4}"#,
-            r#"{"attempt":3,"try":1,"at_s":360,"outcome":"503","verdict":"retry","counts_toward_disable":true,"next_delay_s":1800,"next_delay_min_s":1800,"next_delay_max_s":1800,"status":"pending","rule":4}"#,
-            r#"{"attempt":4,"try":1,"at_s":2160,"outcome":"503","verdict":"retry","counts_toward_disable":true,"next_delay_s":7200,"next_delay_min_s":7200,"next_delay_max_s":7200,"status":"pending","rule":4}"#,
-            r#"{"attempt":5,"try":1,"at_s":9360,"outcome":"503","verdict":"retry","counts_toward_disable":true,"next_delay_s":43200,"next_delay_min_s":43200,"next_delay_max_s":43200,"status":"pending","rule":4}"#,
-            r#"{"attempt":6,"try":1,"at_s":52560,"outcome":"503","verdict":"retry","counts_toward_disable":true,"status":"failed","rule":4}"#,
+            r#"{"attempt":1,"try":1,"at_s":0,"outcome":"503","verdict":"retry","counts_toward_disable":true,"next_delay_s":60,"next_delay_min_s":60,"next_delay_max_s":60,"status":"pending","rule":5}"#,
+            r#"{"attempt":2,"try":1,"at_s":60,"outcome":"503","verdict":"retry","counts_toward_disable":true,"next_delay_s":300,"next_delay_min_s":300,"next_delay_max_s":300,"status":"pending","rule":5}"#,
+            r#"{"attempt":3,"try":1,"at_s":360,"outcome":"503","verdict":"retry","counts_toward_disable":true,"next_delay_s":1800,"next_delay_min_s":1800,"next_delay_max_s":1800,"status":"pending","rule":5}"#,
+            r#"{"attempt":4,"try":1,"at_s":2160,"outcome":"503","verdict":"retry","counts_toward_disable":true,"next_delay_s":7200,"next_delay_min_s":7200,"next_delay_max_s":7200,"status":"pending","rule":5}"#,
+            r#"{"attempt":5,"try":1,"at_s":9360,"outcome":"503","verdict":"retry","counts_toward_disable":true,"next_delay_s":43200,"next_delay_min_s":43200,"next_delay_max_s":43200,"status":"pending","rule":5}"#,
+            r#"{"attempt":6,"try":1,"at_s":52560,"outcome":"503","verdict":"retry","counts_toward_disable":true,"status":"failed","rule":5}"#,
             r#"{"final":"failed","status":"failed","attempts":6}"#,
         ];
         assert_eq!(lines, want);

@@ -157,7 +157,7 @@ pub async fn run(config: Config, shutdown: CancellationToken, options: Options) 
     let addr = config.ingest.listen_addr;
     let listener = tokio::net::TcpListener::bind(addr).await.map_err(|source| IngestError::Listen { addr, source })?;
     let bound = listener.local_addr().map_err(|source| IngestError::Listen { addr, source })?;
-    tracing::info!(%bound, "ingest API listening");
+    tracing::info!(addr = %bound, "ingest API listening");
     if let Some(tx) = options.bound {
         let _ = tx.send(bound);
     }

@@ -33,7 +33,7 @@ pub struct KafkaSettings {
     pub delivery_timeout_ms: u64,
     /// Producer batching delay (`linger.ms`). 5 ms, librdkafka's own default and Kafka 4.0's: fewer, larger produce
     /// requests cost the broker and the clients less CPU per record, and on a busy broker the latency they save
-    /// outweighs the wait (docs/benchmarks.md, "Dispatcher CPU per delivery (#17, session 8)").
+    /// outweighs the wait (docs/benchmarks.md, "Dispatcher CPU per delivery").
     pub linger_ms: u64,
     /// Largest record a producer sends (`message.max.bytes`); keep it at or below the brokers' and topics' limit.
     pub message_max_bytes: usize,

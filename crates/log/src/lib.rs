@@ -190,11 +190,14 @@ impl LogStore {
     }
 
     /// Writes rows [`fold`] made (the indexer folds a batch once and retries a refused write with the same rows).
+    /// A write that stored rows wakes whoever waits on [`written`] in this process.
     pub async fn index_folded(&self, folded: Arc<model::Folded>) -> Result<IndexSummary, StoreError> {
-        match self {
+        let summary = match self {
             Self::Sqlite(s) => s.index(folded).await,
             Self::Postgres(s) => s.index(&folded).await,
-        }
+        }?;
+        WRITTEN.send_modify(|n| *n = n.wrapping_add(1));
+        Ok(summary)
     }
 
     /// A delivery with its attempts (oldest first) and its event (what a resend sends again).
@@ -336,6 +339,16 @@ pub fn fold(batch: Batch, retention_days: u32, now_ms: i64) -> model::Folded {
 /// Everything before this is outside the retention. PostgreSQL drops whole days, so it keeps up to a day more.
 pub fn cutoff_ms(retention_days: u32, now_ms: i64) -> i64 {
     now_ms.saturating_sub(i64::from(retention_days).saturating_mul(DAY_MS))
+}
+
+/// Counts the batches this process's indexers stored, so a reader can wait for what was just published
+/// (the API's `wait_ms`) without polling the store in a tight loop.
+static WRITTEN: std::sync::LazyLock<tokio::sync::watch::Sender<u64>> = std::sync::LazyLock::new(|| tokio::sync::watch::Sender::new(0));
+
+/// Changes each time an indexer of this process stored a batch (in any store: a waiter queries again, whichever it
+/// reads). An indexer in another process wakes nobody here: waiters also look again on their own clock.
+pub fn written() -> tokio::sync::watch::Receiver<u64> {
+    WRITTEN.subscribe()
 }
 
 /// Applies the migrations a store lacks and returns (versions applied now, schema version after).

@@ -1,7 +1,7 @@
 //! `hookline-retry-scheduler`: parse arguments, load config, start telemetry, run until SIGTERM.
 
 // jemalloc instead of glibc's malloc: the data plane allocates and frees on different threads (librdkafka's,
-// tokio's), where glibc's arenas cost the most; see docs/benchmarks.md "The allocator (#17, session 7)".
+// tokio's), where glibc's arenas cost the most; see the allocator section of docs/benchmarks.md.
 #[global_allocator]
 static ALLOCATOR: tikv_jemallocator::Jemalloc = tikv_jemallocator::Jemalloc;
 
@@ -9,9 +9,17 @@ use std::path::PathBuf;
 
 use clap::Parser;
 
+/// What `--help` adds below the options: ports, what must be set, where the settings are described.
+const SCHEDULER_HELP: &str = "\
+Listens on retry_scheduler.health_addr (default 0.0.0.0:9092): /metrics, /healthz, /readyz.
+
+Required settings (config file or HOOKLINE_<SECTION>__<KEY> variables):
+  kafka.bootstrap_servers   the brokers (HOOKLINE_KAFKA__BOOTSTRAP_SERVERS)
+It needs no master key (it never opens a signing secret). Every setting: docs/configuration.md.";
+
 /// Holds retries on the tier topics until they are due, and held deliveries until their subscription resumes.
 #[derive(Parser)]
-#[command(name = "hookline-retry-scheduler", version, about)]
+#[command(name = "hookline-retry-scheduler", version, after_help = SCHEDULER_HELP)]
 struct Args {
     /// The config file (TOML). `HOOKLINE_<SECTION>__<KEY>` environment variables override it.
     #[arg(long, env = "HOOKLINE_CONFIG")]
@@ -33,6 +41,7 @@ async fn serve() -> std::process::ExitCode {
         }
     };
     hookline_service::telemetry::init(&config.telemetry);
+    hookline_service::telemetry::describe_metrics(&["retry-scheduler"]);
     let shutdown = hookline_service::shutdown::on_signals();
     if let Err(e) = hookline_retry_scheduler::run(config, shutdown, hookline_retry_scheduler::Options { serve_health: true, ..Default::default() }).await {
         eprintln!("error: {e}");

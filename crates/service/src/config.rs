@@ -710,35 +710,10 @@ fn blame_override(base: Option<&Config>, text: &str, overrides: &[(String, Strin
     None
 }
 
-/// Adds "did you mean `x`?" to serde's "unknown field `y`, expected one of `a`, `b`" when a known key is close.
+/// Adds "did you mean `x`?" to serde's "unknown field `y`, expected one of `a`, `b`" when a known key is close, and
+/// says `a whole number` where serde says `u64`.
 fn with_hint(message: &str) -> String {
-    let Some(rest) = message.split("unknown field `").nth(1) else { return message.to_owned() };
-    let Some((unknown, expected)) = rest.split_once('`') else { return message.to_owned() };
-    let known: Vec<&str> = expected.split('`').skip(1).step_by(2).collect();
-    let best = known
-        .iter()
-        .map(|k| (edit_distance(unknown, k), *k))
-        .filter(|(d, k)| *d <= 2.max(k.len() / 4))
-        .min();
-    match best {
-        Some((_, k)) => format!("{}; did you mean `{k}`?", message.trim_end()),
-        None => message.to_owned(),
-    }
-}
-
-/// Levenshtein distance (keys are short).
-fn edit_distance(a: &str, b: &str) -> usize {
-    let b: Vec<char> = b.chars().collect();
-    let mut prev: Vec<usize> = (0..=b.len()).collect();
-    for (i, ca) in a.chars().enumerate() {
-        let mut cur = vec![i + 1];
-        for (j, cb) in b.iter().enumerate() {
-            let sub = prev[j] + usize::from(ca != *cb);
-            cur.push(sub.min(prev[j + 1] + 1).min(cur[j] + 1));
-        }
-        prev = cur;
-    }
-    prev[b.len()]
+    hookline_core::words::reword(message)
 }
 
 /// A `telemetry.log_level` filter: what `EnvFilter` accepts, and a bare word only if it is a level (a bare

@@ -149,6 +149,7 @@ async fn dev(args: DevArgs, mut config: hookline_service::Config) -> anyhow::Res
     let mut telemetry = config.telemetry.clone();
     telemetry.log_level = format!("{},{EGRESS_WARNINGS_TARGET}=off", telemetry.log_level);
     hookline_service::telemetry::init(&telemetry);
+    hookline_service::telemetry::describe_metrics(&["ingest", "dispatcher", "retry-scheduler", "delivery log indexer"]);
 
     let started = Instant::now();
     let shutdown = CancellationToken::new();
@@ -246,23 +247,24 @@ fn print_welcome(w: &Welcome<'_>) {
     println!("  portal    http://{api}/portal/#token={token}   (signs you in; dev mode only)");
     println!("  broker    {bootstrap}");
     println!("  receiver  http://{receiver}/ok answers 204 and prints each webhook, the status it answered and whether");
-    println!("            the signature verified with the dev secret; also /slow /flaky /ratelimited /gone /failing and");
-    println!("            /switch (500 or 204, set with: curl -s -X POST $RECEIVER/switch/control -d fail   or -d ok)");
+    println!("            the signature verified with the dev secret; also /slow /flaky /ratelimited /throttled /gone");
+    println!("            /failing and /switch (500 or 204, set with: curl -s -X POST $RECEIVER/switch/control -d fail");
+    println!("            or -d ok)");
     println!();
-    println!("In another terminal, paste these in order (docs/api.md explains each call):");
+    println!("In another terminal, paste these (all at once or one by one; docs/api.md explains each call):");
     println!();
     println!("export HL=http://{api} AUTH='Authorization: Bearer {token}' JSON='Content-Type: application/json' RECEIVER=http://{receiver} SECRET={DEV_SECRET}");
     println!("export SUB={sub} GONE={gone} DEAD={dead}");
     println!("# a subscription (its endpoint answers 204), and an event for it");
     println!(r#"curl -s -X POST $HL/v1/subscriptions -H "$AUTH" -H "$JSON" -H 'Idempotency-Key: dev-tour-ok' -d '{{"url":"'$RECEIVER'/ok","event_types":["order.*"],"policy":"standard","secret":"'$SECRET'"}}'"#);
     println!(r#"curl -s -X POST $HL/v1/events -H "$AUTH" -H "$JSON" -d '{{"id":"evt_1","type":"order.created","data":{{"total":42}}}}'"#);
-    println!("# its delivery log");
-    println!(r#"curl -s $HL/v1/subscriptions/$SUB/deliveries -H "$AUTH""#);
+    println!("# its delivery log (the log trails Kafka by ~200 ms: wait_ms waits up to 5 s for the delivery to be in it)");
+    println!(r#"curl -s "$HL/v1/subscriptions/$SUB/deliveries?wait_ms=5000" -H "$AUTH""#);
     println!("# a subscription whose endpoint answers 410 (fynapse: dead at once), an event for it, that delivery, replay it");
     println!(r#"curl -s -X POST $HL/v1/subscriptions -H "$AUTH" -H "$JSON" -H 'Idempotency-Key: dev-tour-gone' -d '{{"url":"'$RECEIVER'/gone","event_types":["invoice.*"],"policy":"fynapse","secret":"'$SECRET'"}}'"#);
     println!(r#"curl -s -X POST $HL/v1/events -H "$AUTH" -H "$JSON" -d '{{"id":"evt_2","type":"invoice.created","data":{{"total":7}}}}'"#);
-    println!(r#"curl -s $HL/v1/deliveries/$DEAD -H "$AUTH""#);
-    println!(r#"curl -s -X POST $HL/v1/deliveries/$DEAD/replay -H "$AUTH""#);
+    println!(r#"curl -s "$HL/v1/deliveries/$DEAD?wait_ms=5000" -H "$AUTH""#);
+    println!(r#"curl -s -X POST "$HL/v1/deliveries/$DEAD/replay?wait_ms=5000" -H "$AUTH""#);
     println!("# replay everything sent to $SUB since hookline started");
     println!(r#"curl -s -X POST $HL/v1/subscriptions/$SUB/replay -H "$AUTH" -H "$JSON" -d '{{"since_ms":{since_ms}}}'"#);
     println!("# pause and resume it");
@@ -273,7 +275,8 @@ fn print_welcome(w: &Welcome<'_>) {
 }
 
 /// The local receiver. Behaviour per path: `ok` 204; `slow` 200 after 200 ms; `flaky` 503 on the first try of
-/// each event, then 200; `ratelimited` 429 with `Retry-After: 1` first, then 200; `gone` 410; `failing` 500;
+/// each event, then 200; `ratelimited` 429 with `Retry-After: 1` first, then 200; `throttled` 429 with
+/// `Retry-After: 60` always; `gone` 410; `failing` 500;
 /// `switch` 500 or 204 as set by a `POST /switch/control` with body `fail` or `ok` (204 until then).
 struct Receiver {
     addr: SocketAddr,
@@ -315,6 +318,7 @@ async fn receive(State(s): State<Arc<ReceiverState>>, Path(b): Path<String>, hea
         }
         "flaky" if first => (StatusCode::SERVICE_UNAVAILABLE, "warming up").into_response(),
         "ratelimited" if first => (StatusCode::TOO_MANY_REQUESTS, [("retry-after", "1")], "slow down").into_response(),
+        "throttled" => (StatusCode::TOO_MANY_REQUESTS, [("retry-after", "60")], "slow down").into_response(),
         "gone" => (StatusCode::GONE, "unsubscribed").into_response(),
         "failing" => (StatusCode::INTERNAL_SERVER_ERROR, "broken").into_response(),
         "switch" if s.switch_failing.load(std::sync::atomic::Ordering::SeqCst) => {

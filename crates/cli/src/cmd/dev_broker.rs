@@ -30,8 +30,10 @@ pub fn run(args: DevBrokerArgs) -> anyhow::Result<ExitCode> {
     println!("{}", serde_json::json!({"bootstrap_servers": broker.bootstrap_servers()}));
     eprintln!(
         "hookline dev-broker: librdkafka's IN-MEMORY mock cluster at {}. For trying hookline only: no persistence, \
-         no compaction, ~5 MiB per partition. Point the binaries at it with HOOKLINE_KAFKA__BOOTSTRAP_SERVERS={} \
-         HOOKLINE_KAFKA__PARTITIONS={} HOOKLINE_KAFKA__EVENT_PARTITIONS={} HOOKLINE_KAFKA__REPLICATION_FACTOR=1. Ctrl-C stops it.",
+         no compaction, ~5 MiB per partition. hookline's topics exist already (no `hookline topics create`). Point the \
+         binaries at it with HOOKLINE_KAFKA__BOOTSTRAP_SERVERS={} HOOKLINE_KAFKA__PARTITIONS={} \
+         HOOKLINE_KAFKA__EVENT_PARTITIONS={} HOOKLINE_KAFKA__REPLICATION_FACTOR=1 HOOKLINE_KAFKA__OFFSETS_BY_TIME=false. \
+         Ctrl-C stops it.",
         broker.bootstrap_servers(),
         broker.bootstrap_servers(),
         args.partitions,

@@ -9,7 +9,7 @@ use std::process::ExitCode;
 use std::time::Duration;
 
 use anyhow::Context;
-use hookline_core::egress::{EgressGuard, EgressSettings, Refusal};
+use hookline_core::egress::{EgressGuard, EgressSettings, Refusal, Target};
 use hookline_core::policy::{self, Policy};
 use hookline_dispatcher::connector::{resolve_target, SystemResolver};
 
@@ -90,20 +90,29 @@ fn load_policy(name_or_path: &str) -> anyhow::Result<Policy> {
     Err(policy::PolicyError::UnknownProfile { name: name_or_path.to_owned() }.into())
 }
 
-fn settings(args: &CheckArgs) -> anyhow::Result<EgressSettings> {
+/// The config's egress settings with the flags added, each bad value blamed on where it came from: the flag, the
+/// config (file or `HOOKLINE_EGRESS__*`), or the policy.
+fn guard(args: &CheckArgs, policy: &Policy) -> anyhow::Result<EgressGuard> {
     let config = hookline_service::Config::load(args.config.as_deref(), std::env::vars())?;
+    for range in &args.allow_ranges {
+        let alone = EgressSettings { allow_ranges: vec![range.clone()], ..Default::default() };
+        if let Err(e) = alone.validate() {
+            anyhow::bail!("--allow-range {range}: {}", e.message);
+        }
+    }
+    EgressGuard::new(&config.egress, &Default::default()).map_err(|e| {
+        let from = if args.config.is_some() { "the config file or a HOOKLINE_EGRESS__* variable" } else { "a HOOKLINE_EGRESS__* variable" };
+        anyhow::anyhow!("{e} (from {from})")
+    })?;
     let mut s = config.egress;
     s.allow_ranges.extend(args.allow_ranges.iter().cloned());
     s.allow_http |= args.allow_http;
-    Ok(s)
+    EgressGuard::new(&s, &policy.egress).map_err(|e| anyhow::anyhow!("{e} (from policy {:?})", policy.name))
 }
 
 fn check(args: CheckArgs) -> anyhow::Result<ExitCode> {
     let policy = load_policy(&args.policy)?;
-    let settings = settings(&args)?;
-    // Flags are reported with the config key they extend; name them so the user sees which value is wrong.
-    let guard = EgressGuard::new(&settings, &policy.egress)
-        .map_err(|e| anyhow::anyhow!("{e} (from --allow-range, the config file, or policy {:?})", policy.name))?;
+    let guard = guard(&args, &policy)?;
     for w in guard.startup_warnings() {
         eprintln!("WARNING: {w}");
     }
@@ -163,22 +172,55 @@ async fn judge<'a>(guard: &EgressGuard, url: &'a str, timeout: Duration) -> Verd
     };
     let target = match guard.check_url(url) {
         Ok(t) => t,
-        Err(r) => return refused(r, Vec::new()),
+        Err(mut r) => {
+            // A refused scheme is checked first; say too whether the address would be refused under https, so
+            // that `http://169.254.169.254/` is not taken for "only the scheme is wrong".
+            let Some(https) = url.strip_prefix("http://").map(|rest| format!("https://{rest}")).filter(|_| r.reason.starts_with("scheme ")) else {
+                return refused(r, Vec::new());
+            };
+            let (also, addresses) = match guard.check_url(&https) {
+                Err(r2) => (Some(r2.reason), Vec::new()),
+                Ok(t) => match destination(guard, &t, timeout).await {
+                    Judged::Refused(r2, addrs) => (Some(r2.reason), addrs),
+                    Judged::Allowed(_) => (None, Vec::new()),
+                    Judged::Unresolved(_) => (None, Vec::new()),
+                },
+            };
+            if let Some(also) = also {
+                r.reason = format!("{}; and {also}", r.reason);
+            }
+            return refused(r, addresses);
+        }
     };
-    let dns_failed = |why: String| Verdict {
-        url,
-        allowed: false,
-        reason: Some(format!("resolving {} failed: {why}", target.host)),
-        addresses: Vec::new(),
-        outcome: Some("connect_error".into()),
-    };
-    let addrs = match tokio::time::timeout(timeout, resolve_target(&SystemResolver, &target)).await {
+    match destination(guard, &target, timeout).await {
+        Judged::Allowed(addrs) => Verdict { url, allowed: true, reason: None, addresses: addrs, outcome: None },
+        Judged::Refused(r, addrs) => refused(r, addrs),
+        Judged::Unresolved(why) => Verdict {
+            url,
+            allowed: false,
+            reason: Some(format!("resolving {} failed: {why}", target.host)),
+            addresses: Vec::new(),
+            outcome: Some("connect_error".into()),
+        },
+    }
+}
+
+/// Where a target's name leads, judged.
+enum Judged {
+    Allowed(Vec<IpAddr>),
+    Refused(Refusal, Vec<IpAddr>),
+    /// The name did not resolve: why.
+    Unresolved(String),
+}
+
+async fn destination(guard: &EgressGuard, target: &Target, timeout: Duration) -> Judged {
+    let addrs = match tokio::time::timeout(timeout, resolve_target(&SystemResolver, target)).await {
         Ok(Ok(a)) => a,
-        Ok(Err(e)) => return dns_failed(e.to_string()),
-        Err(_) => return dns_failed(format!("no answer within {timeout:?}")),
+        Ok(Err(e)) => return Judged::Unresolved(e.to_string()),
+        Err(_) => return Judged::Unresolved(format!("no answer within {timeout:?}")),
     };
-    match guard.check_resolved(&target, &addrs) {
-        Ok(()) => Verdict { url, allowed: true, reason: None, addresses: addrs, outcome: None },
-        Err(r) => refused(r, addrs),
+    match guard.check_resolved(target, &addrs) {
+        Ok(()) => Judged::Allowed(addrs),
+        Err(r) => Judged::Refused(r, addrs),
     }
 }

@@ -45,6 +45,7 @@ fn index(config: Option<PathBuf>, health_addr: std::net::SocketAddr) -> anyhow::
     let rt = tokio::runtime::Builder::new_multi_thread().enable_all().build()?;
     rt.block_on(async move {
         let metrics = hookline_service::telemetry::init(&config.telemetry);
+        hookline_service::telemetry::describe_metrics(&["delivery log indexer"]);
         let shutdown = hookline_service::shutdown::on_signals();
         let readiness = hookline_service::health::Readiness::default();
         let addr = hookline_service::health::serve(health_addr, readiness.clone(), metrics, Default::default(), shutdown.clone())

@@ -104,7 +104,11 @@ fn check(file: &str) -> anyhow::Result<ExitCode> {
         Some(text) => policy::parse(&text),
         None => match policy::builtin(file) {
             Some(p) => Ok(p),
-            None => bail!("{file}: no such file, and not a built-in profile ({})", BUILTIN_NAMES.join(", ")),
+            None => {
+                let hint = hookline_core::words::did_you_mean(file, BUILTIN_NAMES.iter().copied())
+                    .map_or_else(String::new, |p| format!("; did you mean {p:?}?"));
+                bail!("{file}: no such file, and not a built-in profile ({}){hint}", BUILTIN_NAMES.join(", "))
+            }
         },
     };
     match parsed {
@@ -146,7 +150,8 @@ fn timeline(policy: &Policy, lines: &[simulate::Line]) -> String {
     for line in lines {
         match line {
             simulate::Line::Try(t) => {
-                let rule = policy.classify.get(t.rule);
+                // `rule` counts from 1 (0: none), as the delivery log does.
+                let rule = t.rule.checked_sub(1).and_then(|i| policy.classify.get(i));
                 let mut why: Vec<String> = Vec::new();
                 if let Some(note) = rule.map(|r| r.note.as_str()).filter(|n| !n.is_empty()) {
                     why.push(note.to_owned());
@@ -171,7 +176,7 @@ fn timeline(policy: &Policy, lines: &[simulate::Line]) -> String {
                     t.outcome.clone(),
                     t.verdict.to_owned(),
                     next,
-                    rule.map_or_else(|| format!("#{}", t.rule), |r| r.when.join(" ")),
+                    rule.map_or_else(|| "-".to_owned(), |r| format!("{}: {}", t.rule, r.when.join(" "))),
                     why.join("; "),
                 ]);
             }
@@ -194,7 +199,11 @@ fn load(spec: &str) -> anyhow::Result<Policy> {
     }
     match read_policy_file(spec)? {
         Some(text) => policy::parse(&text).with_context(|| format!("--policy {spec}: invalid policy")),
-        None => bail!("--policy {spec:?}: not a built-in profile ({}) and no such file", BUILTIN_NAMES.join(", ")),
+        None => {
+            let hint = hookline_core::words::did_you_mean(spec, BUILTIN_NAMES.iter().copied())
+                .map_or_else(String::new, |p| format!("; did you mean {p:?}?"));
+            bail!("--policy {spec:?}: not a built-in profile ({}) and no such file{hint}", BUILTIN_NAMES.join(", "))
+        }
     }
 }
 

@@ -8,9 +8,10 @@ use std::process::ExitCode;
 #[derive(clap::Subcommand)]
 pub enum SecretsCmd {
     /// Print a new master key as `<id>:<base64 of 32 random bytes>`, for `secrets.keys` or `secrets.keys_file`.
+    /// Make it once and keep it (a file): a service restarted with another key cannot open what the first sealed.
     GenerateKey {
         /// The key's id (1-64 ASCII letters, digits, `-`, `_`, `.`), stored with every secret it seals. Default:
-        /// `k` and today's date, e.g. `k20260315`.
+        /// `k`, today's date and a random suffix, e.g. `k20260315-3fa9c1` (unique: two keys never share an id).
         #[arg(long)]
         id: Option<String>,
     },
@@ -25,10 +26,12 @@ pub enum SecretsCmd {
 pub fn run(cmd: SecretsCmd) -> anyhow::Result<ExitCode> {
     match cmd {
         SecretsCmd::GenerateKey { id } => {
+            // The date tells an operator how old a key is; the random suffix keeps two keys made the same day apart
+            // (a secret sealed with one must never be taken for the other's).
             let id = id.unwrap_or_else(|| {
                 let days = hookline_service::now_ms().div_euclid(86_400_000);
                 let (y, m, d) = civil_from_days(days);
-                format!("k{y:04}{m:02}{d:02}")
+                format!("k{y:04}{m:02}{d:02}-{:06x}", rand::random::<u32>() & 0xff_ffff)
             });
             // Checked the way the services will read it.
             let entry = hookline_core::seal::generate_entry(&id, &mut rand::rng());

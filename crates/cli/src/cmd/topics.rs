@@ -24,13 +24,14 @@ pub enum TopicsCmd {
         #[command(flatten)]
         output: super::output::OutputArgs,
     },
-    /// Create every topic (existing ones are left as they are). Uses the config's `[kafka]` table.
+    /// Create every topic (existing ones are left as they are). Uses the config's `[kafka]` table. Not needed with
+    /// `hookline dev` or `hookline dev-broker`: their embedded broker creates the topics itself.
     Create {
         /// The config file (TOML) whose `[kafka]` table names the cluster, its security settings and the topics'
         /// prefix and partition counts; `HOOKLINE_KAFKA__*` variables override it.
         #[arg(long, env = "HOOKLINE_CONFIG", value_name = "FILE")]
         config: Option<PathBuf>,
-        /// Seconds to wait for the cluster.
+        /// Seconds to wait for the cluster's answer (the whole command takes at most about this long).
         #[arg(long, default_value_t = 30, value_parser = clap::value_parser!(u64).range(1..=3600))]
         timeout_s: u64,
     },
@@ -118,10 +119,22 @@ async fn create(config: &hookline_service::Config, timeout: Duration) -> anyhow:
             t
         })
         .collect();
-    let results = admin
-        .create_topics(&new_topics, &AdminOptions::new().operation_timeout(Some(timeout)))
-        .await
-        .context("CreateTopics request")?;
+    // Both the request and the brokers' operation within `--timeout-s` (librdkafka's own request timeout is 60 s),
+    // and the whole exchange bounded by it too.
+    let options = AdminOptions::new().request_timeout(Some(timeout)).operation_timeout(Some(timeout));
+    let no_answer = || {
+        anyhow::anyhow!(
+            "no answer from the cluster at {} within {} s (--timeout-s). If it is `hookline dev-broker` or the broker of \
+             `hookline dev`: that embedded broker creates hookline's topics itself when it starts, so there is nothing \
+             to create. Otherwise check kafka.bootstrap_servers and the security settings ([kafka.tls], [kafka.sasl]).",
+            config.kafka.bootstrap_servers,
+            timeout.as_secs()
+        )
+    };
+    let results = match tokio::time::timeout(timeout + Duration::from_secs(1), admin.create_topics(&new_topics, &options)).await {
+        Err(_) | Ok(Err(rdkafka::error::KafkaError::AdminOp(RDKafkaErrorCode::OperationTimedOut))) => return Err(no_answer()),
+        Ok(r) => r.context("CreateTopics request")?,
+    };
     let mut failed = false;
     for r in results {
         match r {
@@ -129,6 +142,7 @@ async fn create(config: &hookline_service::Config, timeout: Duration) -> anyhow:
             Err((name, RDKafkaErrorCode::TopicAlreadyExists)) => {
                 println!("{}", serde_json::json!({"topic": name, "result": "exists"}))
             }
+            Err((_, RDKafkaErrorCode::OperationTimedOut | RDKafkaErrorCode::RequestTimedOut)) if !failed => return Err(no_answer()),
             Err((name, code)) => {
                 failed = true;
                 println!("{}", serde_json::json!({"topic": name, "result": "error", "error": code.to_string()}));

@@ -62,18 +62,25 @@ pub enum PolicyError {
     /// The document parsed but breaks a rule; every issue found, each naming its key path.
     #[error("{}", join_issues(.0))]
     Invalid(Vec<Issue>),
-    #[error("unknown policy profile {name:?}: the built-in profiles are {}", BUILTIN_NAMES.join(", "))]
+    #[error("unknown policy profile {name:?}{}: the built-in profiles are {}", profile_hint(name), BUILTIN_NAMES.join(", "))]
     UnknownProfile { name: String },
 }
 
 impl PolicyError {
-    /// The individual problems (one for syntax errors and unknown profiles).
+    /// The individual problems (one for syntax errors and unknown profiles), without the "invalid policy
+    /// document" a caller that lists them under its own heading would repeat.
     pub fn issues(&self) -> Vec<String> {
         match self {
             PolicyError::Invalid(issues) => issues.iter().map(ToString::to_string).collect(),
+            PolicyError::Syntax(message) => vec![message.clone()],
             other => vec![other.to_string()],
         }
     }
+}
+
+/// ` (did you mean "standard"?)` for a name one typo away from a built-in profile.
+fn profile_hint(name: &str) -> String {
+    crate::words::did_you_mean(name, BUILTIN_NAMES.iter().copied()).map_or_else(String::new, |p| format!(" (did you mean {p:?}?)"))
 }
 
 fn join_issues(issues: &[Issue]) -> String {
@@ -90,7 +97,7 @@ fn join_issues(issues: &[Issue]) -> String {
 /// Parses a policy document and validates it.
 pub fn parse(toml_text: &str) -> Result<Policy, PolicyError> {
     let policy: Policy =
-        toml::from_str(toml_text).map_err(|e| PolicyError::Syntax(e.to_string().trim_end().to_owned()))?;
+        toml::from_str(toml_text).map_err(|e| PolicyError::Syntax(crate::words::reword(e.to_string().trim_end())))?;
     validate(&policy)?;
     Ok(policy)
 }

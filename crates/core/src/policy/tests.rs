@@ -87,7 +87,7 @@ fn resolve_prefers_inline_then_named_then_default() {
     assert_eq!(err, PolicyError::UnknownProfile { name: "lucibok".into() });
     assert_eq!(
         err.to_string(),
-        "unknown policy profile \"lucibok\": the built-in profiles are standard, lucibook, fynapse, relay, gauge"
+        "unknown policy profile \"lucibok\" (did you mean \"lucibook\"?): the built-in profiles are standard, lucibook, fynapse, relay, gauge"
     );
     // An inline document that is invalid is an error, not a silent fallback to the named profile.
     assert!(resolve("gauge", "name = 1").is_err());

@@ -254,7 +254,7 @@ mod tests {
 
     #[test]
     fn every_troubled_task_beyond_what_the_troubled_lanes_hold_spills_once() {
-        assert_eq!(expected_spills(Trouble::Hang, 5_069, 256), 9_626, "session 6's base run B spilled exactly this");
+        assert_eq!(expected_spills(Trouble::Hang, 5_069, 256), 9_626, "a recorded base run B spilled exactly this");
         assert_eq!(expected_spills(Trouble::RateLimit, 6_333, 256), 12_154);
         assert_eq!(expected_spills(Trouble::None, 6_333, 256), 0);
         assert_eq!(expected_spills(Trouble::Hang, 100, 256), 0, "all held in the lanes");

@@ -96,7 +96,7 @@ pub async fn run(args: &BenchArgs) -> anyhow::Result<(Map<String, Value>, bool)>
     out.insert("cpu_s_per_1k_deliveries".into(), cpu);
     let f = |k: &str, q: &str| split.get(k).and_then(|v| v.get(q)).and_then(Value::as_f64).unwrap_or(f64::NAN);
     let n = |k: &str| split.get(k).and_then(Value::as_u64).unwrap_or(0);
-    // #17's goal for hookline's own time: p99 ≤ 2 ms per hop.
+    // The goal for hookline's own time: p99 ≤ 2 ms per hop.
     let own_met = |k: &str| f(k, "p99") <= 2.0;
     let split_met = own_met("ingest_hookline_ms") && own_met("dispatcher_hookline_ms");
     let split_rows: Vec<_> = [

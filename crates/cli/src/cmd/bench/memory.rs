@@ -14,7 +14,7 @@ use super::stats::Progress;
 use super::{print_table, round, row, BenchArgs};
 
 const SUBS: usize = 100;
-/// #17's goal for the dispatcher's peak RSS with 10,000 deliveries in flight.
+/// The goal for the dispatcher's peak RSS with 10,000 deliveries in flight.
 const PEAK_RSS_GOAL_MB: f64 = 120.0;
 
 fn hold_policy() -> anyhow::Result<String> {

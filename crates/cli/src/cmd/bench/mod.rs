@@ -186,7 +186,7 @@ pub struct BenchArgs {
     /// The pipeline scenarios, SQLite: run the delivery log's indexer inside ingest (`log.run_indexer = true`, as
     /// `hookline dev` and a default install do) instead of as a process of its own (`hookline log index` beside
     /// ingest, on the same file). Apart, all the log's CPU (its Kafka reading too) is the log's, and ingest's is the
-    /// fan-out's and the API's. Figures before session 17 were measured with the indexer in ingest.
+    /// fan-out's and the API's. Older figures in docs/benchmarks.md were measured with the indexer in ingest.
     #[arg(long)]
     log_in_ingest: bool,
     /// log: measure only this backend (`sqlite`, or `postgres`, which needs --postgres-url).

@@ -133,7 +133,7 @@ pub async fn run(args: &BenchArgs) -> anyhow::Result<(Map<String, Value>, bool)>
     let per_sub = (args.concurrency / subs).max(1);
     let concurrency = per_sub * subs;
     // The raw client's cost per request moves with the host, by up to a fifth between baselines minutes apart here,
-    // and it is the denominator of #17's CPU ratios: it is measured before the services start (a receiver of its
+    // and it is the denominator of the CPU ratios: it is measured before the services start (a receiver of its
     // own, so that the run's counts stay the flood's) and again after they stop, and the run uses the mean.
     let event = hookline_core::event_decode::decode(&event_json("t0", "tp.0", 0), 1 << 20, false).map_err(|e| anyhow::anyhow!("{e}"))?;
     let policy = hookline_core::policy::builtin("standard").expect("built-in profile");
@@ -268,7 +268,7 @@ pub async fn run(args: &BenchArgs) -> anyhow::Result<(Map<String, Value>, bool)>
         out.insert("dispatcher_over_kafka_floor".into(), json!(round(c("dispatcher") / fc(paced, "total"), 2)));
         out.insert("dispatcher_librdkafka_over_kafka_floor_librdkafka".into(), json!(round(c("dispatcher_librdkafka") / fc(paced, "librdkafka"), 2)));
     }
-    // #17's CPU figures: each service's CPU per delivery over the raw client's per request, and the least each could
+    // The CPU figures: each service's CPU per delivery over the raw client's per request, and the least each could
     // be with this Kafka client. Per delivery the dispatcher makes the raw client's request and does the floor's
     // Kafka work (a record in, a record out, an offset); ingest does it again at least (the task out; the event in,
     // shared by the fan-out, and the attempt in for the delivery log).
