@@ -251,3 +251,77 @@ async fn apache_kafka_mutual_tls_refuses_no_certificate_and_a_principal_without_
     let e = produce_one(&k, &c).await.expect_err("User:stranger has no ACL");
     assert!(e.contains("TopicAuthorizationFailed") || e.contains("authoriz"), "{e}");
 }
+
+/// The state topics compacted by the broker's log cleaner (segments rolled every 100 ms, any dirty ratio): a
+/// subscription changed five times keeps one record, and services started after the compaction rebuild the same
+/// subscriptions (the latest URL, the deleted one gone) and deliver by them.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn apache_kafka_services_restarted_after_compaction_rebuild_the_same_subscriptions() {
+    let Some(k) = ExternalKafka::from_env() else { return };
+    let prefix = ExternalKafka::fresh_prefix();
+    let compacted = [
+        ("segment.ms", "100"),
+        ("min.cleanable.dirty.ratio", "0.01"),
+        ("min.compaction.lag.ms", "0"),
+        ("delete.retention.ms", "100"),
+    ];
+    k.create_topics(&prefix, 1, &compacted).await;
+    let p = k.pipeline_on(&prefix, 1, |_| {}).await;
+    let (a, _) = p.subscribe(json!({"url": p.url("a0"), "event_types": ["*"]})).await;
+    for i in 1..=5 {
+        // Each version in a segment of its own: the cleaner only compacts segments that were rolled.
+        tokio::time::sleep(Duration::from_millis(150)).await;
+        let (status, v) = p.call("PATCH", &format!("/v1/subscriptions/{a}"), Some(json!({"url": p.url(&format!("a{i}"))}))).await;
+        assert_eq!(status, 200, "{v}");
+    }
+    let (gone, _) = p.subscribe(json!({"url": p.url("gone"), "event_types": ["*"]})).await;
+    let (status, _) = p.call("DELETE", &format!("/v1/subscriptions/{gone}"), None).await;
+    assert_eq!(status, 204);
+    let (b, _) = p.subscribe(json!({"url": p.url("b"), "event_types": ["*"]})).await;
+
+    let topic = Topics::new(prefix.clone()).subscriptions().to_owned();
+    let deadline = Instant::now() + LIMIT;
+    let mut records_of_a;
+    loop {
+        records_of_a = 0;
+        hookline_kafka::scan::scan(&k.admin_settings(), &topic, None, LIMIT, |m| {
+            use rdkafka::Message as _;
+            if m.key() == Some(a.as_bytes()) {
+                records_of_a += 1;
+            }
+        })
+        .await
+        .expect("scan the subscriptions topic");
+        if records_of_a == 1 {
+            break;
+        }
+        assert!(Instant::now() < deadline, "{records_of_a} records of {a} after {LIMIT:?}: the log cleaner did not compact");
+        // A later record rolls the segment that holds the last ones, so the cleaner may take them too.
+        tokio::time::sleep(Duration::from_millis(500)).await;
+        let (status, v) = p.call("PATCH", &format!("/v1/subscriptions/{b}"), Some(json!({"url": p.url("b")}))).await;
+        assert_eq!(status, 200, "{v}");
+    }
+    let latest = p.url("a5");
+    let secrets = p.config.secrets.clone();
+    let received = p.seen.clone();
+    tokio::time::timeout(LIMIT, p.stop()).await.expect("the services stop in time");
+
+    let p = k.pipeline_on(&prefix, 1, |c| c.secrets = secrets).await;
+    let v = p.subscription_when(&a, |v| v["url"].is_string()).await;
+    assert_eq!(v["url"], latest.as_str(), "{v}");
+    let (status, _) = p.call("GET", &format!("/v1/subscriptions/{gone}"), None).await;
+    assert_eq!(status, 404, "the deleted subscription stays deleted");
+    p.publish("evt_after_compaction", "thing.happened").await;
+    p.wait_finals(2, LIMIT).await;
+    let finals = p.finals();
+    let mut got: Vec<&str> = finals.iter().map(|f| f.subscription_id.as_str()).collect();
+    got.sort_unstable();
+    let mut want = [a.as_str(), b.as_str()];
+    want.sort_unstable();
+    assert_eq!(got, want, "{finals:?}");
+    let paths: Vec<String> = received.requests.lock().unwrap().iter().map(|r| r.path.clone()).collect();
+    let mut paths: Vec<&str> = paths.iter().map(String::as_str).collect();
+    paths.sort_unstable();
+    assert_eq!(paths, ["a5", "b"], "only the latest URL of A, and B");
+    p.stop().await;
+}
