@@ -561,23 +561,30 @@ pub async fn create_topics(
     for r in results {
         r.unwrap_or_else(|(name, code)| panic!("creating {name}: {code}"));
     }
-    // The controller answered; the brokers learn of the topics (and their leaders) a moment later, and a service
-    // starting before that would find a topic without partitions.
-    let deadline = Instant::now() + Duration::from_secs(30);
-    loop {
-        let md = tokio::task::block_in_place(|| admin.inner().fetch_metadata(None, Duration::from_secs(10))).expect("metadata");
-        let ready = specs.iter().all(|s| {
-            md.topics().iter().any(|t| {
-                t.name() == s.name
-                    && t.error().is_none()
-                    && t.partitions().len() == partitions as usize
-                    && t.partitions().iter().all(|p| p.leader() >= 0)
-            })
-        });
-        if ready {
-            return;
+    // The controller answered; each broker learns of the topics (and their leaders) a moment later, and a service
+    // whose first metadata request a broker answers before that fails at start (`MissingTopic`). Every broker is
+    // asked through a client of its own, whose only known broker (its bootstrap) answers its first request.
+    let names: Vec<String> = specs.into_iter().map(|s| s.name).collect();
+    for broker in settings.bootstrap_servers.split(',') {
+        let one = hookline_kafka::KafkaSettings { bootstrap_servers: broker.to_owned(), ..settings.clone() };
+        let deadline = Instant::now() + Duration::from_secs(30);
+        while !topics_known(&one, &names, partitions) {
+            assert!(Instant::now() < deadline, "{broker} did not know the topics under {prefix} with leaders after 30 s");
+            tokio::time::sleep(Duration::from_millis(50)).await;
         }
-        assert!(Instant::now() < deadline, "the topics under {prefix} had no leaders after 30 s");
-        tokio::time::sleep(Duration::from_millis(50)).await;
     }
+}
+
+/// Whether the broker a new client with `settings` asks first knows every topic of `names`, with leaders.
+fn topics_known(settings: &hookline_kafka::KafkaSettings, names: &[String], partitions: i32) -> bool {
+    let admin = hookline_kafka::client::admin(settings, "integration-metadata").expect("admin client");
+    let md = tokio::task::block_in_place(|| admin.inner().fetch_metadata(None, Duration::from_secs(10))).expect("metadata");
+    names.iter().all(|name| {
+        md.topics().iter().any(|t| {
+            t.name() == name
+                && t.error().is_none()
+                && t.partitions().len() == partitions as usize
+                && t.partitions().iter().all(|p| p.leader() >= 0)
+        })
+    })
 }
