@@ -21,9 +21,19 @@ use crate::support::{wait_for, ExternalKafka};
 
 const LIMIT: Duration = Duration::from_secs(60);
 
+/// The tests share the cluster, except the one that kills a node: it has the cluster alone (the others would find
+/// a broker down while they create topics), and restarts the node before it lets them go on.
+static CLUSTER: tokio::sync::RwLock<()> = tokio::sync::RwLock::const_new(());
+
+/// The run's cluster, shared with the other tests (see [`CLUSTER`]).
+async fn shared() -> Option<(ExternalKafka, tokio::sync::RwLockReadGuard<'static, ()>)> {
+    let k = ExternalKafka::from_env()?;
+    Some((k, CLUSTER.read().await))
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn apache_kafka_fans_out_by_filter_and_signs_every_request() {
-    let Some(k) = ExternalKafka::from_env() else { return };
+    let Some((k, _shared)) = shared().await else { return };
     let p = k.pipeline(2, |_| {}).await;
     let finals = pipeline::fans_out_by_filter_and_signs_every_request_on(&p).await;
     // Every final record names its event, subscription and delivery: the attempts topic is the delivery log's input.
@@ -33,19 +43,19 @@ async fn apache_kafka_fans_out_by_filter_and_signs_every_request() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn apache_kafka_retries_go_through_the_tiers_and_are_never_early() {
-    let Some(k) = ExternalKafka::from_env() else { return };
+    let Some((k, _shared)) = shared().await else { return };
     pipeline::retries_follow_the_schedule_and_are_never_early_on(k.pipeline(2, |_| {}).await).await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn apache_kafka_terminal_and_exhausted_deliveries_reach_the_dead_letter_topic() {
-    let Some(k) = ExternalKafka::from_env() else { return };
+    let Some((k, _shared)) = shared().await else { return };
     pipeline::terminal_and_exhausted_deliveries_reach_the_dead_letter_topic_on(k.pipeline(2, |_| {}).await).await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn apache_kafka_malformed_events_are_dead_lettered_without_stalling_the_partition() {
-    let Some(k) = ExternalKafka::from_env() else { return };
+    let Some((k, _shared)) = shared().await else { return };
     pipeline::malformed_events_are_dead_lettered_without_stalling_the_partition_on(k.pipeline(1, |_| {}).await).await;
 }
 
@@ -54,7 +64,7 @@ async fn apache_kafka_malformed_events_are_dead_lettered_without_stalling_the_pa
 /// subscriptions and ends succeeded. Redelivery is allowed (at least once), loss is not.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn apache_kafka_a_restart_of_the_services_loses_nothing() {
-    let Some(k) = ExternalKafka::from_env() else { return };
+    let Some((k, _shared)) = shared().await else { return };
     let prefix = ExternalKafka::fresh_prefix();
     k.create_topics(&prefix, 2, &[]).await;
     let p = k.pipeline_on(&prefix, 2, |_| {}).await;
@@ -200,7 +210,7 @@ fn base_config(k: &ExternalKafka) -> hookline_service::Config {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn apache_kafka_the_pipeline_works_over_sasl_ssl_with_scram_sha_512() {
-    let Some(k) = ExternalKafka::from_env() else { return };
+    let Some((k, _shared)) = shared().await else { return };
     let Some(info) = secured(&k) else { return };
     let password = file(&info["sasl_ssl"]["users"]["hookline"]["password_file"]);
     pipeline_secured(&k, |c| use_scram(c, info, "hookline", password)).await;
@@ -208,7 +218,7 @@ async fn apache_kafka_the_pipeline_works_over_sasl_ssl_with_scram_sha_512() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn apache_kafka_sasl_ssl_refuses_a_wrong_password_and_a_principal_without_acls() {
-    let Some(k) = ExternalKafka::from_env() else { return };
+    let Some((k, _shared)) = shared().await else { return };
     let Some(info) = secured(&k) else { return };
     // A wrong password: ingest fails at start, fast, and says where to look.
     let wrong = crate::support::temp_dir("scram").join("wrong.password");
@@ -231,14 +241,14 @@ async fn apache_kafka_sasl_ssl_refuses_a_wrong_password_and_a_principal_without_
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn apache_kafka_the_pipeline_works_over_mutual_tls() {
-    let Some(k) = ExternalKafka::from_env() else { return };
+    let Some((k, _shared)) = shared().await else { return };
     let Some(info) = secured(&k) else { return };
     pipeline_secured(&k, |c| use_mtls(c, info, Some("hookline"))).await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn apache_kafka_mutual_tls_refuses_no_certificate_and_a_principal_without_acls() {
-    let Some(k) = ExternalKafka::from_env() else { return };
+    let Some((k, _shared)) = shared().await else { return };
     let Some(info) = secured(&k) else { return };
     let mut c = base_config(&k);
     use_mtls(&mut c, info, None);
@@ -257,7 +267,7 @@ async fn apache_kafka_mutual_tls_refuses_no_certificate_and_a_principal_without_
 /// subscriptions (the latest URL, the deleted one gone) and deliver by them.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn apache_kafka_services_restarted_after_compaction_rebuild_the_same_subscriptions() {
-    let Some(k) = ExternalKafka::from_env() else { return };
+    let Some((k, _shared)) = shared().await else { return };
     let prefix = ExternalKafka::fresh_prefix();
     let compacted = [
         ("segment.ms", "100"),
@@ -324,4 +334,89 @@ async fn apache_kafka_services_restarted_after_compaction_rebuild_the_same_subsc
     paths.sort_unstable();
     assert_eq!(paths, ["a5", "b"], "only the latest URL of A, and B");
     p.stop().await;
+}
+
+/// Three nodes only (replication factor 3, `min.insync.replicas` 2): the leader of a `deliveries` partition is
+/// killed with SIGKILL while events flow (200 events, 2 subscriptions), the clients move to the new leaders, and
+/// every event the API accepted reaches a final state for both subscriptions. The node is started again at the end,
+/// so the cluster is whole for the tests after. Prints one JSON line (`--nocapture`).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn apache_kafka_killing_a_partition_leader_under_load_loses_nothing() {
+    let Some(k) = ExternalKafka::from_env() else { return };
+    let _alone = CLUSTER.write().await;
+    if k.replication() < 3 {
+        eprintln!("skipped: the cluster has fewer than three nodes (scripts/kafka start --nodes 3)");
+        return;
+    }
+    let p = k.pipeline(2, |_| {}).await;
+    let (a, _) = p.subscribe(json!({"url": p.url("a"), "event_types": ["*"]})).await;
+    let (b, _) = p.subscribe(json!({"url": p.url("b"), "event_types": ["*"]})).await;
+    let deliveries = Topics::new(p.config.kafka.topic_prefix.clone()).deliveries().to_owned();
+
+    let publish = async {
+        let mut accepted = Vec::new();
+        for i in 0..200 {
+            let id = format!("evt_bl{i}");
+            let (status, _) =
+                p.call("POST", "/v1/events", Some(json!({"id": id, "type": "thing.happened", "data": {"n": i}}))).await;
+            if status == 202 {
+                accepted.push(id);
+            }
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+        accepted
+    };
+    let kill = async {
+        let seen = p.seen.clone();
+        wait_for(&p.seen.changed, LIMIT, "deliveries under way", || seen.requests.lock().unwrap().len() >= 60).await;
+        let admin = hookline_kafka::client::admin(&k.admin_settings(), "integration-leader").unwrap();
+        let md =
+            tokio::task::block_in_place(|| admin.inner().fetch_metadata(Some(&deliveries), Duration::from_secs(10))).unwrap();
+        let leader = md.topics()[0].partitions()[0].leader();
+        // DIR/pids has the node's current pid (line N), also after `scripts/kafka restart-node`.
+        let pids =
+            std::fs::read_to_string(PathBuf::from(k.info["dir"].as_str().expect("the cluster's dir")).join("pids")).unwrap();
+        let pid = pids.lines().nth(leader as usize - 1).expect("the leader's pid").trim().to_owned();
+        let status = std::process::Command::new("kill").args(["-9", &pid]).status().unwrap();
+        assert!(status.success(), "kill -9 {pid}");
+        (leader, Instant::now())
+    };
+    let (accepted, (leader, killed_at)) = futures::future::join(publish, kill).await;
+
+    let want: HashSet<(String, String)> =
+        accepted.iter().flat_map(|e| [(a.clone(), e.clone()), (b.clone(), e.clone())]).collect();
+    let attempts = p.attempts.clone();
+    let finals = || -> HashSet<(String, String)> {
+        attempts
+            .items
+            .lock()
+            .unwrap()
+            .iter()
+            .filter(|r| !r.final_state.is_empty())
+            .map(|r| (r.subscription_id.clone(), r.event_id.clone()))
+            .collect()
+    };
+    wait_for(&p.attempts.changed, Duration::from_secs(120), "a final state for every accepted delivery", || {
+        want.is_subset(&finals())
+    })
+    .await;
+    let recovered_s = killed_at.elapsed().as_secs_f64();
+    let requests = p.seen.requests.lock().unwrap().len();
+    println!(
+        "{}",
+        json!({"fault": "partition leader killed (SIGKILL)", "node": leader, "accepted": accepted.len(),
+               "final_states": want.len(), "missing": want.difference(&finals()).count(),
+               "duplicates": requests - want.len(), "all_final_after_kill_s": recovered_s})
+    );
+    assert!(accepted.len() >= 150, "only {} of 200 events accepted", accepted.len());
+    tokio::time::timeout(Duration::from_secs(90), p.stop()).await.expect("the services stop in time");
+
+    // The cluster whole again for the tests after this one.
+    let dir = k.info["dir"].as_str().expect("the cluster's dir");
+    let script = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("scripts/kafka");
+    let out = tokio::task::block_in_place(|| {
+        std::process::Command::new(script).args(["restart-node", "--dir", dir, "--node", &leader.to_string()]).output()
+    })
+    .unwrap();
+    assert!(out.status.success(), "restarting node {leader}: {}", String::from_utf8_lossy(&out.stderr));
 }
