@@ -463,9 +463,14 @@ impl ExternalKafka {
         }
     }
 
-    /// Replicas per partition: three on a cluster of three or more nodes, else one.
+    /// Replicas per partition: three on a cluster of three or more nodes (or bootstrap servers), else one.
     pub fn replication(&self) -> i32 {
-        self.info["nodes"].as_array().map_or(1, |n| if n.len() >= 3 { 3 } else { 1 })
+        let nodes = self.info["nodes"].as_array().map_or_else(|| self.bootstrap.split(',').count(), Vec::len);
+        if nodes >= 3 {
+            3
+        } else {
+            1
+        }
     }
 
     /// A topic prefix no other test or run uses. It starts with `hookline`: the ACLs scripts/kafka grants

@@ -82,7 +82,7 @@ pub fn run(args: DevArgs) -> anyhow::Result<ExitCode> {
         Some(brokers) => {
             on_cluster(&mut config, brokers);
             config.validate()?;
-            rt.block_on(create_topics(&config))?;
+            rt.block_on(create_topics(&mut config, base.kafka.replication_factor))?;
             None
         }
     };
@@ -111,14 +111,23 @@ fn on_cluster(config: &mut hookline_service::Config, brokers: &str) {
 }
 
 /// Creates the topics of `--brokers` and waits until the cluster shows every one with leaders: the services stop
-/// at start on a topic their broker does not know yet.
-async fn create_topics(config: &hookline_service::Config) -> anyhow::Result<()> {
+/// at start on a topic their broker does not know yet. Unless the config set another replication factor than dev
+/// mode's (`dev_replication`, 1), a cluster of three or more brokers gets 3: its `min.insync.replicas` may well be
+/// 2, which a topic of one replica can never satisfy.
+async fn create_topics(config: &mut hookline_service::Config, dev_replication: i32) -> anyhow::Result<()> {
     let limit = Duration::from_secs(30);
+    let admin = hookline_kafka::client::admin(&config.kafka, "hookline-dev")?;
+    if config.kafka.replication_factor == dev_replication {
+        let md = tokio::task::block_in_place(|| admin.inner().fetch_metadata(None, Duration::from_secs(10)))
+            .map_err(|e| anyhow::anyhow!("reaching the Kafka cluster at {}: {e}", config.kafka.bootstrap_servers))?;
+        if md.brokers().len() >= 3 {
+            config.kafka.replication_factor = 3;
+        }
+    }
     for (name, result) in super::topics::create_each(config, limit).await? {
         result.map_err(|e| anyhow::anyhow!("creating topic {name} on {}: {e}", config.kafka.bootstrap_servers))?;
     }
     let names: Vec<String> = Topics::new(config.kafka.topic_prefix.clone()).all().into_iter().map(|t| t.name).collect();
-    let admin = hookline_kafka::client::admin(&config.kafka, "hookline-dev")?;
     let deadline = Instant::now() + limit;
     loop {
         let md = tokio::task::block_in_place(|| admin.inner().fetch_metadata(None, Duration::from_secs(10)))?;
