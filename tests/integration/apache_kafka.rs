@@ -420,3 +420,51 @@ async fn apache_kafka_killing_a_partition_leader_under_load_loses_nothing() {
     .unwrap();
     assert!(out.status.success(), "restarting node {leader}: {}", String::from_utf8_lossy(&out.stderr));
 }
+
+/// KIP-848's consumer group protocol (`kafka.group_protocol = "consumer"`): the broker assigns the partitions. The
+/// fan-out, a retry through the scheduler's group, and a restart of every service (members leaving and new ones
+/// joining) deliver everything.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn apache_kafka_the_pipeline_works_with_the_consumer_group_protocol() {
+    let Some((k, _shared)) = shared().await else { return };
+    let kip848 = |c: &mut hookline_service::Config| c.kafka.group_protocol = hookline_kafka::settings::GroupProtocol::Consumer;
+    let prefix = ExternalKafka::fresh_prefix();
+    k.create_topics(&prefix, 2, &[]).await;
+    let p = k.pipeline_on(&prefix, 2, kip848).await;
+    pipeline::fans_out_by_filter_and_signs_every_request_on(&p).await;
+    let toml = quick_policy(&[1.0], |_| {});
+    p.script("retried", vec![Some((503, None)), Some((200, None))]);
+    let (retried, _) = p.subscribe(json!({"url": p.url("retried"), "event_types": ["x.*"], "policy_toml": toml})).await;
+    p.publish("evt_k1", "x.y").await;
+    let secrets = p.config.secrets.clone();
+    let received = p.seen.clone();
+    tokio::time::timeout(LIMIT, p.stop()).await.expect("the services stop in time");
+
+    let p = k
+        .pipeline_on(&prefix, 2, |c| {
+            kip848(c);
+            c.secrets = secrets;
+        })
+        .await;
+    p.publish("evt_k2", "x.y").await;
+    let attempts = p.attempts.clone();
+    let done = |e: &str| {
+        attempts
+            .items
+            .lock()
+            .unwrap()
+            .iter()
+            .any(|a| a.subscription_id == retried && a.event_id == e && a.final_state == "succeeded")
+    };
+    wait_for(&p.attempts.changed, LIMIT, "both events delivered after the restart", || done("evt_k1") && done("evt_k2")).await;
+    let ids: HashSet<String> = received
+        .requests
+        .lock()
+        .unwrap()
+        .iter()
+        .filter(|r| r.path == "retried")
+        .filter_map(|r| serde_json::from_slice::<serde_json::Value>(&r.body).ok()?["id"].as_str().map(str::to_owned))
+        .collect();
+    assert_eq!(ids, HashSet::from(["evt_k1".to_owned(), "evt_k2".to_owned()]));
+    p.stop().await;
+}
