@@ -239,7 +239,7 @@ async fn collect_with<T: Send + 'static>(
     hookline_kafka::table::spawn(
         &config.kafka,
         topic,
-        "integration-collector",
+        "hookline-integration-collector",
         move |_, _, v| {
             if let Some(item) = v.and_then(decode) {
                 c2.items.lock().unwrap().push(item);
