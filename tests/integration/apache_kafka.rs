@@ -162,8 +162,13 @@ fn use_mtls(c: &mut hookline_service::Config, info: &serde_json::Value, user: Op
 
 /// The whole pipeline through the secured listener `edit` sets: an event fails once, goes through the
 /// retry-scheduler and arrives; the services then stop cleanly over the same connections.
-async fn pipeline_secured(k: &ExternalKafka, edit: impl FnOnce(&mut hookline_service::Config)) {
-    let p = k.pipeline(2, edit).await;
+async fn pipeline_secured(k: &ExternalKafka, edit: impl Fn(&mut hookline_service::Config)) {
+    // The topics too are created as the principal (CreateTopics needs Create on them).
+    let prefix = ExternalKafka::fresh_prefix();
+    let mut c = base_config(k);
+    edit(&mut c);
+    crate::support::create_topics(&c.kafka, &prefix, 2, k.replication(), &[]).await;
+    let p = k.pipeline_on(&prefix, 2, edit).await;
     assert_ne!(p.config.kafka.security_protocol, SecurityProtocol::Plaintext);
     let toml = quick_policy(&[1.0], |_| {});
     p.script("secured", vec![Some((503, None)), Some((200, None))]);
@@ -213,7 +218,7 @@ async fn apache_kafka_the_pipeline_works_over_sasl_ssl_with_scram_sha_512() {
     let Some((k, _shared)) = shared().await else { return };
     let Some(info) = secured(&k) else { return };
     let password = file(&info["sasl_ssl"]["users"]["hookline"]["password_file"]);
-    pipeline_secured(&k, |c| use_scram(c, info, "hookline", password)).await;
+    pipeline_secured(&k, |c| use_scram(c, info, "hookline", password.clone())).await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
