@@ -16,6 +16,7 @@ mod concurrency;
 mod hardening;
 mod kafka_tls;
 mod tansu;
+mod apache_kafka;
 mod rebalance;
 mod zombie;
 mod tenants;

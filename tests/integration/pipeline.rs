@@ -177,7 +177,7 @@ async fn malformed_events_are_dead_lettered_without_stalling_the_partition() {
 pub(crate) async fn malformed_events_are_dead_lettered_without_stalling_the_partition_on(p: Pipeline) {
     p.subscribe(json!({"url": p.url("ok"), "event_types": ["*"]})).await;
     let producer = hookline_kafka::client::producer(&p.config.kafka, "test-upstream").unwrap();
-    let events = Topics::new("hookline.").events().to_owned();
+    let events = Topics::new(p.config.kafka.topic_prefix.clone()).events().to_owned();
     for bad in [&b"{not json"[..], b"{\"type\":\"no.id\"}", b"\xff\xfe", b"{\"id\":\"a\",\"type\":7}"] {
         producer.send(FutureRecord::<str, [u8]>::to(&events).key("k").payload(bad), Duration::from_secs(5)).await.unwrap();
     }

@@ -302,7 +302,7 @@ async fn collect_with<T: Send + 'static>(
     hookline_kafka::table::spawn(
         &config.kafka,
         topic,
-        "integration-collector",
+        "hookline-integration-collector",
         move |_, _, v| {
             if let Some(item) = v.and_then(decode) {
                 c2.items.lock().unwrap().push(item);
@@ -399,7 +399,6 @@ impl Pipeline {
         dispatcher: bool,
         scheduler: bool,
     ) -> Pipeline {
-        let topics = Topics::new("hookline.");
         let mut config = hookline_service::Config::dev(bootstrap, partitions, TOKEN);
         config.telemetry.log_level = "warn".into();
         config.ingest.max_request_bytes = 16 << 10;
@@ -448,6 +447,8 @@ impl Pipeline {
             let _ = axum::serve(listener, app).await;
         });
 
+        // `edit` may have put the topics under another prefix (a test on a shared external broker).
+        let topics = Topics::new(config.kafka.topic_prefix.clone());
         let attempts = collect::<AttemptRecord>(&config, topics.attempts(), shutdown.clone()).await;
         // Either `dlq.format`.
         let dlq = collect_with::<DeadLetter>(&config, topics.dlq(), shutdown.clone(), |v| hookline_core::dead_letter::decode(v, None).ok()).await;
@@ -484,4 +485,179 @@ impl Pipeline {
         .await;
         self.attempts_of(subscription_id)
     }
+}
+
+// ---------------------------------------------------------------------------------------------------------
+// An external broker: the real-Kafka suite (apache_kafka.rs) runs against a cluster the run provides.
+
+/// The variable naming the external cluster: the JSON line `scripts/kafka start` prints, the path of a file holding
+/// it (`DIR/cluster.json`), or plain bootstrap servers (PLAINTEXT only: the secured-listener tests then skip).
+pub const KAFKA_ENV: &str = "HOOKLINE_TEST_KAFKA";
+
+/// An Apache Kafka cluster shared by the tests of a run. Each test works under a fresh topic prefix with group ids
+/// of its own, so tests running side by side (or runs reusing a cluster) never see each other's records.
+pub struct ExternalKafka {
+    /// The PLAINTEXT listener(s): a super user there, which creates the topics.
+    pub bootstrap: String,
+    /// What `scripts/kafka start` printed (listeners, users, certificates, pids), or `Null`.
+    pub info: Value,
+}
+
+impl ExternalKafka {
+    /// The cluster `HOOKLINE_TEST_KAFKA` names, or `None` (the caller skips, saying so) unless the run requires one
+    /// (`HOOKLINE_TEST_REQUIRE_KAFKA`, as scripts/test sets).
+    pub fn from_env() -> Option<ExternalKafka> {
+        let raw = match std::env::var(KAFKA_ENV) {
+            Ok(v) if !v.trim().is_empty() => v.trim().to_owned(),
+            _ if std::env::var_os("HOOKLINE_TEST_REQUIRE_KAFKA").is_some() => {
+                panic!("{KAFKA_ENV} is not set and this run requires Apache Kafka: start one with scripts/kafka start")
+            }
+            _ => {
+                eprintln!("skipped: {KAFKA_ENV} is not set (scripts/kafka start prints what to set it to)");
+                return None;
+            }
+        };
+        let text = if raw.starts_with('{') || !std::path::Path::new(&raw).is_file() {
+            raw
+        } else {
+            std::fs::read_to_string(&raw).unwrap_or_else(|e| panic!("{KAFKA_ENV}: reading {raw}: {e}"))
+        };
+        if text.trim_start().starts_with('{') {
+            let info: Value = serde_json::from_str(text.trim()).unwrap_or_else(|e| panic!("{KAFKA_ENV}: not JSON: {e}"));
+            let bootstrap = info["bootstrap_servers"].as_str().expect("bootstrap_servers in the cluster's JSON").to_owned();
+            Some(ExternalKafka { bootstrap, info })
+        } else {
+            Some(ExternalKafka { bootstrap: text.trim().to_owned(), info: Value::Null })
+        }
+    }
+
+    /// Replicas per partition: three on a cluster of three or more nodes (or bootstrap servers), else one.
+    pub fn replication(&self) -> i32 {
+        let nodes = self.info["nodes"].as_array().map_or_else(|| self.bootstrap.split(',').count(), Vec::len);
+        if nodes >= 3 {
+            3
+        } else {
+            1
+        }
+    }
+
+    /// A topic prefix no other test or run uses. It starts with `hookline`: the ACLs scripts/kafka grants
+    /// `User:hookline` are prefixed with that.
+    pub fn fresh_prefix() -> String {
+        static N: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
+        let n = N.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        format!("hookline.it-{}-{n}-{:08x}.", std::process::id(), rand::random::<u32>())
+    }
+
+    /// PLAINTEXT client settings (the super user of scripts/kafka's clusters).
+    pub fn admin_settings(&self) -> hookline_kafka::KafkaSettings {
+        hookline_kafka::KafkaSettings { bootstrap_servers: self.bootstrap.clone(), ..Default::default() }
+    }
+
+    /// Creates every hookline topic under `prefix`; `compacted` is added to the configs of the compacted ones.
+    pub async fn create_topics(&self, prefix: &str, partitions: i32, compacted: &[(&str, &str)]) {
+        create_topics(&self.admin_settings(), prefix, partitions, self.replication(), compacted).await;
+    }
+
+    /// The pipeline (ingest, a dispatcher, the retry-scheduler) on this cluster under a fresh prefix, its topics
+    /// created first; `edit` may change the connection (another listener) and anything else.
+    pub async fn pipeline(&self, partitions: i32, edit: impl FnOnce(&mut hookline_service::Config)) -> Pipeline {
+        let prefix = Self::fresh_prefix();
+        self.create_topics(&prefix, partitions, &[]).await;
+        self.pipeline_on(&prefix, partitions, edit).await
+    }
+
+    /// Like [`ExternalKafka::pipeline`] on topics that exist: a restarted pipeline reads what the one before left.
+    pub async fn pipeline_on(&self, prefix: &str, partitions: i32, edit: impl FnOnce(&mut hookline_service::Config)) -> Pipeline {
+        let replication = self.replication();
+        Pipeline::start_at(
+            None,
+            &self.bootstrap,
+            partitions,
+            |c| {
+                use_prefix(c, prefix);
+                c.kafka.replication_factor = replication;
+                // A real broker answers a fetch as soon as records arrive; the wait bounds only idle polls.
+                c.kafka.fetch_wait_max_ms = 100;
+                c.kafka.offsets_by_time = true;
+                edit(c);
+            },
+            true,
+        )
+        .await
+    }
+}
+
+/// Puts a config's topics under `prefix` and its consumer groups under names made from it.
+pub fn use_prefix(c: &mut hookline_service::Config, prefix: &str) {
+    c.kafka.topic_prefix = prefix.to_owned();
+    c.ingest.group_id = format!("{prefix}ingest");
+    c.dispatcher.group_id = format!("{prefix}dispatcher");
+    c.retry_scheduler.group_id = format!("{prefix}retry-scheduler");
+    c.log.group_id = format!("{prefix}log-indexer");
+}
+
+/// Creates every hookline topic under `prefix` through the admin API (CreateTopics) with `settings`; `compacted` is
+/// added to the configs of the compacted topics.
+pub async fn create_topics(
+    settings: &hookline_kafka::KafkaSettings,
+    prefix: &str,
+    partitions: i32,
+    replication: i32,
+    compacted: &[(&str, &str)],
+) {
+    use hookline_kafka::topics::Cleanup;
+    use rdkafka::admin::{AdminOptions, NewTopic, TopicReplication};
+    let admin = hookline_kafka::client::admin(settings, "integration-admin").expect("admin client");
+    let specs = Topics::new(prefix).all();
+    let new: Vec<NewTopic<'_>> = specs
+        .iter()
+        .map(|s| {
+            let mut t = NewTopic::new(&s.name, partitions, TopicReplication::Fixed(replication));
+            match s.cleanup {
+                Cleanup::Compact => {
+                    t = t.set("cleanup.policy", "compact");
+                    for (k, v) in compacted {
+                        t = t.set(k, v);
+                    }
+                }
+                Cleanup::Delete => t = t.set("cleanup.policy", "delete"),
+            }
+            t
+        })
+        .collect();
+    let options = AdminOptions::new().operation_timeout(Some(Duration::from_secs(20)));
+    let results = tokio::time::timeout(Duration::from_secs(30), admin.create_topics(&new, &options))
+        .await
+        .expect("CreateTopics answered in time")
+        .expect("CreateTopics request");
+    for r in results {
+        r.unwrap_or_else(|(name, code)| panic!("creating {name}: {code}"));
+    }
+    // The controller answered; each broker learns of the topics (and their leaders) a moment later, and a service
+    // whose first metadata request a broker answers before that fails at start (`MissingTopic`). Every broker is
+    // asked through a client of its own, whose only known broker (its bootstrap) answers its first request.
+    let names: Vec<String> = specs.into_iter().map(|s| s.name).collect();
+    for broker in settings.bootstrap_servers.split(',') {
+        let one = hookline_kafka::KafkaSettings { bootstrap_servers: broker.to_owned(), ..settings.clone() };
+        let deadline = Instant::now() + Duration::from_secs(30);
+        while !topics_known(&one, &names, partitions) {
+            assert!(Instant::now() < deadline, "{broker} did not know the topics under {prefix} with leaders after 30 s");
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+    }
+}
+
+/// Whether the broker a new client with `settings` asks first knows every topic of `names`, with leaders.
+fn topics_known(settings: &hookline_kafka::KafkaSettings, names: &[String], partitions: i32) -> bool {
+    let admin = hookline_kafka::client::admin(settings, "integration-metadata").expect("admin client");
+    let md = tokio::task::block_in_place(|| admin.inner().fetch_metadata(None, Duration::from_secs(10))).expect("metadata");
+    names.iter().all(|name| {
+        md.topics().iter().any(|t| {
+            t.name() == name
+                && t.error().is_none()
+                && t.partitions().len() == partitions as usize
+                && t.partitions().iter().all(|p| p.leader() >= 0)
+        })
+    })
 }

@@ -287,3 +287,47 @@ fn the_demo_reports_in_the_readmes_words_and_its_stderr_is_plain() {
     let boxed: Vec<usize> = stderr.lines().filter(|l| l.trim_start().starts_with(['┌', '│', '└'])).map(|l| l.chars().count()).collect();
     assert!(boxed.len() >= 5 && boxed.iter().all(|w| *w == boxed[0]), "the box's lines differ in width: {boxed:?}\n{stderr}");
 }
+
+/// The bootstrap servers of the Apache Kafka cluster `HOOKLINE_TEST_KAFKA` names (scripts/kafka's JSON line, the
+/// path of a file holding it, or bare bootstrap servers), or `None`: the test skips unless the run requires Kafka.
+fn external_kafka() -> Option<String> {
+    let raw = match std::env::var("HOOKLINE_TEST_KAFKA") {
+        Ok(v) if !v.trim().is_empty() => v.trim().to_owned(),
+        _ if std::env::var_os("HOOKLINE_TEST_REQUIRE_KAFKA").is_some() => {
+            panic!("HOOKLINE_TEST_KAFKA is not set and this run requires Apache Kafka: start one with scripts/kafka start")
+        }
+        _ => {
+            eprintln!("skipped: HOOKLINE_TEST_KAFKA is not set (scripts/kafka start prints what to set it to)");
+            return None;
+        }
+    };
+    let file = !raw.starts_with('{') && std::path::Path::new(&raw).is_file();
+    let text = if file { std::fs::read_to_string(&raw).unwrap() } else { raw };
+    if text.trim_start().starts_with('{') {
+        let v: serde_json::Value = serde_json::from_str(text.trim()).expect("the cluster's JSON line");
+        Some(v["bootstrap_servers"].as_str().expect("bootstrap_servers").to_owned())
+    } else {
+        Some(text.trim().to_owned())
+    }
+}
+
+#[test]
+fn the_demo_runs_on_an_existing_cluster_with_brokers() {
+    let Some(brokers) = external_kafka() else { return };
+    let out = Command::new(env!("CARGO_BIN_EXE_hookline"))
+        .args(["dev", "--brokers", &brokers, "--demo", "2"])
+        .env_remove("HOOKLINE_CONFIG")
+        .env_remove("RUST_LOG")
+        .stdin(Stdio::null())
+        .output()
+        .expect("run the demo");
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(out.status.success(), "{stdout}\n{stderr}");
+    let v: serde_json::Value = serde_json::from_str(stdout.lines().last().unwrap_or("")).unwrap();
+    assert_eq!((v["deliveries"].as_u64(), v["lost"].as_u64()), (Some(12), Some(0)), "{stdout}");
+    assert_eq!((v["succeeded"].as_u64(), v["failed"].as_u64(), v["dead"].as_u64()), (Some(8), Some(2), Some(2)), "{stdout}");
+    // The banner names the cluster and the fresh prefix, not the embedded broker.
+    assert!(stderr.contains(&format!("on the Kafka cluster at {brokers},")) && stderr.contains("hookline.dev-"), "{stderr}");
+    assert!(!stderr.contains("EMBEDDED"), "{stderr}");
+}

@@ -9,7 +9,7 @@ use rdkafka::config::{ClientConfig, FromClientConfigAndContext};
 use rdkafka::error::{KafkaError, KafkaResult};
 
 use crate::oauth::OAuthClient;
-use crate::settings::{KafkaSettings, SaslMechanism};
+use crate::settings::{GroupProtocol, KafkaSettings, SaslMechanism};
 
 /// The context of hookline's producers and admin clients: OAUTHBEARER tokens from `kafka.oauth.*`, errors to the
 /// log. (Consumers have their own contexts, which do the same: `RebalanceContext`, `QuietEof`.)
@@ -126,15 +126,25 @@ pub fn group_consumer_config(settings: &KafkaSettings, group_id: &str, client_id
     if let Some(id) = &settings.group_instance_id {
         c.set("group.instance.id", id);
     }
+    match settings.group_protocol {
+        GroupProtocol::Classic => {
+            c.set("group.protocol", "classic")
+                .set("partition.assignment.strategy", "cooperative-sticky")
+                .set("session.timeout.ms", settings.session_timeout_ms.to_string())
+                .set("heartbeat.interval.ms", (settings.session_timeout_ms / 10).max(100).to_string());
+        }
+        // KIP-848: the broker assigns (incrementally, as cooperative-sticky does) and owns the session timeout and
+        // heartbeat interval; librdkafka refuses those keys with this protocol.
+        GroupProtocol::Consumer => {
+            c.set("group.protocol", "consumer");
+        }
+    }
     c.set("group.id", group_id)
-        .set("partition.assignment.strategy", "cooperative-sticky")
         .set("max.poll.interval.ms", settings.max_poll_interval_ms.to_string())
         .set("enable.auto.commit", "true")
         .set("auto.commit.interval.ms", "500")
         .set("enable.auto.offset.store", "false")
         .set("auto.offset.reset", "earliest")
-        .set("session.timeout.ms", settings.session_timeout_ms.to_string())
-        .set("heartbeat.interval.ms", (settings.session_timeout_ms / 10).max(100).to_string())
         .set("fetch.wait.max.ms", settings.fetch_wait_max_ms.to_string())
         .set("enable.partition.eof", "false")
         // Feeds `hookline_consumer_lag` (see rebalance.rs).

@@ -60,6 +60,21 @@ pub struct KafkaSettings {
     /// `session_timeout_ms` before moving. Unset: dynamic membership (a stopping member leaves at once). Must be
     /// unique per process: a second process with the same name fences the first out of the group.
     pub group_instance_id: Option<String>,
+    /// The consumer group protocol: `classic` (the group coordinator runs the rebalance, the members assign
+    /// partitions cooperative-sticky) or `consumer` (KIP-848, Kafka 4.0 and later: the broker assigns, each member
+    /// moves only its own partitions, no group-wide barrier). With `consumer` the session timeout and heartbeat
+    /// interval are the broker's (`group.consumer.session.timeout.ms`, `group.consumer.heartbeat.interval.ms`):
+    /// `session_timeout_ms` is not sent.
+    pub group_protocol: GroupProtocol,
+}
+
+/// `group.protocol`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum GroupProtocol {
+    #[default]
+    Classic,
+    Consumer,
 }
 
 impl Default for KafkaSettings {
@@ -83,6 +98,7 @@ impl Default for KafkaSettings {
             session_timeout_ms: 10_000,
             max_poll_interval_ms: 300_000,
             group_instance_id: None,
+            group_protocol: GroupProtocol::default(),
         }
     }
 }
@@ -102,6 +118,7 @@ pub const PROTECTED_PROPERTIES: &[&str] = &[
     "max.poll.interval.ms",
     "group.instance.id",
     "partition.assignment.strategy",
+    "group.protocol",
 ];
 
 /// `security.protocol`.
@@ -410,6 +427,7 @@ impl std::fmt::Debug for KafkaSettings {
             .field("session_timeout_ms", &self.session_timeout_ms)
             .field("max_poll_interval_ms", &self.max_poll_interval_ms)
             .field("group_instance_id", &self.group_instance_id)
+            .field("group_protocol", &self.group_protocol)
             .finish()
     }
 }
@@ -458,6 +476,7 @@ impl KafkaSettings {
                 "session.timeout.ms" | "heartbeat.interval.ms" => " (use kafka.session_timeout_ms)",
                 "max.poll.interval.ms" => " (use kafka.max_poll_interval_ms)",
                 "group.instance.id" => " (use kafka.group_instance_id)",
+                "group.protocol" => " (use kafka.group_protocol)",
                 "partition.assignment.strategy" => " (hookline's loops handle cooperative-sticky's incremental rebalances)",
                 _ => "",
             };
@@ -540,6 +559,24 @@ mod tests {
         assert_eq!(c.get("max.poll.interval.ms"), Some("45000"));
         // Table readers are not group members: no instance id there.
         assert_eq!(crate::client::table_consumer_config(&s, "t").unwrap().get("group.instance.id"), None);
+    }
+
+    #[test]
+    fn the_consumer_group_protocol_leaves_timeouts_and_assignment_to_the_broker() {
+        let s: KafkaSettings = toml::from_str("group_protocol = \"consumer\"").unwrap();
+        assert_eq!(s.group_protocol, GroupProtocol::Consumer);
+        s.validate().unwrap();
+        let c = group_consumer_config(&s, "g", "c").unwrap();
+        assert_eq!(c.get("group.protocol"), Some("consumer"));
+        for key in ["session.timeout.ms", "heartbeat.interval.ms", "partition.assignment.strategy"] {
+            assert_eq!(c.get(key), None, "{key} is the broker's with group.protocol=consumer");
+        }
+        assert_eq!(c.get("max.poll.interval.ms"), Some("300000"));
+        let c = group_consumer_config(&KafkaSettings::default(), "g", "c").unwrap();
+        assert_eq!(c.get("group.protocol"), Some("classic"));
+        let mut s = KafkaSettings::default();
+        s.properties.insert("group.protocol".into(), "consumer".into());
+        assert!(invalid(&s).contains("(use kafka.group_protocol)"), "{}", invalid(&s));
     }
 
     #[test]

@@ -40,6 +40,11 @@ pub struct DevArgs {
     /// Port of the HTTP API on 127.0.0.1 (0 picks a free one; `ingest.listen_addr` is not used in dev mode).
     #[arg(long, default_value_t = 8080)]
     port: u16,
+    /// Run against an existing Kafka cluster (`HOST:PORT[,HOST:PORT…]`) instead of the embedded broker: its topics
+    /// are created under a fresh prefix (`<kafka.topic_prefix>dev-<pid>-<random>.`) with consumer groups named after
+    /// it, and left in place when dev mode stops. The config's `[kafka]` security settings apply.
+    #[arg(long, value_name = "HOST:PORT")]
+    brokers: Option<String>,
     /// Partitions of every topic on the embedded broker (sets `kafka.partitions` and `kafka.event_partitions`).
     #[arg(long, default_value_t = 4, value_parser = clap::value_parser!(i32).range(1..=256))]
     partitions: i32,
@@ -51,7 +56,7 @@ pub struct DevArgs {
     demo_timeout_s: u64,
     /// A config file (TOML), read as the services read it but over dev mode's defaults (embedded broker, dev token,
     /// loopback receivers allowed); `HOOKLINE_<SECTION>__<KEY>` variables override both. E.g. `[notify]` to try
-    /// owner e-mail. `kafka.bootstrap_servers` is always the embedded broker.
+    /// owner e-mail. `kafka.bootstrap_servers` is always the embedded broker, or `--brokers`.
     #[arg(long, env = "HOOKLINE_CONFIG", value_name = "FILE")]
     config: Option<PathBuf>,
 }
@@ -66,10 +71,21 @@ pub fn run(args: DevArgs) -> anyhow::Result<ExitCode> {
     }
     // The delivery log's own temp file (unless the config file names one): removed with the broker below.
     let temp_log = (config.log.sqlite_path == base.log.sqlite_path).then(|| base.log.sqlite_path.parent().map(std::path::Path::to_path_buf)).flatten();
-    let topics = Topics::new(config.kafka.topic_prefix.clone());
-    let broker = DevBroker::start(&topics, config.kafka.partitions, config.kafka.event_partitions)?;
-    config.kafka.bootstrap_servers = broker.bootstrap_servers();
     let rt = tokio::runtime::Builder::new_multi_thread().enable_all().build()?;
+    let broker = match &args.brokers {
+        None => {
+            let topics = Topics::new(config.kafka.topic_prefix.clone());
+            let broker = DevBroker::start(&topics, config.kafka.partitions, config.kafka.event_partitions)?;
+            config.kafka.bootstrap_servers = broker.bootstrap_servers();
+            Some(broker)
+        }
+        Some(brokers) => {
+            on_cluster(&mut config, brokers);
+            config.validate()?;
+            rt.block_on(create_topics(&mut config, base.kafka.replication_factor))?;
+            None
+        }
+    };
     let result = rt.block_on(dev(args, config));
     // Every Kafka client lives in the runtime: stop them all before the broker goes away.
     rt.shutdown_timeout(Duration::from_secs(5));
@@ -80,13 +96,73 @@ pub fn run(args: DevArgs) -> anyhow::Result<ExitCode> {
     result
 }
 
+/// `--brokers`: the cluster, a fresh topic prefix under the config's, consumer groups named after it, and the
+/// settings of a real broker (which answers a fetch as soon as records arrive, and offsets by time).
+fn on_cluster(config: &mut hookline_service::Config, brokers: &str) {
+    let prefix = format!("{}dev-{}-{:06x}.", config.kafka.topic_prefix, std::process::id(), rand::random::<u32>() >> 8);
+    config.kafka.bootstrap_servers = brokers.to_owned();
+    config.kafka.topic_prefix = prefix.clone();
+    config.ingest.group_id = format!("{prefix}ingest");
+    config.dispatcher.group_id = format!("{prefix}dispatcher");
+    config.retry_scheduler.group_id = format!("{prefix}retry-scheduler");
+    config.log.group_id = format!("{prefix}log-indexer");
+    config.kafka.fetch_wait_max_ms = hookline_kafka::KafkaSettings::default().fetch_wait_max_ms;
+    config.kafka.offsets_by_time = true;
+}
+
+/// Creates the topics of `--brokers` and waits until the cluster shows every one with leaders: the services stop
+/// at start on a topic their broker does not know yet. Unless the config set another replication factor than dev
+/// mode's (`dev_replication`, 1), a cluster of three or more brokers gets 3: its `min.insync.replicas` may well be
+/// 2, which a topic of one replica can never satisfy.
+async fn create_topics(config: &mut hookline_service::Config, dev_replication: i32) -> anyhow::Result<()> {
+    let limit = Duration::from_secs(30);
+    let admin = hookline_kafka::client::admin(&config.kafka, "hookline-dev")?;
+    if config.kafka.replication_factor == dev_replication {
+        let md = tokio::task::block_in_place(|| admin.inner().fetch_metadata(None, Duration::from_secs(10)))
+            .map_err(|e| anyhow::anyhow!("reaching the Kafka cluster at {}: {e}", config.kafka.bootstrap_servers))?;
+        if md.brokers().len() >= 3 {
+            config.kafka.replication_factor = 3;
+        }
+    }
+    for (name, result) in super::topics::create_each(config, limit).await? {
+        result.map_err(|e| anyhow::anyhow!("creating topic {name} on {}: {e}", config.kafka.bootstrap_servers))?;
+    }
+    let names: Vec<String> = Topics::new(config.kafka.topic_prefix.clone()).all().into_iter().map(|t| t.name).collect();
+    let deadline = Instant::now() + limit;
+    loop {
+        let md = tokio::task::block_in_place(|| admin.inner().fetch_metadata(None, Duration::from_secs(10)))?;
+        let ready = names.iter().all(|name| {
+            md.topics().iter().any(|t| {
+                t.name() == name
+                    && t.error().is_none()
+                    && !t.partitions().is_empty()
+                    && t.partitions().iter().all(|p| p.leader() >= 0)
+            })
+        });
+        if ready {
+            return Ok(());
+        }
+        if Instant::now() > deadline {
+            anyhow::bail!("the topics under {} had no leaders after {limit:?}", config.kafka.topic_prefix);
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+}
+
 /// The warning box, sized to its longest line.
-fn banner(warnings: &[String]) -> String {
-    let mut lines = vec![
-        "hookline dev: EMBEDDED IN-MEMORY BROKER (librdkafka mock cluster).".to_owned(),
-        "For trying hookline only: nothing persists, no compaction, tiny partitions.".to_owned(),
-        "Never run this in production.".to_owned(),
-    ];
+fn banner(warnings: &[String], cluster: Option<(&str, &str)>) -> String {
+    let mut lines = match cluster {
+        None => vec![
+            "hookline dev: EMBEDDED IN-MEMORY BROKER (librdkafka mock cluster).".to_owned(),
+            "For trying hookline only: nothing persists, no compaction, tiny partitions.".to_owned(),
+            "Never run this in production.".to_owned(),
+        ],
+        Some((brokers, prefix)) => vec![
+            format!("hookline dev: on the Kafka cluster at {brokers}, topics under {prefix}"),
+            "(left in place when dev mode stops). Dev token, loopback receivers allowed:".to_owned(),
+            "never run this in production.".to_owned(),
+        ],
+    };
     if !warnings.is_empty() {
         lines.push(String::new());
         lines.extend(warnings.iter().map(|w| format!("- {w}")));
@@ -136,7 +212,8 @@ async fn dev(args: DevArgs, mut config: hookline_service::Config) -> anyhow::Res
     let warnings = hookline_core::egress::EgressGuard::new(&config.egress, &Default::default())
         .map(|g| g.startup_warnings())
         .unwrap_or_default();
-    eprint!("{}", banner(&warnings));
+    let cluster = args.brokers.is_some().then_some((config.kafka.bootstrap_servers.as_str(), config.kafka.topic_prefix.as_str()));
+    eprint!("{}", banner(&warnings, cluster));
     eprintln!();
     config.ingest.listen_addr = SocketAddr::from(([127, 0, 0, 1], if args.demo.is_some() { 0 } else { args.port }));
     let token = config

@@ -100,6 +100,26 @@ fn topics_table(rows: &[TopicRow]) -> String {
 }
 
 async fn create(config: &hookline_service::Config, timeout: Duration) -> anyhow::Result<ExitCode> {
+    let mut failed = false;
+    for (name, result) in create_each(config, timeout).await? {
+        match result {
+            Ok(true) => println!("{}", serde_json::json!({"topic": name, "result": "created"})),
+            Ok(false) => println!("{}", serde_json::json!({"topic": name, "result": "exists"})),
+            Err(error) => {
+                failed = true;
+                println!("{}", serde_json::json!({"topic": name, "result": "error", "error": error}));
+            }
+        }
+    }
+    Ok(if failed { ExitCode::FAILURE } else { ExitCode::SUCCESS })
+}
+
+/// Creates every topic of `config` (CreateTopics): per topic, `Ok(true)` created, `Ok(false)` it existed, or the
+/// error. Also `hookline dev --brokers`'s.
+pub(crate) async fn create_each(
+    config: &hookline_service::Config,
+    timeout: Duration,
+) -> anyhow::Result<Vec<(String, Result<bool, String>)>> {
     let admin = hookline_kafka::client::admin(&config.kafka, "hookline-topics").context("creating the Kafka admin client")?;
     let specs = Topics::new(config.kafka.topic_prefix.clone()).all();
     let retention: Vec<Option<String>> = specs.iter().map(|s| s.retention_ms.map(|r| r.to_string())).collect();
@@ -135,19 +155,17 @@ async fn create(config: &hookline_service::Config, timeout: Duration) -> anyhow:
         Err(_) | Ok(Err(rdkafka::error::KafkaError::AdminOp(RDKafkaErrorCode::OperationTimedOut))) => return Err(no_answer()),
         Ok(r) => r.context("CreateTopics request")?,
     };
-    let mut failed = false;
+    let mut out = Vec::with_capacity(results.len());
     for r in results {
-        match r {
-            Ok(name) => println!("{}", serde_json::json!({"topic": name, "result": "created"})),
-            Err((name, RDKafkaErrorCode::TopicAlreadyExists)) => {
-                println!("{}", serde_json::json!({"topic": name, "result": "exists"}))
+        out.push(match r {
+            Ok(name) => (name, Ok(true)),
+            Err((name, RDKafkaErrorCode::TopicAlreadyExists)) => (name, Ok(false)),
+            // Every topic timed out: the cluster did not answer at all.
+            Err((_, RDKafkaErrorCode::OperationTimedOut | RDKafkaErrorCode::RequestTimedOut)) if out.iter().all(|(_, r)| r.is_err()) => {
+                return Err(no_answer())
             }
-            Err((_, RDKafkaErrorCode::OperationTimedOut | RDKafkaErrorCode::RequestTimedOut)) if !failed => return Err(no_answer()),
-            Err((name, code)) => {
-                failed = true;
-                println!("{}", serde_json::json!({"topic": name, "result": "error", "error": code.to_string()}));
-            }
-        }
+            Err((name, code)) => (name, Err(code.to_string())),
+        });
     }
-    Ok(if failed { ExitCode::FAILURE } else { ExitCode::SUCCESS })
+    Ok(out)
 }

@@ -1,0 +1,475 @@
+//! The pipeline against Apache Kafka: real KRaft brokers, the group coordinator, long-poll fetches, ACLs and the
+//! secured listeners — what neither the embedded mock broker nor tansu exercises. The cluster is the run's, named
+//! by `HOOKLINE_TEST_KAFKA` (support.rs, [`ExternalKafka`]); scripts/test starts one with `scripts/kafka start` and
+//! shares it between these tests, each working under a fresh topic prefix with consumer groups of its own.
+//! Without the variable every test skips, saying so (unless `HOOKLINE_TEST_REQUIRE_KAFKA` is set).
+//!
+//! `cargo test -p hookline-tests --test integration apache_kafka::` runs them; scripts/kafka's JSON line says what
+//! the listeners, users and certificates are.
+
+use std::collections::HashSet;
+use std::path::PathBuf;
+use std::time::{Duration, Instant};
+
+use hookline_kafka::settings::{SaslMechanism, SecurityProtocol};
+use hookline_kafka::Topics;
+use serde_json::json;
+use tokio_util::sync::CancellationToken;
+
+use crate::pipeline::{self, quick_policy};
+use crate::support::{wait_for, ExternalKafka};
+
+const LIMIT: Duration = Duration::from_secs(60);
+
+/// The tests share the cluster, except the one that kills a node: it has the cluster alone (the others would find
+/// a broker down while they create topics), and restarts the node before it lets them go on.
+static CLUSTER: tokio::sync::RwLock<()> = tokio::sync::RwLock::const_new(());
+
+/// The run's cluster, shared with the other tests (see [`CLUSTER`]).
+async fn shared() -> Option<(ExternalKafka, tokio::sync::RwLockReadGuard<'static, ()>)> {
+    let k = ExternalKafka::from_env()?;
+    Some((k, CLUSTER.read().await))
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn apache_kafka_fans_out_by_filter_and_signs_every_request() {
+    let Some((k, _shared)) = shared().await else { return };
+    let p = k.pipeline(2, |_| {}).await;
+    let finals = pipeline::fans_out_by_filter_and_signs_every_request_on(&p).await;
+    // Every final record names its event, subscription and delivery: the attempts topic is the delivery log's input.
+    assert!(finals.iter().all(|a| !a.event_id.is_empty() && !a.delivery_id.is_empty() && a.attempt == 1), "{finals:?}");
+    p.stop().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn apache_kafka_retries_go_through_the_tiers_and_are_never_early() {
+    let Some((k, _shared)) = shared().await else { return };
+    pipeline::retries_follow_the_schedule_and_are_never_early_on(k.pipeline(2, |_| {}).await).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn apache_kafka_terminal_and_exhausted_deliveries_reach_the_dead_letter_topic() {
+    let Some((k, _shared)) = shared().await else { return };
+    pipeline::terminal_and_exhausted_deliveries_reach_the_dead_letter_topic_on(k.pipeline(2, |_| {}).await).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn apache_kafka_malformed_events_are_dead_lettered_without_stalling_the_partition() {
+    let Some((k, _shared)) = shared().await else { return };
+    pipeline::malformed_events_are_dead_lettered_without_stalling_the_partition_on(k.pipeline(1, |_| {}).await).await;
+}
+
+/// The services stop (drain, commit, leave their groups) while deliveries are under way and retries wait in a tier,
+/// and new ones start on the same topics and groups: every event published before and after reaches both
+/// subscriptions and ends succeeded. Redelivery is allowed (at least once), loss is not.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn apache_kafka_a_restart_of_the_services_loses_nothing() {
+    let Some((k, _shared)) = shared().await else { return };
+    let prefix = ExternalKafka::fresh_prefix();
+    k.create_topics(&prefix, 2, &[]).await;
+    let p = k.pipeline_on(&prefix, 2, |_| {}).await;
+    // The first 20 requests to `flaky` fail: their retries are in the 1 s tier when the services stop.
+    let mut script = vec![Some((503, None)); 20];
+    script.push(Some((200, None)));
+    p.script("flaky", script);
+    let toml = quick_policy(&[1.0, 1.0], |_| {});
+    let (ok, _) = p.subscribe(json!({"url": p.url("ok"), "event_types": ["*"]})).await;
+    let (flaky, _) = p.subscribe(json!({"url": p.url("flaky"), "event_types": ["*"], "policy_toml": toml})).await;
+    let ids: Vec<String> = (0..40).map(|i| format!("evt_rs{i}")).collect();
+    for id in &ids[..20] {
+        p.publish(id, "thing.happened").await;
+    }
+    let seen = p.seen.clone();
+    wait_for(&p.seen.changed, LIMIT, "the first deliveries", || seen.requests.lock().unwrap().len() >= 10).await;
+    let secrets = p.config.secrets.clone();
+    // The receiver outlives the services (the subscriptions' URLs name it).
+    let received = p.seen.clone();
+    tokio::time::timeout(LIMIT, p.stop()).await.expect("the services stop in time");
+
+    let p = k.pipeline_on(&prefix, 2, |c| c.secrets = secrets).await;
+    for id in &ids[20..] {
+        p.publish(id, "thing.happened").await;
+    }
+    // The new pipeline's collector reads the attempts topic from its beginning: the records of both runs.
+    let attempts = p.attempts.clone();
+    let want: HashSet<(String, String)> =
+        ids.iter().flat_map(|e| [(ok.clone(), e.clone()), (flaky.clone(), e.clone())]).collect();
+    let done = |a: &hookline_core::model::AttemptRecord| a.final_state == "succeeded";
+    wait_for(&p.attempts.changed, Duration::from_secs(90), "a succeeded final state for every event and subscription", || {
+        let got: HashSet<(String, String)> = attempts
+            .items
+            .lock()
+            .unwrap()
+            .iter()
+            .filter(|a| done(a))
+            .map(|a| (a.subscription_id.clone(), a.event_id.clone()))
+            .collect();
+        want.is_subset(&got)
+    })
+    .await;
+    let requests = received.requests.lock().unwrap().clone();
+    for path in ["ok", "flaky"] {
+        let got: HashSet<String> = requests
+            .iter()
+            .filter(|r| r.path == path)
+            .filter_map(|r| serde_json::from_slice::<serde_json::Value>(&r.body).ok()?["id"].as_str().map(str::to_owned))
+            .collect();
+        let missing: Vec<&String> = ids.iter().filter(|id| !got.contains(*id)).collect();
+        assert!(missing.is_empty(), "{path} never received {missing:?}");
+    }
+    assert!(p.finals().iter().all(|a| a.final_state == "succeeded"), "{:?}", p.finals());
+    p.stop().await;
+}
+
+// ---------------------------------------------------------------------------------------------------------
+// The secured listeners: SASL_SSL with SCRAM-SHA-512, and TLS with client certificates. Topics are created over
+// PLAINTEXT; everything hookline does goes through the secured listener as a principal with ACLs (User:hookline
+// may do anything on topics and groups starting with `hookline`), and a principal without ACLs is refused.
+
+fn file(v: &serde_json::Value) -> PathBuf {
+    PathBuf::from(v.as_str().expect("a path in the cluster's JSON"))
+}
+
+/// The cluster's secured listeners, or `None` (the test skips) when the variable gave only bootstrap servers.
+fn secured(k: &ExternalKafka) -> Option<&serde_json::Value> {
+    if k.info.get("sasl_ssl").is_none() {
+        eprintln!("skipped: {} gives no secured listeners (only scripts/kafka's JSON line does)", crate::support::KAFKA_ENV);
+        return None;
+    }
+    Some(&k.info)
+}
+
+/// Points `c` at the SASL_SSL listener as SCRAM-SHA-512 user `user`, with the password from `password_file`.
+fn use_scram(c: &mut hookline_service::Config, info: &serde_json::Value, user: &str, password_file: PathBuf) {
+    c.kafka.bootstrap_servers = info["sasl_ssl"]["bootstrap_servers"].as_str().unwrap().to_owned();
+    c.kafka.security_protocol = SecurityProtocol::SaslSsl;
+    c.kafka.tls.ca_file = Some(file(&info["ca_file"]));
+    c.kafka.sasl.mechanism = Some(SaslMechanism::ScramSha512);
+    c.kafka.sasl.username = Some(user.to_owned());
+    c.kafka.sasl.password_file = Some(password_file);
+}
+
+/// Points `c` at the mTLS listener with the client certificate of `user` (its CN is the principal), or none.
+fn use_mtls(c: &mut hookline_service::Config, info: &serde_json::Value, user: Option<&str>) {
+    c.kafka.bootstrap_servers = info["ssl"]["bootstrap_servers"].as_str().unwrap().to_owned();
+    c.kafka.security_protocol = SecurityProtocol::Ssl;
+    c.kafka.tls.ca_file = Some(file(&info["ca_file"]));
+    if let Some(user) = user {
+        c.kafka.tls.cert_file = Some(file(&info["ssl"]["clients"][user]["cert_file"]));
+        c.kafka.tls.key_file = Some(file(&info["ssl"]["clients"][user]["key_file"]));
+    }
+}
+
+/// The whole pipeline through the secured listener `edit` sets: an event fails once, goes through the
+/// retry-scheduler and arrives; the services then stop cleanly over the same connections.
+async fn pipeline_secured(k: &ExternalKafka, edit: impl Fn(&mut hookline_service::Config)) {
+    // The topics too are created as the principal (CreateTopics needs Create on them).
+    let prefix = ExternalKafka::fresh_prefix();
+    let mut c = base_config(k);
+    edit(&mut c);
+    crate::support::create_topics(&c.kafka, &prefix, 2, k.replication(), &[]).await;
+    let p = k.pipeline_on(&prefix, 2, edit).await;
+    assert_ne!(p.config.kafka.security_protocol, SecurityProtocol::Plaintext);
+    let toml = quick_policy(&[1.0], |_| {});
+    p.script("secured", vec![Some((503, None)), Some((200, None))]);
+    let (id, _) = p.subscribe(json!({"url": p.url("secured"), "event_types": ["*"], "policy_toml": toml})).await;
+    p.publish("evt_sec1", "order.created").await;
+    let attempts = p.wait_final_of(&id, 1, LIMIT).await;
+    assert_eq!(p.requests_to("secured").len(), 2, "a failure, then the retry's success");
+    let last = attempts.last().unwrap();
+    assert_eq!((last.attempt, last.final_state.as_str()), (2, "succeeded"), "{attempts:?}");
+    tokio::time::timeout(LIMIT, p.stop()).await.expect("the services stop in time");
+}
+
+/// What producing one record to a fresh hookline topic with `config`'s connection ends in.
+async fn produce_one(k: &ExternalKafka, config: &hookline_service::Config) -> Result<(i32, i64), String> {
+    let prefix = ExternalKafka::fresh_prefix();
+    k.create_topics(&prefix, 1, &[]).await;
+    let mut settings = config.kafka.clone();
+    settings.delivery_timeout_ms = 10_000;
+    let producer = hookline_kafka::client::producer(&settings, "acl-probe").map_err(|e| e.to_string())?;
+    let topic = Topics::new(prefix).subscriptions().to_owned();
+    let sent = tokio::time::timeout(LIMIT, hookline_kafka::produce::send(&producer, &topic, "k", b"v")).await;
+    sent.expect("the produce ends in time").map_err(|e| format!("{e:?}"))
+}
+
+/// Ingest alone with `config`: its start error and how long it took to fail.
+async fn ingest_start_error(config: hookline_service::Config) -> (String, Duration) {
+    let started = Instant::now();
+    let shutdown = CancellationToken::new();
+    let result = tokio::time::timeout(LIMIT, hookline_ingest::run(config, shutdown.clone(), Default::default())).await;
+    shutdown.cancel();
+    match result {
+        Ok(Err(e)) => (e.to_string(), started.elapsed()),
+        Ok(Ok(())) => panic!("ingest started without a working connection"),
+        Err(_) => panic!("ingest neither started nor failed within {LIMIT:?}"),
+    }
+}
+
+fn base_config(k: &ExternalKafka) -> hookline_service::Config {
+    let mut c = hookline_service::Config::dev(&k.bootstrap, 1, crate::support::TOKEN);
+    crate::support::use_prefix(&mut c, &ExternalKafka::fresh_prefix());
+    c.telemetry.log_level = "warn".into();
+    c
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn apache_kafka_the_pipeline_works_over_sasl_ssl_with_scram_sha_512() {
+    let Some((k, _shared)) = shared().await else { return };
+    let Some(info) = secured(&k) else { return };
+    let password = file(&info["sasl_ssl"]["users"]["hookline"]["password_file"]);
+    pipeline_secured(&k, |c| use_scram(c, info, "hookline", password.clone())).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn apache_kafka_sasl_ssl_refuses_a_wrong_password_and_a_principal_without_acls() {
+    let Some((k, _shared)) = shared().await else { return };
+    let Some(info) = secured(&k) else { return };
+    // A wrong password: ingest fails at start, fast, and says where to look.
+    let wrong = crate::support::temp_dir("scram").join("wrong.password");
+    std::fs::write(&wrong, "not-the-password\n").unwrap();
+    let mut c = base_config(&k);
+    use_scram(&mut c, info, "hookline", wrong);
+    let (e, took) = ingest_start_error(c).await;
+    assert!(e.contains("SASL authentication with the broker failed"), "{e}");
+    assert!(took < Duration::from_secs(15), "took {took:?}: {e}");
+
+    // The right user writes; an authenticated user without ACLs is refused.
+    let mut c = base_config(&k);
+    use_scram(&mut c, info, "hookline", file(&info["sasl_ssl"]["users"]["hookline"]["password_file"]));
+    produce_one(&k, &c).await.expect("User:hookline may write hookline topics");
+    let mut c = base_config(&k);
+    use_scram(&mut c, info, "stranger", file(&info["sasl_ssl"]["users"]["stranger"]["password_file"]));
+    let e = produce_one(&k, &c).await.expect_err("User:stranger has no ACL");
+    assert!(e.contains("TopicAuthorizationFailed") || e.contains("authoriz"), "{e}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn apache_kafka_the_pipeline_works_over_mutual_tls() {
+    let Some((k, _shared)) = shared().await else { return };
+    let Some(info) = secured(&k) else { return };
+    pipeline_secured(&k, |c| use_mtls(c, info, Some("hookline"))).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn apache_kafka_mutual_tls_refuses_no_certificate_and_a_principal_without_acls() {
+    let Some((k, _shared)) = shared().await else { return };
+    let Some(info) = secured(&k) else { return };
+    let mut c = base_config(&k);
+    use_mtls(&mut c, info, None);
+    let (e, took) = ingest_start_error(c).await;
+    assert!(e.contains("the TLS handshake with the broker failed"), "{e}");
+    assert!(took < Duration::from_secs(15), "took {took:?}: {e}");
+
+    let mut c = base_config(&k);
+    use_mtls(&mut c, info, Some("stranger"));
+    let e = produce_one(&k, &c).await.expect_err("User:stranger has no ACL");
+    assert!(e.contains("TopicAuthorizationFailed") || e.contains("authoriz"), "{e}");
+}
+
+/// The state topics compacted by the broker's log cleaner (segments rolled every 100 ms, any dirty ratio): a
+/// subscription changed five times keeps one record, and services started after the compaction rebuild the same
+/// subscriptions (the latest URL, the deleted one gone) and deliver by them.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn apache_kafka_services_restarted_after_compaction_rebuild_the_same_subscriptions() {
+    let Some((k, _shared)) = shared().await else { return };
+    let prefix = ExternalKafka::fresh_prefix();
+    let compacted = [
+        ("segment.ms", "100"),
+        ("min.cleanable.dirty.ratio", "0.01"),
+        ("min.compaction.lag.ms", "0"),
+        ("delete.retention.ms", "100"),
+    ];
+    k.create_topics(&prefix, 1, &compacted).await;
+    let p = k.pipeline_on(&prefix, 1, |_| {}).await;
+    let (a, _) = p.subscribe(json!({"url": p.url("a0"), "event_types": ["*"]})).await;
+    for i in 1..=5 {
+        // Each version in a segment of its own: the cleaner only compacts segments that were rolled.
+        tokio::time::sleep(Duration::from_millis(150)).await;
+        let (status, v) = p.call("PATCH", &format!("/v1/subscriptions/{a}"), Some(json!({"url": p.url(&format!("a{i}"))}))).await;
+        assert_eq!(status, 200, "{v}");
+    }
+    let (gone, _) = p.subscribe(json!({"url": p.url("gone"), "event_types": ["*"]})).await;
+    let (status, _) = p.call("DELETE", &format!("/v1/subscriptions/{gone}"), None).await;
+    assert_eq!(status, 204);
+    let (b, _) = p.subscribe(json!({"url": p.url("b"), "event_types": ["*"]})).await;
+
+    let topic = Topics::new(prefix.clone()).subscriptions().to_owned();
+    let deadline = Instant::now() + LIMIT;
+    let mut records_of_a;
+    loop {
+        records_of_a = 0;
+        hookline_kafka::scan::scan(&k.admin_settings(), &topic, None, LIMIT, |m| {
+            use rdkafka::Message as _;
+            if m.key() == Some(a.as_bytes()) {
+                records_of_a += 1;
+            }
+        })
+        .await
+        .expect("scan the subscriptions topic");
+        if records_of_a == 1 {
+            break;
+        }
+        assert!(Instant::now() < deadline, "{records_of_a} records of {a} after {LIMIT:?}: the log cleaner did not compact");
+        // A later record rolls the segment that holds the last ones, so the cleaner may take them too.
+        tokio::time::sleep(Duration::from_millis(500)).await;
+        let (status, v) = p.call("PATCH", &format!("/v1/subscriptions/{b}"), Some(json!({"url": p.url("b")}))).await;
+        assert_eq!(status, 200, "{v}");
+    }
+    let latest = p.url("a5");
+    let secrets = p.config.secrets.clone();
+    let received = p.seen.clone();
+    tokio::time::timeout(LIMIT, p.stop()).await.expect("the services stop in time");
+
+    let p = k.pipeline_on(&prefix, 1, |c| c.secrets = secrets).await;
+    let v = p.subscription_when(&a, |v| v["url"].is_string()).await;
+    assert_eq!(v["url"], latest.as_str(), "{v}");
+    let (status, _) = p.call("GET", &format!("/v1/subscriptions/{gone}"), None).await;
+    assert_eq!(status, 404, "the deleted subscription stays deleted");
+    p.publish("evt_after_compaction", "thing.happened").await;
+    p.wait_finals(2, LIMIT).await;
+    let finals = p.finals();
+    let mut got: Vec<&str> = finals.iter().map(|f| f.subscription_id.as_str()).collect();
+    got.sort_unstable();
+    let mut want = [a.as_str(), b.as_str()];
+    want.sort_unstable();
+    assert_eq!(got, want, "{finals:?}");
+    let paths: Vec<String> = received.requests.lock().unwrap().iter().map(|r| r.path.clone()).collect();
+    let mut paths: Vec<&str> = paths.iter().map(String::as_str).collect();
+    paths.sort_unstable();
+    assert_eq!(paths, ["a5", "b"], "only the latest URL of A, and B");
+    p.stop().await;
+}
+
+/// Three nodes only (replication factor 3, `min.insync.replicas` 2): the leader of a `deliveries` partition is
+/// killed with SIGKILL while events flow (200 events, 2 subscriptions), the clients move to the new leaders, and
+/// every event the API accepted reaches a final state for both subscriptions. The node is started again at the end,
+/// so the cluster is whole for the tests after. Prints one JSON line (`--nocapture`).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn apache_kafka_killing_a_partition_leader_under_load_loses_nothing() {
+    let Some(k) = ExternalKafka::from_env() else { return };
+    let _alone = CLUSTER.write().await;
+    if k.replication() < 3 || k.info.get("dir").is_none() {
+        eprintln!("skipped: needs a cluster of three nodes from scripts/kafka start --nodes 3 (its JSON line)");
+        return;
+    }
+    let p = k.pipeline(2, |_| {}).await;
+    let (a, _) = p.subscribe(json!({"url": p.url("a"), "event_types": ["*"]})).await;
+    let (b, _) = p.subscribe(json!({"url": p.url("b"), "event_types": ["*"]})).await;
+    let deliveries = Topics::new(p.config.kafka.topic_prefix.clone()).deliveries().to_owned();
+
+    let publish = async {
+        let mut accepted = Vec::new();
+        for i in 0..200 {
+            let id = format!("evt_bl{i}");
+            let (status, _) =
+                p.call("POST", "/v1/events", Some(json!({"id": id, "type": "thing.happened", "data": {"n": i}}))).await;
+            if status == 202 {
+                accepted.push(id);
+            }
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+        accepted
+    };
+    let kill = async {
+        let seen = p.seen.clone();
+        wait_for(&p.seen.changed, LIMIT, "deliveries under way", || seen.requests.lock().unwrap().len() >= 60).await;
+        let admin = hookline_kafka::client::admin(&k.admin_settings(), "integration-leader").unwrap();
+        let md =
+            tokio::task::block_in_place(|| admin.inner().fetch_metadata(Some(&deliveries), Duration::from_secs(10))).unwrap();
+        let leader = md.topics()[0].partitions()[0].leader();
+        // DIR/pids has the node's current pid (line N), also after `scripts/kafka restart-node`.
+        let pids =
+            std::fs::read_to_string(PathBuf::from(k.info["dir"].as_str().expect("the cluster's dir")).join("pids")).unwrap();
+        let pid = pids.lines().nth(leader as usize - 1).expect("the leader's pid").trim().to_owned();
+        let status = std::process::Command::new("kill").args(["-9", &pid]).status().unwrap();
+        assert!(status.success(), "kill -9 {pid}");
+        (leader, Instant::now())
+    };
+    let (accepted, (leader, killed_at)) = futures::future::join(publish, kill).await;
+
+    let want: HashSet<(String, String)> =
+        accepted.iter().flat_map(|e| [(a.clone(), e.clone()), (b.clone(), e.clone())]).collect();
+    let attempts = p.attempts.clone();
+    let finals = || -> HashSet<(String, String)> {
+        attempts
+            .items
+            .lock()
+            .unwrap()
+            .iter()
+            .filter(|r| !r.final_state.is_empty())
+            .map(|r| (r.subscription_id.clone(), r.event_id.clone()))
+            .collect()
+    };
+    wait_for(&p.attempts.changed, Duration::from_secs(120), "a final state for every accepted delivery", || {
+        want.is_subset(&finals())
+    })
+    .await;
+    let recovered_s = killed_at.elapsed().as_secs_f64();
+    let requests = p.seen.requests.lock().unwrap().len();
+    println!(
+        "{}",
+        json!({"fault": "partition leader killed (SIGKILL)", "node": leader, "accepted": accepted.len(),
+               "final_states": want.len(), "missing": want.difference(&finals()).count(),
+               "duplicates": requests - want.len(), "all_final_after_kill_s": recovered_s})
+    );
+    assert!(accepted.len() >= 150, "only {} of 200 events accepted", accepted.len());
+    tokio::time::timeout(Duration::from_secs(90), p.stop()).await.expect("the services stop in time");
+
+    // The cluster whole again for the tests after this one.
+    let dir = k.info["dir"].as_str().expect("the cluster's dir");
+    let script = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("scripts/kafka");
+    let out = tokio::task::block_in_place(|| {
+        std::process::Command::new(script).args(["restart-node", "--dir", dir, "--node", &leader.to_string()]).output()
+    })
+    .unwrap();
+    assert!(out.status.success(), "restarting node {leader}: {}", String::from_utf8_lossy(&out.stderr));
+}
+
+/// KIP-848's consumer group protocol (`kafka.group_protocol = "consumer"`): the broker assigns the partitions. The
+/// fan-out, a retry through the scheduler's group, and a restart of every service (members leaving and new ones
+/// joining) deliver everything.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn apache_kafka_the_pipeline_works_with_the_consumer_group_protocol() {
+    let Some((k, _shared)) = shared().await else { return };
+    let kip848 = |c: &mut hookline_service::Config| c.kafka.group_protocol = hookline_kafka::settings::GroupProtocol::Consumer;
+    let prefix = ExternalKafka::fresh_prefix();
+    k.create_topics(&prefix, 2, &[]).await;
+    let p = k.pipeline_on(&prefix, 2, kip848).await;
+    pipeline::fans_out_by_filter_and_signs_every_request_on(&p).await;
+    let toml = quick_policy(&[1.0], |_| {});
+    p.script("retried", vec![Some((503, None)), Some((200, None))]);
+    let (retried, _) = p.subscribe(json!({"url": p.url("retried"), "event_types": ["x.*"], "policy_toml": toml})).await;
+    p.publish("evt_k1", "x.y").await;
+    let secrets = p.config.secrets.clone();
+    let received = p.seen.clone();
+    tokio::time::timeout(LIMIT, p.stop()).await.expect("the services stop in time");
+
+    let p = k
+        .pipeline_on(&prefix, 2, |c| {
+            kip848(c);
+            c.secrets = secrets;
+        })
+        .await;
+    p.publish("evt_k2", "x.y").await;
+    let attempts = p.attempts.clone();
+    let done = |e: &str| {
+        attempts
+            .items
+            .lock()
+            .unwrap()
+            .iter()
+            .any(|a| a.subscription_id == retried && a.event_id == e && a.final_state == "succeeded")
+    };
+    wait_for(&p.attempts.changed, LIMIT, "both events delivered after the restart", || done("evt_k1") && done("evt_k2")).await;
+    let ids: HashSet<String> = received
+        .requests
+        .lock()
+        .unwrap()
+        .iter()
+        .filter(|r| r.path == "retried")
+        .filter_map(|r| serde_json::from_slice::<serde_json::Value>(&r.body).ok()?["id"].as_str().map(str::to_owned))
+        .collect();
+    assert_eq!(ids, HashSet::from(["evt_k1".to_owned(), "evt_k2".to_owned()]));
+    p.stop().await;
+}
