@@ -155,7 +155,7 @@ pub(crate) async fn create_each(
         Err(_) | Ok(Err(rdkafka::error::KafkaError::AdminOp(RDKafkaErrorCode::OperationTimedOut))) => return Err(no_answer()),
         Ok(r) => r.context("CreateTopics request")?,
     };
-    let mut out = Vec::with_capacity(results.len());
+    let mut out: Vec<(String, Result<bool, String>)> = Vec::with_capacity(results.len());
     for r in results {
         out.push(match r {
             Ok(name) => (name, Ok(true)),
