@@ -279,10 +279,6 @@ impl ApiError {
         if let crate::replay::ReplayError::Log(e) = e {
             return Self::log_unavailable(e);
         }
-        if let crate::replay::ReplayError::Scan(e @ hookline_kafka::scan::ScanError::NoOffsetsByTime { .. }) = e {
-            // The deployment's setting, not the request, is wrong: say which key fixes it.
-            return Self::new(StatusCode::NOT_IMPLEMENTED, "offsets_by_time_unsupported", e.to_string());
-        }
         Self::new(StatusCode::SERVICE_UNAVAILABLE, "kafka_unavailable", e.to_string())
     }
 

@@ -23,9 +23,6 @@ pub enum ScanError {
     Security { topic: String, reason: String },
     #[error("reading {topic} took longer than {limit:?}; narrow the time range")]
     TooLong { topic: String, limit: Duration },
-    /// The broker answers no offset for any time, even for records it holds (librdkafka's mock cluster does so).
-    #[error("reading {topic}: the broker cannot look offsets up by time; set kafka.offsets_by_time = false (the topic is then read from its start and filtered by time)")]
-    NoOffsetsByTime { topic: String },
 }
 
 /// Calls `visit` for every record of `topic` written at or after `since_ms` (all records when `None`), up to
@@ -79,8 +76,17 @@ where
                 start = match found.find_partition(&t, p).map(|e| e.offset()) {
                     Some(Offset::Offset(o)) => o,
                     // Nothing at or after `since`; unless the broker finds nothing for any time though the
-                    // partition holds records, which means it cannot look offsets up by time at all.
-                    _ if low < high && !finds_any(&c, &t, p)? => return Err(ScanError::NoOffsetsByTime { topic: t.clone() }),
+                    // partition holds records: it cannot look offsets up by time at all (librdkafka's mock cluster),
+                    // so the partition is read from its start and filtered by time, as with offsets_by_time off.
+                    _ if low < high && !finds_any(&c, &t, p)? => {
+                        if !WARNED_NO_TIME_INDEX.swap(true, std::sync::atomic::Ordering::Relaxed) {
+                            tracing::warn!(
+                                topic = %t,
+                                "the broker cannot look offsets up by time: reading from the start and filtering by time; set kafka.offsets_by_time = false to skip the lookup"
+                            );
+                        }
+                        low
+                    }
                     _ => high,
                 };
             }
@@ -124,6 +130,9 @@ where
     }
     Ok(visited)
 }
+
+/// Said once per process: a broker that keeps no time index stays so.
+static WARNED_NO_TIME_INDEX: std::sync::atomic::AtomicBool = std::sync::atomic::AtomicBool::new(false);
 
 /// Whether the broker finds an offset for the earliest time in a partition that holds records (every broker that
 /// keeps record timestamps does).
