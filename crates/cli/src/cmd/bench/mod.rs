@@ -20,6 +20,7 @@ mod retry_precision;
 mod scale;
 mod split;
 mod policies;
+mod quota;
 mod stats;
 mod steady;
 mod subscriptions;
@@ -63,6 +64,8 @@ pub enum Scenario {
     Steady,
     /// RSS per subscription held and the fan-out's CPU per event, 16 vs 200,000 subscriptions (not part of `all`).
     Subscriptions,
+    /// A quiet tenant's publish latency while another floods, with and without a publish quota (not part of `all`).
+    PublishQuota,
     All,
 }
 
@@ -80,6 +83,7 @@ impl Scenario {
             Scenario::ScaleOut => "scale-out",
             Scenario::Steady => "steady",
             Scenario::Subscriptions => "subscriptions",
+            Scenario::PublishQuota => "publish-quota",
             Scenario::All => "all",
         }
     }
@@ -90,7 +94,8 @@ pub struct BenchArgs {
     /// throughput, latency, retry-precision, isolation, memory, fanout, list, or all (each in turn, one JSON line at
     /// the end); log (the delivery log's store), scale-out (a dispatcher joins under load, then one leaves) and steady
     /// (each service's RSS over a long run with no /metrics scrape; use --duration-s 600) are not part of all, nor is
-    /// subscriptions (RSS per subscription and the fan-out's CPU per event through the services, 16 vs 200,000).
+    /// subscriptions (RSS per subscription and the fan-out's CPU per event through the services, 16 vs 200,000), nor
+    /// publish-quota (a quiet tenant's publish latency while another floods, with and without a quota).
     #[arg(value_enum, required_unless_present = "serve")]
     scenario: Option<Scenario>,
     /// A real Kafka cluster (`host:port,...`) instead of the embedded mock broker. The topics are created under a
@@ -307,6 +312,7 @@ async fn one(args: &BenchArgs, s: Scenario) -> anyhow::Result<(Map<String, Value
         Scenario::ScaleOut => scale::run(args).await,
         Scenario::Steady => steady::run(args).await,
         Scenario::Subscriptions => subscriptions::run(args).await,
+        Scenario::PublishQuota => quota::run(args).await,
         Scenario::All => anyhow::bail!("`all` is expanded into its scenarios before they run"),
     }
 }
