@@ -202,6 +202,7 @@ async fn attempt_detail_keeps_headers_and_reasoning(p: crate::support::Pipeline)
     let body = json!({
         "url": p.url("hdr"), "event_types": ["*"], "policy_toml": quick("standard"),
         "headers": {"X-Partner": "acme", "Authorization": "Bearer partner-token"},
+        "shown_headers": ["X-Partner"],
     });
     let (sub, _) = p.subscribe(body).await;
     p.publish("evt_headers1", "order.created").await;
@@ -218,7 +219,7 @@ async fn attempt_detail_keeps_headers_and_reasoning(p: crate::support::Pipeline)
     assert_eq!(header(req, "webhook-id"), Some("evt_headers1"), "{req}");
     assert_eq!(header(req, "webhook-timestamp"), sent[0].headers["webhook-timestamp"].to_str().ok(), "{req}");
     assert_eq!(header(req, "content-type"), Some("application/json"));
-    assert_eq!(header(req, "x-partner"), Some("acme"), "custom headers too: {req}");
+    assert_eq!(header(req, "x-partner"), Some("acme"), "a custom header marked as shown: {req}");
     assert_eq!(header(req, "webhook-signature"), Some("<redacted>"), "{req}");
     assert_eq!(header(req, "authorization"), Some("<redacted>"), "{req}");
     let signature = sent[0].headers["webhook-signature"].to_str().unwrap();
