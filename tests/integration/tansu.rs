@@ -8,9 +8,6 @@ use std::path::PathBuf;
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
-use hookline_kafka::topics::Cleanup;
-use hookline_kafka::Topics;
-use rdkafka::admin::{AdminOptions, NewTopic, TopicReplication};
 
 use crate::pipeline;
 use crate::support::Pipeline;
@@ -56,28 +53,8 @@ impl Tansu {
     }
 
     async fn create_topics(&self, partitions: i32) {
-        let mut settings = hookline_kafka::KafkaSettings::default();
-        settings.bootstrap_servers = self.bootstrap.clone();
-        let admin = hookline_kafka::client::admin(&settings, "tansu-test-admin").unwrap();
-        let specs = Topics::new("hookline.").all();
-        let new: Vec<NewTopic<'_>> = specs
-            .iter()
-            .map(|s| {
-                let cleanup = match s.cleanup {
-                    Cleanup::Compact => "compact",
-                    Cleanup::Delete => "delete",
-                };
-                NewTopic::new(&s.name, partitions, TopicReplication::Fixed(1)).set("cleanup.policy", cleanup)
-            })
-            .collect();
-        let options = AdminOptions::new().operation_timeout(Some(Duration::from_secs(20)));
-        let results = tokio::time::timeout(Duration::from_secs(30), admin.create_topics(&new, &options))
-            .await
-            .expect("CreateTopics answered in time")
-            .expect("CreateTopics request");
-        for r in results {
-            r.unwrap_or_else(|(name, code)| panic!("creating {name} on tansu: {code}"));
-        }
+        let settings = hookline_kafka::KafkaSettings { bootstrap_servers: self.bootstrap.clone(), ..Default::default() };
+        crate::support::create_topics(&settings, "hookline.", partitions, 1, &[]).await;
     }
 
     /// The pipeline (ingest, one dispatcher, retry-scheduler) against this broker.

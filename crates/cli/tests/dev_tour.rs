@@ -262,24 +262,35 @@ fn dev_mode_refuses_what_the_services_refuse() {
     }
 }
 
-#[test]
-fn the_demo_reports_in_the_readmes_words_and_its_stderr_is_plain() {
+/// `hookline dev --demo 2` with `extra` arguments: its (stdout, stderr), after it succeeded.
+fn demo(extra: &[&str]) -> (String, String) {
     let out = Command::new(env!("CARGO_BIN_EXE_hookline"))
         .args(["dev", "--demo", "2"])
+        .args(extra)
         .env_remove("HOOKLINE_CONFIG")
         .env_remove("RUST_LOG")
         .stdin(Stdio::null())
         .output()
         .expect("run the demo");
-    let stdout = String::from_utf8_lossy(&out.stdout);
-    let stderr = String::from_utf8_lossy(&out.stderr);
+    let (stdout, stderr) = (String::from_utf8_lossy(&out.stdout).into_owned(), String::from_utf8_lossy(&out.stderr).into_owned());
     assert!(out.status.success(), "{stdout}\n{stderr}");
+    (stdout, stderr)
+}
+
+/// The demo's totals for 2 events: 12 deliveries, none lost, 8 succeeded, 2 failed, 2 dead.
+fn demo_totals(v: &serde_json::Value, shown: &str) {
+    assert_eq!((v["deliveries"].as_u64(), v["lost"].as_u64()), (Some(12), Some(0)), "{shown}");
+    assert_eq!((v["succeeded"].as_u64(), v["failed"].as_u64(), v["dead"].as_u64()), (Some(8), Some(2), Some(2)), "{shown}");
+}
+
+#[test]
+fn the_demo_reports_in_the_readmes_words_and_its_stderr_is_plain() {
+    let (stdout, stderr) = demo(&[]);
     let last = stdout.lines().last().unwrap_or("");
     let keys: Vec<&str> = last.split('"').skip(1).step_by(2).collect();
     assert_eq!(keys, ["events", "deliveries", "succeeded", "retried", "failed", "dead", "cancelled", "lost", "seconds"], "{last}");
     let v: serde_json::Value = serde_json::from_str(last).unwrap();
-    assert_eq!((v["deliveries"].as_u64(), v["lost"].as_u64()), (Some(12), Some(0)), "{last}");
-    assert_eq!((v["succeeded"].as_u64(), v["failed"].as_u64(), v["dead"].as_u64()), (Some(8), Some(2), Some(2)), "{last}");
+    demo_totals(&v, last);
     // Not a terminal: no colour; the allow-list warnings are in the banner once, not logged by each service.
     assert!(!stderr.contains('\u{1b}'), "ANSI escapes off a terminal:\n{stderr}");
     assert!(!stderr.contains("WARN"), "{stderr}");
@@ -314,19 +325,9 @@ fn external_kafka() -> Option<String> {
 #[test]
 fn the_demo_runs_on_an_existing_cluster_with_brokers() {
     let Some(brokers) = external_kafka() else { return };
-    let out = Command::new(env!("CARGO_BIN_EXE_hookline"))
-        .args(["dev", "--brokers", &brokers, "--demo", "2"])
-        .env_remove("HOOKLINE_CONFIG")
-        .env_remove("RUST_LOG")
-        .stdin(Stdio::null())
-        .output()
-        .expect("run the demo");
-    let stdout = String::from_utf8_lossy(&out.stdout);
-    let stderr = String::from_utf8_lossy(&out.stderr);
-    assert!(out.status.success(), "{stdout}\n{stderr}");
+    let (stdout, stderr) = demo(&["--brokers", &brokers]);
     let v: serde_json::Value = serde_json::from_str(stdout.lines().last().unwrap_or("")).unwrap();
-    assert_eq!((v["deliveries"].as_u64(), v["lost"].as_u64()), (Some(12), Some(0)), "{stdout}");
-    assert_eq!((v["succeeded"].as_u64(), v["failed"].as_u64(), v["dead"].as_u64()), (Some(8), Some(2), Some(2)), "{stdout}");
+    demo_totals(&v, &stdout);
     // The banner names the cluster and the fresh prefix, not the embedded broker.
     assert!(stderr.contains(&format!("on the Kafka cluster at {brokers},")) && stderr.contains("hookline.dev-"), "{stderr}");
     assert!(!stderr.contains("EMBEDDED"), "{stderr}");

@@ -27,6 +27,12 @@ async fn start(settings: HttpServerSettings) -> (SocketAddr, CancellationToken, 
     (addr, stop, task)
 }
 
+/// Stops the server and waits until it has returned (every connection closed).
+async fn shut(stop: CancellationToken, task: tokio::task::JoinHandle<()>) {
+    stop.cancel();
+    tokio::time::timeout(LIMIT, task).await.expect("the server stops").unwrap();
+}
+
 /// Reads until the peer closes (true) or `limit` passes (false).
 async fn closed_within(s: &mut (impl AsyncRead + Unpin), limit: Duration) -> bool {
     let mut buf = [0u8; 1024];
@@ -118,8 +124,7 @@ async fn slow_loris_clients_are_closed_and_a_normal_request_still_answers() {
         _ = drip => unreachable!(),
     }
     assert!(t.elapsed() >= Duration::from_millis(350) && t.elapsed() < Duration::from_secs(4), "closed after {:?}", t.elapsed());
-    stop.cancel();
-    tokio::time::timeout(LIMIT, task).await.expect("the server stops").unwrap();
+    shut(stop, task).await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -136,8 +141,7 @@ async fn a_kept_alive_connection_idles_until_the_idle_timeout() {
     let t2 = Instant::now();
     assert!(closed_within(&mut s, LIMIT).await, "an idle keep-alive connection was never closed");
     assert!(t2.elapsed() >= Duration::from_millis(1_100) && t2.elapsed() < Duration::from_secs(5), "closed after {:?} (since start {:?})", t2.elapsed(), t.elapsed());
-    stop.cancel();
-    tokio::time::timeout(LIMIT, task).await.expect("the server stops").unwrap();
+    shut(stop, task).await;
 }
 
 /// A connection from `ip` (any address of 127.0.0.0/8 reaches a listener on 127.0.0.1).
@@ -167,8 +171,7 @@ async fn at_the_cap_an_idle_connection_is_shed_for_a_new_one() {
     assert_eq!(get_healthz(&mut fifth, LIMIT).await.as_deref(), Some("HTTP/1.1 200 OK"));
     assert!(closed_within(&mut silent[1], LIMIT).await);
     assert_eq!(get_healthz(&mut served, LIMIT).await.as_deref(), Some("HTTP/1.1 200 OK"), "still open");
-    stop.cancel();
-    tokio::time::timeout(LIMIT, task).await.expect("the server stops").unwrap();
+    shut(stop, task).await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -195,9 +198,8 @@ async fn at_the_cap_with_every_connection_busy_a_new_one_waits_for_a_free_slot()
     let (status, answered) = waiting.await.unwrap();
     assert_eq!(status.as_deref(), Some("HTTP/1.1 200 OK"));
     assert!(answered.duration_since(freed) < Duration::from_secs(2), "served {:?} after a slot freed", answered.duration_since(freed));
-    stop.cancel();
     drop(busy);
-    tokio::time::timeout(LIMIT, task).await.expect("the server stops").unwrap();
+    shut(stop, task).await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -221,9 +223,8 @@ async fn one_client_address_gets_its_share_and_others_are_served() {
     tokio::time::sleep(Duration::from_millis(200)).await;
     let mut again = connect_from([127, 0, 0, 2], addr).await;
     assert_eq!(get_healthz(&mut again, LIMIT).await.as_deref(), Some("HTTP/1.1 200 OK"));
-    stop.cancel();
     drop(held);
-    tokio::time::timeout(LIMIT, task).await.expect("the server stops").unwrap();
+    shut(stop, task).await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -256,8 +257,7 @@ async fn a_body_dribbled_below_the_minimum_rate_is_cut_short() {
     let mut answer = String::new();
     tokio::time::timeout(LIMIT, ok.read_to_string(&mut answer)).await.unwrap().unwrap();
     assert!(answer.starts_with("HTTP/1.1 200 OK") && answer.ends_with("hi"), "{answer}");
-    stop.cancel();
-    tokio::time::timeout(LIMIT, task).await.expect("the server stops").unwrap();
+    shut(stop, task).await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -275,8 +275,7 @@ async fn a_stalled_body_is_closed_after_the_idle_timeout() {
     let mut answer = String::new();
     tokio::time::timeout(LIMIT, ok.read_to_string(&mut answer)).await.unwrap().unwrap();
     assert!(answer.starts_with("HTTP/1.1 200 OK") && answer.ends_with("hi"), "{answer}");
-    stop.cancel();
-    tokio::time::timeout(LIMIT, task).await.expect("the server stops").unwrap();
+    shut(stop, task).await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
