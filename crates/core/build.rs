@@ -4,8 +4,5 @@ fn main() {
     let file = root.join("hookline/v1/hookline.proto");
     println!("cargo:rerun-if-changed={}", file.display());
     let descriptors = protox::compile([&file], [&root]).expect("proto/ compiles");
-    prost_build::Config::new()
-        .bytes(["."])
-        .compile_fds(descriptors)
-        .expect("prost code generation");
+    prost_build::Config::new().bytes(["."]).compile_fds(descriptors).expect("prost code generation");
 }

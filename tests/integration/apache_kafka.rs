@@ -92,18 +92,11 @@ async fn apache_kafka_a_restart_of_the_services_loses_nothing() {
     }
     // The new pipeline's collector reads the attempts topic from its beginning: the records of both runs.
     let attempts = p.attempts.clone();
-    let want: HashSet<(String, String)> =
-        ids.iter().flat_map(|e| [(ok.clone(), e.clone()), (flaky.clone(), e.clone())]).collect();
+    let want: HashSet<(String, String)> = ids.iter().flat_map(|e| [(ok.clone(), e.clone()), (flaky.clone(), e.clone())]).collect();
     let done = |a: &hookline_core::model::AttemptRecord| a.final_state == "succeeded";
     wait_for(&p.attempts.changed, Duration::from_secs(90), "a succeeded final state for every event and subscription", || {
-        let got: HashSet<(String, String)> = attempts
-            .items
-            .lock()
-            .unwrap()
-            .iter()
-            .filter(|a| done(a))
-            .map(|a| (a.subscription_id.clone(), a.event_id.clone()))
-            .collect();
+        let got: HashSet<(String, String)> =
+            attempts.items.lock().unwrap().iter().filter(|a| done(a)).map(|a| (a.subscription_id.clone(), a.event_id.clone())).collect();
         want.is_subset(&got)
     })
     .await;
@@ -274,12 +267,8 @@ async fn apache_kafka_mutual_tls_refuses_no_certificate_and_a_principal_without_
 async fn apache_kafka_services_restarted_after_compaction_rebuild_the_same_subscriptions() {
     let Some((k, _shared)) = shared().await else { return };
     let prefix = ExternalKafka::fresh_prefix();
-    let compacted = [
-        ("segment.ms", "100"),
-        ("min.cleanable.dirty.ratio", "0.01"),
-        ("min.compaction.lag.ms", "0"),
-        ("delete.retention.ms", "100"),
-    ];
+    let compacted =
+        [("segment.ms", "100"), ("min.cleanable.dirty.ratio", "0.01"), ("min.compaction.lag.ms", "0"), ("delete.retention.ms", "100")];
     k.create_topics(&prefix, 1, &compacted).await;
     let p = k.pipeline_on(&prefix, 1, |_| {}).await;
     let (a, _) = p.subscribe(json!({"url": p.url("a0"), "event_types": ["*"]})).await;
@@ -362,8 +351,7 @@ async fn apache_kafka_killing_a_partition_leader_under_load_loses_nothing() {
         let mut accepted = Vec::new();
         for i in 0..200 {
             let id = format!("evt_bl{i}");
-            let (status, _) =
-                p.call("POST", "/v1/events", Some(json!({"id": id, "type": "thing.happened", "data": {"n": i}}))).await;
+            let (status, _) = p.call("POST", "/v1/events", Some(json!({"id": id, "type": "thing.happened", "data": {"n": i}}))).await;
             if status == 202 {
                 accepted.push(id);
             }
@@ -375,12 +363,10 @@ async fn apache_kafka_killing_a_partition_leader_under_load_loses_nothing() {
         let seen = p.seen.clone();
         wait_for(&p.seen.changed, LIMIT, "deliveries under way", || seen.requests.lock().unwrap().len() >= 60).await;
         let admin = hookline_kafka::client::admin(&k.admin_settings(), "integration-leader").unwrap();
-        let md =
-            tokio::task::block_in_place(|| admin.inner().fetch_metadata(Some(&deliveries), Duration::from_secs(10))).unwrap();
+        let md = tokio::task::block_in_place(|| admin.inner().fetch_metadata(Some(&deliveries), Duration::from_secs(10))).unwrap();
         let leader = md.topics()[0].partitions()[0].leader();
         // DIR/pids has the node's current pid (line N), also after `scripts/kafka restart-node`.
-        let pids =
-            std::fs::read_to_string(PathBuf::from(k.info["dir"].as_str().expect("the cluster's dir")).join("pids")).unwrap();
+        let pids = std::fs::read_to_string(PathBuf::from(k.info["dir"].as_str().expect("the cluster's dir")).join("pids")).unwrap();
         let pid = pids.lines().nth(leader as usize - 1).expect("the leader's pid").trim().to_owned();
         let status = std::process::Command::new("kill").args(["-9", &pid]).status().unwrap();
         assert!(status.success(), "kill -9 {pid}");
@@ -388,8 +374,7 @@ async fn apache_kafka_killing_a_partition_leader_under_load_loses_nothing() {
     };
     let (accepted, (leader, killed_at)) = futures::future::join(publish, kill).await;
 
-    let want: HashSet<(String, String)> =
-        accepted.iter().flat_map(|e| [(a.clone(), e.clone()), (b.clone(), e.clone())]).collect();
+    let want: HashSet<(String, String)> = accepted.iter().flat_map(|e| [(a.clone(), e.clone()), (b.clone(), e.clone())]).collect();
     let attempts = p.attempts.clone();
     let finals = || -> HashSet<(String, String)> {
         attempts
@@ -401,10 +386,8 @@ async fn apache_kafka_killing_a_partition_leader_under_load_loses_nothing() {
             .map(|r| (r.subscription_id.clone(), r.event_id.clone()))
             .collect()
     };
-    wait_for(&p.attempts.changed, Duration::from_secs(120), "a final state for every accepted delivery", || {
-        want.is_subset(&finals())
-    })
-    .await;
+    wait_for(&p.attempts.changed, Duration::from_secs(120), "a final state for every accepted delivery", || want.is_subset(&finals()))
+        .await;
     let recovered_s = killed_at.elapsed().as_secs_f64();
     let requests = p.seen.requests.lock().unwrap().len();
     println!(
@@ -454,12 +437,7 @@ async fn apache_kafka_the_pipeline_works_with_the_consumer_group_protocol() {
     p.publish("evt_k2", "x.y").await;
     let attempts = p.attempts.clone();
     let done = |e: &str| {
-        attempts
-            .items
-            .lock()
-            .unwrap()
-            .iter()
-            .any(|a| a.subscription_id == retried && a.event_id == e && a.final_state == "succeeded")
+        attempts.items.lock().unwrap().iter().any(|a| a.subscription_id == retried && a.event_id == e && a.final_state == "succeeded")
     };
     wait_for(&p.attempts.changed, LIMIT, "both events delivered after the restart", || done("evt_k1") && done("evt_k2")).await;
     let ids: HashSet<String> = received

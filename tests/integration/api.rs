@@ -50,7 +50,11 @@ async fn the_delivery_log_shows_every_attempt_and_a_replay_counts_on() {
     assert!(d["platform_status"].is_string() && d.get("status").is_none(), "one field for the policy's word: {d}");
     for bad in ["DEAD_LETTER", "dead_lettered", "nope"] {
         let (status, v) = p.call("GET", &format!("/v1/subscriptions/{sub}/deliveries?state={bad}"), None).await;
-        assert_eq!((status, v["error"]["code"].as_str(), v["error"]["field"].as_str()), (400, Some("invalid_query"), Some("state")), "{bad}: {v}");
+        assert_eq!(
+            (status, v["error"]["code"].as_str(), v["error"]["field"].as_str()),
+            (400, Some("invalid_query"), Some("state")),
+            "{bad}: {v}"
+        );
     }
     // A redrive filter with a reason no delivery's dead letter carries is refused, not an empty redrive.
     for bad in ["terminal_response", "egress_refused", "invalid_json"] {
@@ -97,7 +101,12 @@ async fn the_list_shows_each_endpoints_health_and_its_24h_success_rate() {
     // The log follows the topics: wait until it has every delivery.
     let list = p
         .get_when("/v1/subscriptions?limit=10&include=success_24h", |l| {
-            let done = |id: &str| item(l, id)["success_24h"]["pending"] == 0 && item(l, id)["success_24h"]["succeeded"].as_u64().unwrap_or(0) + item(l, id)["success_24h"]["failed"].as_u64().unwrap_or(0) == 3;
+            let done = |id: &str| {
+                item(l, id)["success_24h"]["pending"] == 0
+                    && item(l, id)["success_24h"]["succeeded"].as_u64().unwrap_or(0)
+                        + item(l, id)["success_24h"]["failed"].as_u64().unwrap_or(0)
+                        == 3
+            };
             done(&ok) && done(&bad) && item(l, &bad)["consecutive_failures"] == 3
         })
         .await;
@@ -149,10 +158,16 @@ async fn an_endpoint_that_only_succeeded_has_no_state_record_and_reads_like_a_he
     let has_success = |v: &serde_json::Value| v["last_success_at_ms"].as_i64().is_some();
     let r = p.subscription_when(&recovered, has_success).await;
     let o = p.subscription_when(&ok, has_success).await;
-    for key in ["health", "state", "endpoint_condition", "consecutive_failures", "first_failure_at_ms", "enabled", "paused", "disabled_reason"] {
+    for key in
+        ["health", "state", "endpoint_condition", "consecutive_failures", "first_failure_at_ms", "enabled", "paused", "disabled_reason"]
+    {
         assert_eq!(o[key], r[key], "{key}: {o} against {r}");
     }
-    assert_eq!((o["health"].as_str(), o["endpoint_condition"].as_str(), o["consecutive_failures"].as_u64()), (Some("healthy"), Some("healthy"), Some(0)), "{o}");
+    assert_eq!(
+        (o["health"].as_str(), o["endpoint_condition"].as_str(), o["consecutive_failures"].as_u64()),
+        (Some("healthy"), Some("healthy"), Some(0)),
+        "{o}"
+    );
     for v in [&o, &r] {
         let at = v["last_success_at_ms"].as_i64().unwrap();
         assert!((before..=now_ms()).contains(&at), "the success of this run: {v}");
@@ -224,8 +239,7 @@ async fn both_secrets_sign_during_a_rotation_overlap() {
     p.publish("evt_rot", "thing.happened").await;
     p.wait_finals(1, LIMIT).await;
     let r = &p.requests_to("s")[0];
-    let headers: Vec<(String, String)> =
-        r.headers.iter().map(|(k, v)| (k.as_str().to_owned(), v.to_str().unwrap().to_owned())).collect();
+    let headers: Vec<(String, String)> = r.headers.iter().map(|(k, v)| (k.as_str().to_owned(), v.to_str().unwrap().to_owned())).collect();
     assert_eq!(r.headers["webhook-signature"].to_str().unwrap().split(' ').count(), 2);
     for secret in [&old, &new] {
         hookline_core::sign::verify_standard(&[secret.as_str()], headers.as_slice(), &r.body, now_ms(), 300)
@@ -264,10 +278,38 @@ async fn bad_requests_get_json_errors_that_name_the_problem() {
         (Some("Bearer wrong-token-wrong-token"), "application/json", "/v1/subscriptions", sub.clone(), 401, "unauthorized"),
         (Some(&bearer), "text/plain", "/v1/subscriptions", sub.clone(), 415, "unsupported_media_type"),
         (Some(&bearer), "application/json", "/v1/subscriptions", b"{nope".to_vec(), 400, "invalid_json"),
-        (Some(&bearer), "application/json", "/v1/subscriptions", br#"{"url":"https://x.example","event_types":["*"],"colour":1}"#.to_vec(), 422, "invalid_body"),
-        (Some(&bearer), "application/json", "/v1/subscriptions", br#"{"url":"http://10.0.0.7/x","event_types":["*"]}"#.to_vec(), 422, "invalid_field"),
-        (Some(&bearer), "application/json", "/v1/subscriptions", br#"{"url":"https://93.184.216.34/x","event_types":["a*b"]}"#.to_vec(), 422, "invalid_field"),
-        (Some(&bearer), "application/json", "/v1/subscriptions", br#"{"url":"https://93.184.216.34/x","event_types":["*"],"policy":"nope"}"#.to_vec(), 422, "invalid_field"),
+        (
+            Some(&bearer),
+            "application/json",
+            "/v1/subscriptions",
+            br#"{"url":"https://x.example","event_types":["*"],"colour":1}"#.to_vec(),
+            422,
+            "invalid_body",
+        ),
+        (
+            Some(&bearer),
+            "application/json",
+            "/v1/subscriptions",
+            br#"{"url":"http://10.0.0.7/x","event_types":["*"]}"#.to_vec(),
+            422,
+            "invalid_field",
+        ),
+        (
+            Some(&bearer),
+            "application/json",
+            "/v1/subscriptions",
+            br#"{"url":"https://93.184.216.34/x","event_types":["a*b"]}"#.to_vec(),
+            422,
+            "invalid_field",
+        ),
+        (
+            Some(&bearer),
+            "application/json",
+            "/v1/subscriptions",
+            br#"{"url":"https://93.184.216.34/x","event_types":["*"],"policy":"nope"}"#.to_vec(),
+            422,
+            "invalid_field",
+        ),
         (Some(&bearer), "application/json", "/v1/events", br#"{"type":"x"}"#.to_vec(), 422, "missing_field"),
         (Some(&bearer), "application/json", "/v1/events", vec![b' '; 64 << 10], 413, "body_too_large"),
     ];
@@ -282,11 +324,13 @@ async fn bad_requests_get_json_errors_that_name_the_problem() {
         assert!(!message.contains("Failed to deserialize") && !message.contains("at line"), "{path}: {message}");
     }
     // A value of the wrong type, and a missing field, deep in the body.
-    let (_, v) = send(Some(&bearer), "application/json", "/v1/subscriptions", br#"{"url":"https://x.example","event_types":[7]}"#.to_vec()).await;
+    let (_, v) =
+        send(Some(&bearer), "application/json", "/v1/subscriptions", br#"{"url":"https://x.example","event_types":[7]}"#.to_vec()).await;
     assert_eq!((v["error"]["code"].as_str(), v["error"]["field"].as_str()), (Some("invalid_body"), Some("event_types[0]")), "{v}");
     let (_, v) = send(Some(&bearer), "application/json", "/v1/subscriptions", br#"{"event_types":["*"]}"#.to_vec()).await;
     assert_eq!((v["error"]["code"].as_str(), v["error"]["field"].as_str()), (Some("invalid_body"), Some("url")), "{v}");
-    let (_, v) = send(Some(&bearer), "application/json", "/v1/subscriptions", br#"{"url":"http://10.0.0.7/x","event_types":["*"]}"#.to_vec()).await;
+    let (_, v) =
+        send(Some(&bearer), "application/json", "/v1/subscriptions", br#"{"url":"http://10.0.0.7/x","event_types":["*"]}"#.to_vec()).await;
     assert_eq!(v["error"]["field"], "url");
     p.stop().await;
 }

@@ -92,10 +92,8 @@ async fn a_short_retry_after_pause_is_waited_out_in_the_lane_in_order() {
     wait_for(&p.seen.changed, LIMIT, "the four other deliveries after the pause", || p.requests_to("r").len() >= 5).await;
     let mut reqs = p.requests_to("r");
     reqs.sort_by_key(|r| r.at);
-    let ids: Vec<String> = reqs
-        .iter()
-        .map(|r| serde_json::from_slice::<serde_json::Value>(&r.body).unwrap()["id"].as_str().unwrap().to_owned())
-        .collect();
+    let ids: Vec<String> =
+        reqs.iter().map(|r| serde_json::from_slice::<serde_json::Value>(&r.body).unwrap()["id"].as_str().unwrap().to_owned()).collect();
     assert_eq!(ids, ["evt_0", "evt_1", "evt_2", "evt_3", "evt_4"], "in the order they came");
     let quiet = reqs[1].at.duration_since(reqs[0].at);
     assert!(quiet >= Duration::from_millis(900), "the endpoint got its next request {quiet:?} after Retry-After: 1");

@@ -50,7 +50,6 @@ impl Tokens {
     }
 }
 
-
 /// What a row answers for (admin, tenant A key, tenant B key, portal link A); the three bad credentials always 401.
 struct Row {
     method: &'static str,
@@ -114,7 +113,13 @@ fn matrix(url: &str) -> Vec<Row> {
         row("PATCH", "/v1/event-types/matrix.x", "/v1/event-types/{name}", Some(json!({"description": "d"})), [200, 403, 403, 403]),
         row("DELETE", "/v1/event-types/{etype}", "/v1/event-types/{name}", None, [204, 403, 403, 403]),
         // A test event to one's own subscription (a read-only link may not: see the read-only link's test).
-        row("POST", "/v1/subscriptions/{sub}/test-event", "/v1/subscriptions/{id}/test-event", Some(json!({"event_type": "matrix.x"})), [202, 202, 404, 202]),
+        row(
+            "POST",
+            "/v1/subscriptions/{sub}/test-event",
+            "/v1/subscriptions/{id}/test-event",
+            Some(json!({"event_type": "matrix.x"})),
+            [202, 202, 404, 202],
+        ),
     ];
     for (path, template) in [("/openapi.json", "/openapi.json"), ("/portal/", "/portal/")] {
         rows.push(Row { method: "GET", path, template, body: None, expect: [200; 4], public: true });
@@ -134,10 +139,8 @@ async fn every_route_answers_every_kind_of_credential_as_it_should() {
     assert!(link["url"].as_str().unwrap().contains("/portal/#token=hlp_"), "{link}");
     let link_a = link_token(&link);
     let secret = p.config.ingest.portal.link_secret.clone().unwrap();
-    let expired = sign_portal_token(
-        &PortalGrant { tenant: "acme".into(), expires_at_ms: 1, read_only: false, nonce: "x".into() },
-        secret.as_bytes(),
-    );
+    let expired =
+        sign_portal_token(&PortalGrant { tenant: "acme".into(), expires_at_ms: 1, read_only: false, nonce: "x".into() }, secret.as_bytes());
     // The payload of A's link re-encoded for globex, with A's signature.
     let tampered = {
         use base64::Engine as _;
@@ -153,7 +156,8 @@ async fn every_route_answers_every_kind_of_credential_as_it_should() {
 
     // One delivery of tenant A in the log.
     let (sub, _) = p.subscribe(json!({"url": p.url("ok"), "event_types": ["matrix.*"], "tenant": "acme"})).await;
-    let (status, v) = p.call_as(Some(TOKEN), "POST", "/v1/events", Some(json!({"id": "evt_m", "type": "matrix.x", "tenant": "acme", "data": {}}))).await;
+    let (status, v) =
+        p.call_as(Some(TOKEN), "POST", "/v1/events", Some(json!({"id": "evt_m", "type": "matrix.x", "tenant": "acme", "data": {}}))).await;
     assert_eq!(status, 202, "{v}");
     p.wait_final_of(&sub, 1, LIMIT).await;
     let dlv = p.get_when(&format!("/v1/subscriptions/{sub}/deliveries"), |v| v["items"][0]["state"] == "succeeded").await["items"][0]
@@ -229,7 +233,12 @@ async fn every_route_answers_every_kind_of_credential_as_it_should() {
     assert!(missing.is_empty(), "routes not in the credential matrix: {missing:?}");
     // And every row is a documented operation.
     for r in rows.iter().filter(|r| !r.public) {
-        assert!(doc["paths"][r.template][r.method.to_lowercase()].is_object(), "{} {} is not in the OpenAPI document", r.method, r.template);
+        assert!(
+            doc["paths"][r.template][r.method.to_lowercase()].is_object(),
+            "{} {} is not in the OpenAPI document",
+            r.method,
+            r.template
+        );
     }
 }
 
@@ -262,15 +271,27 @@ async fn whoami_says_what_each_credential_is_and_an_expired_link_says_so() {
                "expires_at_ms": link["expires_at_ms"], "admin": false, "can_write": false})
     );
     let (_, v) = p.call_as(Some(&link_token(&writable)), "GET", "/v1/whoami", None).await;
-    assert_eq!((v["kind"].as_str(), v["read_only"].as_bool(), v["can_write"].as_bool()), (Some("portal_link"), Some(false), Some(true)), "{v}");
+    assert_eq!(
+        (v["kind"].as_str(), v["read_only"].as_bool(), v["can_write"].as_bool()),
+        (Some("portal_link"), Some(false), Some(true)),
+        "{v}"
+    );
 
     // A genuine link past its time: `link_expired`, so the portal can say "ask for a new one".
     let secret = p.config.ingest.portal.link_secret.clone().unwrap();
-    let expired = sign_portal_token(&PortalGrant { tenant: "acme".into(), expires_at_ms: 1, read_only: false, nonce: "x".into() }, secret.as_bytes());
+    let expired =
+        sign_portal_token(&PortalGrant { tenant: "acme".into(), expires_at_ms: 1, read_only: false, nonce: "x".into() }, secret.as_bytes());
     let (status, v) = p.call_as(Some(&expired), "GET", "/v1/whoami", None).await;
-    assert_eq!((status, v["error"]["code"].as_str(), v["error"]["field"].as_str()), (401, Some("link_expired"), Some("Authorization")), "{v}");
+    assert_eq!(
+        (status, v["error"]["code"].as_str(), v["error"]["field"].as_str()),
+        (401, Some("link_expired"), Some("Authorization")),
+        "{v}"
+    );
     // One signed with another key is not "expired", even when it is past its time too.
-    let forged = sign_portal_token(&PortalGrant { tenant: "acme".into(), expires_at_ms: 1, read_only: false, nonce: "x".into() }, b"another key, another key, another");
+    let forged = sign_portal_token(
+        &PortalGrant { tenant: "acme".into(), expires_at_ms: 1, read_only: false, nonce: "x".into() },
+        b"another key, another key, another",
+    );
     let (status, v) = p.call_as(Some(&forged), "GET", "/v1/whoami", None).await;
     assert_eq!((status, v["error"]["code"].as_str()), (401, Some("unauthorized")), "{v}");
     let (status, v) = p.call_as(None, "GET", "/v1/whoami", None).await;
@@ -284,7 +305,8 @@ async fn a_tenant_key_publishes_for_its_tenant_and_stops_working_when_revoked_or
     p.tenant("acme").await;
     p.tenant("globex").await;
     let (key_id, key) = p.api_key("acme").await;
-    let (status, created) = p.call_as(Some(&key), "POST", "/v1/subscriptions", Some(json!({"url": p.url("a"), "event_types": ["x.*"]}))).await;
+    let (status, created) =
+        p.call_as(Some(&key), "POST", "/v1/subscriptions", Some(json!({"url": p.url("a"), "event_types": ["x.*"]}))).await;
     assert_eq!((status, created["tenant"].as_str()), (201, Some("acme")), "a subscription made with a key is its tenant's: {created}");
     let sub_a = created["id"].as_str().unwrap().to_owned();
     let (sub_b, _) = p.subscribe(json!({"url": p.url("b"), "event_types": ["x.*"], "tenant": "globex"})).await;
@@ -304,7 +326,9 @@ async fn a_tenant_key_publishes_for_its_tenant_and_stops_working_when_revoked_or
     p.call("POST", "/v1/events", Some(json!({"id": "evt_t", "type": "x.end", "data": {}}))).await;
     p.wait_final_of(&sub_b, 1, LIMIT).await;
     p.wait_final_of(&sub_none, 1, LIMIT).await;
-    let ids = |path: &str| p.requests_to(path).iter().map(|r| serde_json::from_slice::<Value>(&r.body).unwrap()["id"].clone()).collect::<Vec<_>>();
+    let ids = |path: &str| {
+        p.requests_to(path).iter().map(|r| serde_json::from_slice::<Value>(&r.body).unwrap()["id"].clone()).collect::<Vec<_>>()
+    };
     assert_eq!(ids("a"), [json!("evt_k")]);
     assert_eq!(ids("b"), [json!("evt_s")]);
     assert_eq!(ids("none"), [json!("evt_t")]);
@@ -351,7 +375,8 @@ async fn a_read_only_portal_link_reads_but_changes_nothing_and_tenants_page_by_c
     assert_eq!((page["items"][0]["id"].as_str(), page["next_after"].is_null()), (Some("t-c"), true), "{page}");
 
     let (sub, _) = p.subscribe(json!({"url": p.url("a"), "event_types": ["x"], "tenant": "t-a"})).await;
-    let (status, link) = p.call_as(Some(TOKEN), "POST", "/v1/tenants/t-a/portal-links", Some(json!({"read_only": true, "ttl_s": 600}))).await;
+    let (status, link) =
+        p.call_as(Some(TOKEN), "POST", "/v1/tenants/t-a/portal-links", Some(json!({"read_only": true, "ttl_s": 600}))).await;
     assert_eq!((status, link["read_only"].as_bool()), (201, Some(true)), "{link}");
     let now = hookline_service::now_ms();
     assert!((now + 590_000..=now + 600_000).contains(&link["expires_at_ms"].as_i64().unwrap()), "{link}");
@@ -379,7 +404,8 @@ async fn a_read_only_portal_link_reads_but_changes_nothing_and_tenants_page_by_c
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn signing_secrets_are_sealed_on_the_topic_and_a_process_without_their_key_refuses_to_start() {
     let p = Pipeline::start(1).await;
-    let (sub, secret) = p.subscribe(json!({"url": p.url("a"), "event_types": ["x"], "secret": "whsec_c2VhbGVkLXNlY3JldC1vZi10aGUtdGVzdA=="})).await;
+    let (sub, secret) =
+        p.subscribe(json!({"url": p.url("a"), "event_types": ["x"], "secret": "whsec_c2VhbGVkLXNlY3JldC1vZi10aGUtdGVzdA=="})).await;
     let (status, rotated) = p.call("POST", &format!("/v1/subscriptions/{sub}/rotate-secret"), None).await;
     assert_eq!(status, 200, "{rotated}");
     let new_secret = rotated["secret"].as_str().unwrap().to_owned();
@@ -421,15 +447,23 @@ async fn signing_secrets_are_sealed_on_the_topic_and_a_process_without_their_key
     let mut wrong = p.config.clone();
     wrong.secrets.keys = vec![hookline_core::seal::generate_entry("dev", &mut rand::rng())];
     wrong.ingest.listen_addr = "127.0.0.1:0".parse().unwrap();
-    let e = hookline_ingest::run(wrong.clone(), Default::default(), hookline_ingest::Options { instance: Some("wrong-key".into()), ..Default::default() })
-        .await
-        .expect_err("ingest refuses to start");
+    let e = hookline_ingest::run(
+        wrong.clone(),
+        Default::default(),
+        hookline_ingest::Options { instance: Some("wrong-key".into()), ..Default::default() },
+    )
+    .await
+    .expect_err("ingest refuses to start");
     assert!(e.to_string().contains(&sub) && e.to_string().contains("secrets.keys"), "{e}");
     let mut missing = wrong.clone();
     missing.secrets.keys = vec![hookline_core::seal::generate_entry("other", &mut rand::rng())];
-    let e = hookline_dispatcher::run(missing, Default::default(), hookline_dispatcher::Options { instance: Some("no-key".into()), ..Default::default() })
-        .await
-        .expect_err("dispatcher refuses to start");
+    let e = hookline_dispatcher::run(
+        missing,
+        Default::default(),
+        hookline_dispatcher::Options { instance: Some("no-key".into()), ..Default::default() },
+    )
+    .await
+    .expect_err("dispatcher refuses to start");
     assert!(e.to_string().contains("\"dev\""), "{e}");
     let mut none = p.config.clone();
     none.secrets.keys.clear();

@@ -41,7 +41,11 @@ async fn two_dead_letters(format: DlqFormat) -> (Pipeline, String) {
     p.script("f", vec![Some((410, None)), Some((200, None))]);
     let (sub, _) = p.subscribe(json!({"url": p.url("f"), "event_types": ["*"], "policy": "fynapse", "tenant": "acme"})).await;
     let (status, v) = p
-        .call("POST", "/v1/events", Some(json!({"id": "evt_dl1", "type": "order.paid", "tenant": "acme", "data": {"amount": 12, "note": "caf\u{e9}"}})))
+        .call(
+            "POST",
+            "/v1/events",
+            Some(json!({"id": "evt_dl1", "type": "order.paid", "tenant": "acme", "data": {"amount": 12, "note": "caf\u{e9}"}})),
+        )
         .await;
     assert_eq!(status, 202, "{v}");
     let producer = hookline_kafka::client::producer(&p.config.kafka, "dlq-test").expect("producer");
@@ -52,9 +56,10 @@ async fn two_dead_letters(format: DlqFormat) -> (Pipeline, String) {
 }
 
 fn by_reason(records: &[Record], reason: &str) -> usize {
-    records.iter().position(|r| r.headers.get("hookline-reason").map(String::as_str) == Some(reason)).unwrap_or_else(|| {
-        panic!("no {reason} record: {:?}", records.iter().map(|r| &r.headers).collect::<Vec<_>>())
-    })
+    records
+        .iter()
+        .position(|r| r.headers.get("hookline-reason").map(String::as_str) == Some(reason))
+        .unwrap_or_else(|| panic!("no {reason} record: {:?}", records.iter().map(|r| &r.headers).collect::<Vec<_>>()))
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -27,9 +27,8 @@ async fn custom_headers_are_refused_when_unsafe_and_sent_on_every_attempt() {
         ("X-Bad Name", "v", "headers.X-Bad Name"),
         ("X-Injected", "a\r\nb: c", "headers.X-Injected"),
     ] {
-        let (status, v) = p
-            .call("POST", "/v1/subscriptions", Some(json!({"url": p.url("h"), "event_types": ["*"], "headers": {name: value}})))
-            .await;
+        let (status, v) =
+            p.call("POST", "/v1/subscriptions", Some(json!({"url": p.url("h"), "event_types": ["*"], "headers": {name: value}}))).await;
         assert_eq!(status, 422, "{name}: {v}");
         assert_eq!(v["error"]["field"], code_field, "{v}");
     }
@@ -71,8 +70,12 @@ async fn custom_headers_are_refused_when_unsafe_and_sent_on_every_attempt() {
 async fn payload_filters_route_an_event_only_to_the_subscription_it_matches() {
     let p = Pipeline::start(2).await;
     let (status, v) = p
-        .call("POST", "/v1/subscriptions", Some(json!({"url": p.url("big"), "event_types": ["order.created"],
-            "filter": {"all": [{"path": "data.amount", "gte": 100}, {"path": "amount", "lt": 5}]}})))
+        .call(
+            "POST",
+            "/v1/subscriptions",
+            Some(json!({"url": p.url("big"), "event_types": ["order.created"],
+            "filter": {"all": [{"path": "data.amount", "gte": 100}, {"path": "amount", "lt": 5}]}})),
+        )
         .await;
     assert_eq!(status, 422, "{v}");
     assert_eq!(v["error"]["field"], "filter.all[1].path", "{v}");
@@ -101,7 +104,10 @@ async fn payload_filters_route_an_event_only_to_the_subscription_it_matches() {
     p.wait_final_of(&small, 3, LIMIT).await;
 
     let ids = |path: &str| -> Vec<String> {
-        p.requests_to(path).iter().map(|r| serde_json::from_slice::<serde_json::Value>(&r.body).unwrap()["id"].as_str().unwrap().to_owned()).collect()
+        p.requests_to(path)
+            .iter()
+            .map(|r| serde_json::from_slice::<serde_json::Value>(&r.body).unwrap()["id"].as_str().unwrap().to_owned())
+            .collect()
     };
     assert_eq!(ids("big"), ["evt_big"]);
     let mut small_ids = ids("small");
@@ -164,7 +170,10 @@ async fn verification_holds_deliveries_until_the_endpoint_echoes_the_challenge()
     tokio::spawn(async move { axum::serve(listener, app).await });
     let url = |path: &str| format!("http://{addr}/{path}");
     let deliveries_to = |path: &str| -> Vec<String> {
-        v.seen.lock().unwrap().iter()
+        v.seen
+            .lock()
+            .unwrap()
+            .iter()
             .filter(|(p, b, _)| p == path && b["type"] != hookline_core::verification::CHALLENGE_TYPE)
             .map(|(_, b, _)| b["id"].as_str().unwrap_or("").to_owned())
             .collect()
@@ -174,12 +183,20 @@ async fn verification_holds_deliveries_until_the_endpoint_echoes_the_challenge()
     let held_changed = std::sync::Arc::new(tokio::sync::Notify::new());
     {
         let (held, changed) = (held.clone(), held_changed.clone());
-        hookline_kafka::table::spawn(&p.config.kafka, hookline_kafka::Topics::new("hookline.").held(), "held-collector", move |_, _, val| {
-            if let Some(t) = val.and_then(|b| <hookline_core::model::DeliveryTask as prost::Message>::decode(b).ok()) {
-                held.lock().unwrap().push(t.event.map(|e| e.id).unwrap_or_default());
-                changed.notify_waiters();
-            }
-        }, p.shutdown.clone()).await.unwrap();
+        hookline_kafka::table::spawn(
+            &p.config.kafka,
+            hookline_kafka::Topics::new("hookline.").held(),
+            "held-collector",
+            move |_, _, val| {
+                if let Some(t) = val.and_then(|b| <hookline_core::model::DeliveryTask as prost::Message>::decode(b).ok()) {
+                    held.lock().unwrap().push(t.event.map(|e| e.id).unwrap_or_default());
+                    changed.notify_waiters();
+                }
+            },
+            p.shutdown.clone(),
+        )
+        .await
+        .unwrap();
     }
 
     // `inactive = "cancel"`: a pending endpoint's deliveries are held all the same (they wait for it).
@@ -188,9 +205,8 @@ async fn verification_holds_deliveries_until_the_endpoint_echoes_the_challenge()
         pol.verification = Some(hookline_core::policy::Verification { timeout_ms: 3000 });
     });
     v.answers.lock().unwrap().insert("ep".into(), Answer::Ignore);
-    let (id, secret) = p
-        .subscribe(json!({"url": url("ep"), "event_types": ["*"], "policy_toml": toml, "headers": {"X-Api-Key": "k"}}))
-        .await;
+    let (id, secret) =
+        p.subscribe(json!({"url": url("ep"), "event_types": ["*"], "policy_toml": toml, "headers": {"X-Api-Key": "k"}})).await;
     let (_, view) = p.call("GET", &format!("/v1/subscriptions/{id}"), None).await;
     assert_eq!(view["state"], "pending_verification", "{view}");
     assert_eq!(view["verification"], "pending");
@@ -226,7 +242,8 @@ async fn verification_holds_deliveries_until_the_endpoint_echoes_the_challenge()
     assert_eq!(deliveries_to("ep"), ["evt_v1"]);
 
     // A change that keeps the verified URL sends no challenge.
-    let challenges = |path: &str| v.seen.lock().unwrap().iter().filter(|(p, b, _)| p == path && b["type"] == "hookline.endpoint_verification").count();
+    let challenges =
+        |path: &str| v.seen.lock().unwrap().iter().filter(|(p, b, _)| p == path && b["type"] == "hookline.endpoint_verification").count();
     let (status, view) = p.call("PATCH", &format!("/v1/subscriptions/{id}"), Some(json!({"description": "renamed"}))).await;
     assert_eq!(status, 200, "{view}");
     assert_eq!(view["verification"], "verified");
@@ -258,7 +275,8 @@ async fn a_rate_limited_endpoint_never_gets_more_than_its_burst_rule() {
     let (status, v) = p.call("POST", "/v1/subscriptions", Some(json!({"url": p.url("limited"), "event_types": ["*"], "burst": 5}))).await;
     assert_eq!(status, 422, "{v}");
     assert_eq!(v["error"]["field"], "burst", "{v}");
-    let (status, v) = p.call("POST", "/v1/subscriptions", Some(json!({"url": p.url("limited"), "event_types": ["*"], "rate_limit_per_s": 10_001}))).await;
+    let (status, v) =
+        p.call("POST", "/v1/subscriptions", Some(json!({"url": p.url("limited"), "event_types": ["*"], "rate_limit_per_s": 10_001}))).await;
     assert_eq!(status, 422, "{v}");
     assert_eq!(v["error"]["field"], "rate_limit_per_s", "{v}");
 

@@ -120,7 +120,11 @@ async fn the_list_filters_by_state_status_type_time_and_event_and_refuses_bad_fi
         ("colour=red", "colour"),
     ] {
         let (status, v) = q(query).await;
-        assert_eq!((status, v["error"]["code"].as_str(), v["error"]["field"].as_str()), (400, Some("invalid_query"), Some(field)), "{query}: {v}");
+        assert_eq!(
+            (status, v["error"]["code"].as_str(), v["error"]["field"].as_str()),
+            (400, Some("invalid_query"), Some(field)),
+            "{query}: {v}"
+        );
     }
     for (query, field) in [("", "event_id"), ("event_id=", "event_id"), ("event_id=a&delivery_id=b", "delivery_id")] {
         let (status, v) = p.call("GET", &format!("/v1/deliveries?{query}"), None).await;
@@ -131,7 +135,11 @@ async fn the_list_filters_by_state_status_type_time_and_event_and_refuses_bad_fi
     let (status, st) = p.call("GET", &format!("/v1/subscriptions/{sub}/stats"), None).await;
     assert_eq!(status, 200, "{st}");
     assert_eq!(st["deliveries"], json!({"total": 2, "by_state": {"succeeded": 1, "dead": 1}}), "{st}");
-    assert_eq!((st["totals"]["attempts"].as_u64(), st["totals"]["counts"]["succeeded"].as_u64(), st["totals"]["counts"]["dead"].as_u64()), (Some(2), Some(1), Some(1)), "{st}");
+    assert_eq!(
+        (st["totals"]["attempts"].as_u64(), st["totals"]["counts"]["succeeded"].as_u64(), st["totals"]["counts"]["dead"].as_u64()),
+        (Some(2), Some(1), Some(1)),
+        "{st}"
+    );
     p.stop().await;
 }
 
@@ -228,7 +236,11 @@ async fn attempt_detail_keeps_headers_and_reasoning(p: crate::support::Pipeline)
     // Nor in the attempts topic: the record itself carries the redacted value.
     let recs = p.attempts.items.lock().unwrap().clone();
     let rec = recs.iter().find(|r| r.delivery_id == delivery).expect("the attempt record");
-    assert!(rec.request_headers.iter().any(|h| h.name == "webhook-signature" && &h.value[..] == b"<redacted>"), "{:?}", rec.request_headers);
+    assert!(
+        rec.request_headers.iter().any(|h| h.name == "webhook-signature" && &h.value[..] == b"<redacted>"),
+        "{:?}",
+        rec.request_headers
+    );
 
     // The receiver's response headers, and the policy's reasoning.
     assert_eq!(retried["http_status"], 503);
@@ -239,7 +251,11 @@ async fn attempt_detail_keeps_headers_and_reasoning(p: crate::support::Pipeline)
     let next = retried["next_attempt_at_ms"].as_i64().expect("a retry is scheduled");
     let started = retried["started_at_ms"].as_i64().unwrap();
     assert!(next >= started + 500 && next <= done["started_at_ms"].as_i64().unwrap() + 50, "next due {next}: {d}");
-    assert_eq!((done["decided_by"].as_str(), done["rule"]["number"].as_u64(), &done["next_attempt_at_ms"]), (Some("success_rule"), Some(1), &Value::Null), "{done}");
+    assert_eq!(
+        (done["decided_by"].as_str(), done["rule"]["number"].as_u64(), &done["next_attempt_at_ms"]),
+        (Some("success_rule"), Some(1), &Value::Null),
+        "{done}"
+    );
     assert_eq!(header(&done["request_headers"], "webhook-id"), Some("evt_headers1"));
     p.stop().await;
 }

@@ -38,7 +38,10 @@ async fn event_types_are_created_listed_read_updated_and_deleted_and_bad_request
         )
         .await;
     assert_eq!(status, 201, "{v}");
-    assert_eq!((v["name"].as_str(), v["validation"].as_str(), v["effective_validation"].as_str()), (Some("invoice.paid"), Some("reject"), Some("reject")));
+    assert_eq!(
+        (v["name"].as_str(), v["validation"].as_str(), v["effective_validation"].as_str()),
+        (Some("invoice.paid"), Some("reject"), Some("reject"))
+    );
     assert_eq!(v["examples"], json!([{"amount": 5}]));
     assert_eq!(v["schema"], schema);
 
@@ -69,7 +72,11 @@ async fn event_types_are_created_listed_read_updated_and_deleted_and_bad_request
     for name in ["a.one", "a.two"] {
         let (status, v) = p.call("POST", "/v1/event-types", Some(json!({"name": name}))).await;
         assert_eq!(status, 201, "{v}");
-        assert_eq!((v["validation"].clone(), v["effective_validation"].as_str()), (Value::Null, Some("warn")), "the server default applies: {v}");
+        assert_eq!(
+            (v["validation"].clone(), v["effective_validation"].as_str()),
+            (Value::Null, Some("warn")),
+            "the server default applies: {v}"
+        );
     }
     let (status, page) = p.call("GET", "/v1/event-types?limit=2", None).await;
     assert_eq!(status, 200);
@@ -90,10 +97,14 @@ async fn event_types_are_created_listed_read_updated_and_deleted_and_bad_request
     let strict = json!({"type": "object", "properties": {"amount": {"type": "integer", "minimum": 10}}});
     let (status, v) = p.call("PATCH", "/v1/event-types/invoice.paid", Some(json!({"schema": strict}))).await;
     assert_eq!((status, error_of(&v)), (422, ("invalid_field", "examples[0]")), "{v}");
-    let (status, v) =
-        p.call("PATCH", "/v1/event-types/invoice.paid", Some(json!({"schema": strict, "examples": [{"amount": 10}], "validation": null}))).await;
+    let (status, v) = p
+        .call("PATCH", "/v1/event-types/invoice.paid", Some(json!({"schema": strict, "examples": [{"amount": 10}], "validation": null})))
+        .await;
     assert_eq!(status, 200, "{v}");
-    assert_eq!((v["validation"].clone(), v["effective_validation"].as_str(), v["examples"].clone()), (Value::Null, Some("warn"), json!([{"amount": 10}])));
+    assert_eq!(
+        (v["validation"].clone(), v["effective_validation"].as_str(), v["examples"].clone()),
+        (Value::Null, Some("warn"), json!([{"amount": 10}]))
+    );
     let (status, v) = p.call("PATCH", "/v1/event-types/invoice.paid", Some(json!({"validation": "loud"}))).await;
     assert_eq!((status, error_of(&v).1), (422, "validation"), "{v}");
     let (status, v) = p.call("PATCH", "/v1/event-types/invoice.paid", Some(json!({"schema": null, "description": "paid"}))).await;
@@ -116,8 +127,9 @@ async fn subscriptions_choose_from_a_non_empty_catalogue_and_patterns_stay_allow
     let (old, _) = p.subscribe(json!({"url": p.url("a"), "event_types": ["legacy.thing"]})).await;
 
     assert_eq!(p.call("POST", "/v1/event-types", Some(json!({"name": "invoice.paid"}))).await.0, 201);
-    let (status, v) =
-        p.call("POST", "/v1/subscriptions", Some(json!({"url": p.url("a"), "event_types": ["invoice.paid", "invoice.*", "invoce.paid"]}))).await;
+    let (status, v) = p
+        .call("POST", "/v1/subscriptions", Some(json!({"url": p.url("a"), "event_types": ["invoice.paid", "invoice.*", "invoce.paid"]})))
+        .await;
     assert_eq!((status, error_of(&v)), (422, ("invalid_field", "event_types[2]")), "{v}");
     assert!(v["error"]["message"].as_str().unwrap().contains("catalogue"), "{v}");
     p.subscribe(json!({"url": p.url("a"), "event_types": ["invoice.paid", "invoice.*", "*"]})).await;
@@ -125,8 +137,9 @@ async fn subscriptions_choose_from_a_non_empty_catalogue_and_patterns_stay_allow
     // A subscription keeps the types it had (a type deleted later does not make it unsavable); new ones are checked.
     let (status, v) = p.call("PATCH", &format!("/v1/subscriptions/{old}"), Some(json!({"description": "still fine"}))).await;
     assert_eq!(status, 200, "{v}");
-    let (status, v) =
-        p.call("PATCH", &format!("/v1/subscriptions/{old}"), Some(json!({"event_types": ["legacy.thing", "invoice.paid", "made.up"]}))).await;
+    let (status, v) = p
+        .call("PATCH", &format!("/v1/subscriptions/{old}"), Some(json!({"event_types": ["legacy.thing", "invoice.paid", "made.up"]})))
+        .await;
     assert_eq!((status, error_of(&v).1), (422, "event_types[2]"), "{v}");
 
     // Emptied again, the catalogue constrains nothing.
@@ -185,14 +198,18 @@ async fn a_test_event_delivers_the_example_to_the_chosen_subscription_only() {
     let (a, _) = p.subscribe(json!({"url": p.url("a"), "event_types": ["order.created", "order.bare"]})).await;
     let (b, _) = p.subscribe(json!({"url": p.url("b"), "event_types": ["order.*"]})).await;
 
-    let (status, v) = p.call("POST", &format!("/v1/subscriptions/{a}/test-event"), Some(json!({"event_type": "order.created", "example": 1}))).await;
+    let (status, v) =
+        p.call("POST", &format!("/v1/subscriptions/{a}/test-event"), Some(json!({"event_type": "order.created", "example": 1}))).await;
     assert_eq!(status, 202, "{v}");
     let event_id = v["event_id"].as_str().unwrap().to_owned();
     let delivery_id = v["delivery_id"].as_str().unwrap().to_owned();
     assert!(event_id.starts_with("evt_test_"), "{v}");
     p.wait_final_of(&a, 1, LIMIT).await;
     let body: Value = serde_json::from_slice(&p.requests_to("a")[0].body).unwrap();
-    assert_eq!((body["id"].as_str(), body["type"].as_str(), body["data"].clone()), (Some(event_id.as_str()), Some("order.created"), json!({"order": 2, "total": 9})));
+    assert_eq!(
+        (body["id"].as_str(), body["type"].as_str(), body["data"].clone()),
+        (Some(event_id.as_str()), Some("order.created"), json!({"order": 2, "total": 9}))
+    );
     // The attempt, as the portal shows it.
     let d = p.get_when(&format!("/v1/deliveries/{delivery_id}"), |v| v["state"] == "succeeded").await;
     assert_eq!((d["subscription_id"].as_str(), d["attempts"][0]["http_status"].as_u64()), (Some(a.as_str()), Some(204)), "{d}");
@@ -223,7 +240,8 @@ async fn a_test_event_delivers_the_example_to_the_chosen_subscription_only() {
     assert_eq!(p.requests_to("a").len(), 2, "and A did not get B's");
 
     // A payload of the caller's instead of an example.
-    let (status, v) = p.call("POST", &format!("/v1/subscriptions/{a}/test-event"), Some(json!({"event_type": "order.bare", "data": {"x": true}}))).await;
+    let (status, v) =
+        p.call("POST", &format!("/v1/subscriptions/{a}/test-event"), Some(json!({"event_type": "order.bare", "data": {"x": true}}))).await;
     assert_eq!(status, 202, "{v}");
     p.wait_final_of(&a, 3, LIMIT).await;
 

@@ -137,12 +137,7 @@ struct Shape {
 }
 
 /// [`under_fault`] with the pipeline's config edited, and the fault's timing and expectations of `shape`.
-async fn under_fault_with(
-    fault: &str,
-    shape: Shape,
-    inject: impl FnOnce(&Cluster<'_>),
-    lift: impl FnOnce(&Cluster<'_>),
-) {
+async fn under_fault_with(fault: &str, shape: Shape, inject: impl FnOnce(&Cluster<'_>), lift: impl FnOnce(&Cluster<'_>)) {
     let Shape { edit, hold, inject_after, all_accepted } = shape;
     let _serial = SERIAL.lock().await;
     let started = Instant::now();

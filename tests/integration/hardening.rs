@@ -35,7 +35,9 @@ async fn every_v1_error_is_json_and_oversized_subscription_fields_are_named() {
     let bearer = format!("Bearer {TOKEN}");
 
     // 405 with the documented JSON error and an Allow header; 404 likewise.
-    for (method, path, allow) in [("PUT", "/v1/events", "POST"), ("DELETE", "/v1/subscriptions", "GET,HEAD,POST"), ("PUT", "/v1/subscriptions/sub_x", "")] {
+    for (method, path, allow) in
+        [("PUT", "/v1/events", "POST"), ("DELETE", "/v1/subscriptions", "GET,HEAD,POST"), ("PUT", "/v1/subscriptions/sub_x", "")]
+    {
         let (status, got_allow, v) = send(&p, method, path, &bearer, None).await;
         assert_eq!((status, v["error"]["code"].as_str()), (405, Some("method_not_allowed")), "{method} {path}: {v}");
         assert!(!v["error"]["message"].as_str().unwrap_or("").is_empty(), "{v}");
@@ -47,9 +49,15 @@ async fn every_v1_error_is_json_and_oversized_subscription_fields_are_named() {
     let (status, _, v) = send(&p, "GET", "/v1/nope", &bearer, None).await;
     assert_eq!((status, v["error"]["code"].as_str()), (404, Some("not_found")), "{v}");
     // A path segment that is not UTF-8 (it used to be a text/plain 400).
-    for path in ["/v1/subscriptions/%FF", "/v1/deliveries/%FF", "/v1/tenants/%FF", "/v1/event-types/%FF", "/v1/subscriptions/%FF/deliveries"] {
+    for path in
+        ["/v1/subscriptions/%FF", "/v1/deliveries/%FF", "/v1/tenants/%FF", "/v1/event-types/%FF", "/v1/subscriptions/%FF/deliveries"]
+    {
         let (status, _, v) = send(&p, "GET", path, &bearer, None).await;
-        assert_eq!((status, v["error"]["code"].as_str(), v["error"]["field"].as_str()), (400, Some("invalid_path"), Some("path")), "{path}: {v}");
+        assert_eq!(
+            (status, v["error"]["code"].as_str(), v["error"]["field"].as_str()),
+            (400, Some("invalid_path"), Some("path")),
+            "{path}: {v}"
+        );
     }
     // A body that is a JSON array is not an object read by position (schemathesis found `[null, null]` accepted).
     for path in ["/v1/subscriptions", "/v1/tenants", "/v1/dlq/redrive"] {
@@ -107,14 +115,16 @@ async fn every_v1_error_is_json_and_oversized_subscription_fields_are_named() {
     let (status, _, v) = send(&p, "POST", "/v1/subscriptions", &bearer, Some(at_limits)).await;
     assert_eq!(status, 201, "{v}");
     let id = v["id"].as_str().unwrap().to_owned();
-    let (status, _, v) = send(&p, "PATCH", &format!("/v1/subscriptions/{id}"), &bearer, Some(json!({"description": "d".repeat(4097)}))).await;
+    let (status, _, v) =
+        send(&p, "PATCH", &format!("/v1/subscriptions/{id}"), &bearer, Some(json!({"description": "d".repeat(4097)}))).await;
     assert_eq!((status, v["error"]["field"].as_str()), (422, Some("description")), "{v}");
 
     // A wait that used to wrap the due time into the past (sent at once) is refused, naming the key.
     let mut g = hookline_core::policy::builtin("gauge").unwrap();
     g.schedule.waits_s = Some(vec![1e16]);
     g.schedule.max_attempts = Some(2);
-    let (status, _, v) = send(&p, "POST", "/v1/subscriptions", &bearer, Some(with("policy_toml", json!(toml::to_string(&g).unwrap())))).await;
+    let (status, _, v) =
+        send(&p, "POST", "/v1/subscriptions", &bearer, Some(with("policy_toml", json!(toml::to_string(&g).unwrap())))).await;
     assert_eq!((status, v["error"]["field"].as_str()), (422, Some("policy_toml")), "{v}");
     assert!(v["error"]["message"].as_str().unwrap().contains("schedule.waits_s[0]"), "{v}");
     p.stop().await;
@@ -184,7 +194,9 @@ async fn victim(p: &Pipeline, health: std::net::SocketAddr, stop: tokio_util::sy
     let client = hyper_util::client::legacy::Client::builder(hyper_util::rt::TokioExecutor::new()).build_http::<Full<Bytes>>();
     while !stop.is_cancelled() {
         let t = Instant::now();
-        let (status, v) = tokio::time::timeout(Duration::from_secs(5), p.call("GET", "/v1/subscriptions?limit=5", None)).await.expect("the API answered within 5 s");
+        let (status, v) = tokio::time::timeout(Duration::from_secs(5), p.call("GET", "/v1/subscriptions?limit=5", None))
+            .await
+            .expect("the API answered within 5 s");
         assert_eq!(status, 200, "{v}");
         api = api.max(t.elapsed());
         let t = Instant::now();

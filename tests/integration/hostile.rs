@@ -155,7 +155,10 @@ async fn serve(kind: Misbehave, mut stream: TcpStream, r: Arc<Raw>) {
         // Every misbehaviour but the redirect ends when the client gives up (a write fails).
         match kind {
             Misbehave::EndlessBody => {
-                if write(&mut stream, &r, b"HTTP/1.1 200 OK\r\ncontent-type: text/plain\r\ntransfer-encoding: chunked\r\n\r\n".to_vec()).await.is_err() {
+                if write(&mut stream, &r, b"HTTP/1.1 200 OK\r\ncontent-type: text/plain\r\ntransfer-encoding: chunked\r\n\r\n".to_vec())
+                    .await
+                    .is_err()
+                {
                     return;
                 }
                 let mut chunk = b"1000\r\n".to_vec();
@@ -416,8 +419,16 @@ async fn hostile_events_are_dead_lettered_with_their_reason_and_bytes_and_never_
         // A byte-order mark is skipped: what follows is judged as JSON.
         ("bad json after a BOM", b"\xef\xbb\xbf{\"id\":\"a\",".to_vec(), "invalid_json"),
         ("protobuf without id", pb(Event { r#type: "t".into(), ..Default::default() }), "missing_field"),
-        ("protobuf with bad data_json", pb(Event { id: "a".into(), r#type: "t".into(), data_json: Bytes::from_static(b"{x"), ..Default::default() }), "invalid_json"),
-        ("protobuf with non-utf8 data_json", pb(Event { id: "a".into(), r#type: "t".into(), data_json: Bytes::from_static(b"\"\xff\""), ..Default::default() }), "invalid_utf8"),
+        (
+            "protobuf with bad data_json",
+            pb(Event { id: "a".into(), r#type: "t".into(), data_json: Bytes::from_static(b"{x"), ..Default::default() }),
+            "invalid_json",
+        ),
+        (
+            "protobuf with non-utf8 data_json",
+            pb(Event { id: "a".into(), r#type: "t".into(), data_json: Bytes::from_static(b"\"\xff\""), ..Default::default() }),
+            "invalid_utf8",
+        ),
         ("whitespace only", b"   \n\t ".to_vec(), "invalid_protobuf"),
         ("empty value", Vec::new(), "empty"),
     ];
@@ -493,7 +504,13 @@ async fn the_events_api_refuses_hostile_bodies_with_the_decoder_reasons() {
     let cases: Vec<(&str, Vec<(&str, &str)>, Vec<u8>, u16, &str)> = vec![
         ("text/plain", vec![("authorization", bearer), ("content-type", "text/plain")], ev("e1"), 415, "unsupported_media_type"),
         ("no content type", vec![("authorization", bearer)], ev("e2"), 415, "unsupported_media_type"),
-        ("json with a suffix type", vec![("authorization", bearer), ("content-type", "application/jsonx")], ev("e3"), 415, "unsupported_media_type"),
+        (
+            "json with a suffix type",
+            vec![("authorization", bearer), ("content-type", "application/jsonx")],
+            ev("e3"),
+            415,
+            "unsupported_media_type",
+        ),
         ("malformed json", json_ct.to_vec(), b"{\"id\":".to_vec(), 422, "invalid_json"),
         ("duplicate keys", json_ct.to_vec(), br#"{"id":"a","id":"b","type":"t"}"#.to_vec(), 422, "invalid_json"),
         ("1000 deep", json_ct.to_vec(), deep.into_bytes(), 422, "invalid_json"),
@@ -509,7 +526,8 @@ async fn the_events_api_refuses_hostile_bodies_with_the_decoder_reasons() {
         assert!(!v["error"]["message"].as_str().unwrap_or("").is_empty(), "{what}: {v}");
     }
     // Parameters on the media type are fine.
-    let (status, v) = api_send(&p, &[("authorization", bearer), ("content-type", "Application/JSON; charset=utf-8")], "/v1/events", ev("e_ok")).await;
+    let (status, v) =
+        api_send(&p, &[("authorization", bearer), ("content-type", "Application/JSON; charset=utf-8")], "/v1/events", ev("e_ok")).await;
     assert_eq!(status, 202, "{v}");
     p.stop().await;
 }
@@ -598,7 +616,10 @@ async fn a_malformed_record_near_max_event_bytes_is_dead_lettered() {
     assert_eq!(dl.raw.len(), limit, "the start of the record is kept");
     assert!(dl.detail.contains("raw truncated"), "{}", dl.detail);
     producer
-        .send(FutureRecord::<str, [u8]>::to(&events).key("k").payload(&br#"{"id":"evt_after_big","type":"x.y"}"#[..]), Duration::from_secs(5))
+        .send(
+            FutureRecord::<str, [u8]>::to(&events).key("k").payload(&br#"{"id":"evt_after_big","type":"x.y"}"#[..]),
+            Duration::from_secs(5),
+        )
         .await
         .unwrap();
     p.wait_finals(1, Duration::from_secs(30)).await;

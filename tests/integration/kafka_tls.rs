@@ -63,7 +63,23 @@ impl Pki {
             openssl(&dir, &args);
             openssl(
                 &dir,
-                &["x509", "-req", "-in", &csr, "-CA", "ca.pem", "-CAkey", "ca.key", "-CAcreateserial", "-days", "2", "-out", &pem, "-extfile", &ext],
+                &[
+                    "x509",
+                    "-req",
+                    "-in",
+                    &csr,
+                    "-CA",
+                    "ca.pem",
+                    "-CAkey",
+                    "ca.key",
+                    "-CAcreateserial",
+                    "-days",
+                    "2",
+                    "-out",
+                    &pem,
+                    "-extfile",
+                    &ext,
+                ],
             );
         }
         Pki { dir }
@@ -141,7 +157,12 @@ fn use_tls(config: &mut hookline_service::Config, t: &Terminator, pki: &Pki, ca:
 }
 
 /// A broker behind a terminator, and a config that reaches it over TLS; `edit` adjusts the TLS settings.
-fn tls_broker(pki: &Pki, server: &str, mtls: bool, edit: impl FnOnce(&mut hookline_service::Config)) -> (DevBroker, Terminator, hookline_service::Config) {
+fn tls_broker(
+    pki: &Pki,
+    server: &str,
+    mtls: bool,
+    edit: impl FnOnce(&mut hookline_service::Config),
+) -> (DevBroker, Terminator, hookline_service::Config) {
     let topics = Topics::new("hookline.");
     let broker = DevBroker::start(&topics, 1, 1).unwrap();
     let t = Terminator::start(pki, server, mtls, broker.bootstrap_servers());
@@ -199,7 +220,12 @@ async fn mutual_tls_works_with_a_client_certificate() {
 }
 
 /// Starts ingest alone against a terminator and returns its start error and how long it took to fail.
-async fn ingest_start_error(pki: &Pki, server: &str, mtls: bool, edit: impl FnOnce(&mut hookline_service::Config)) -> (String, Duration, usize) {
+async fn ingest_start_error(
+    pki: &Pki,
+    server: &str,
+    mtls: bool,
+    edit: impl FnOnce(&mut hookline_service::Config),
+) -> (String, Duration, usize) {
     let topics = Topics::new("hookline.");
     let broker = DevBroker::start(&topics, 1, 1).unwrap();
     let t = Terminator::start(pki, server, mtls, broker.bootstrap_servers());
@@ -259,7 +285,6 @@ async fn mutual_tls_without_a_client_certificate_fails_and_says_so() {
     assert!(e.contains("the TLS handshake with the broker failed"), "{e}");
     assert!(e.contains("kafka.tls.cert_file/key_file if the broker requires a client certificate"), "{e}");
 }
-
 
 /// The whole pipeline over TLS: ingest (API, fan-out group), dispatcher and retry-scheduler (their groups, table
 /// readers, producers) and the test's collectors reach the broker only through the terminator. An event that fails

@@ -43,7 +43,8 @@ async fn ingest_with(
     let (tx, rx) = tokio::sync::oneshot::channel();
     let stop = CancellationToken::new();
     let readiness = hookline_service::Readiness::default();
-    let options = hookline_ingest::Options { bound: Some(tx), instance: Some(name.into()), readiness: readiness.clone(), health_bound: None };
+    let options =
+        hookline_ingest::Options { bound: Some(tx), instance: Some(name.into()), readiness: readiness.clone(), health_bound: None };
     let run = tokio::spawn(hookline_ingest::run(config, stop.clone(), options));
     let api = tokio::time::timeout(LIMIT, rx).await.expect("listens").expect("bound");
     (api, run, stop, readiness)

@@ -26,8 +26,7 @@ async fn a_paused_hold_subscription_gets_its_deliveries_after_resume() {
     let (status, v) = p.call("POST", &format!("/v1/subscriptions/{id}/resume"), None).await;
     assert_eq!((status, v["state"].as_str()), (200, Some("active")));
     p.wait_finals(6, LIMIT).await;
-    let mut ids: Vec<String> =
-        p.requests_to("held").iter().map(|r| r.headers["webhook-id"].to_str().unwrap().to_owned()).collect();
+    let mut ids: Vec<String> = p.requests_to("held").iter().map(|r| r.headers["webhook-id"].to_str().unwrap().to_owned()).collect();
     ids.sort();
     assert_eq!(ids, ["evt_hold0", "evt_hold1", "evt_hold2"]);
     p.stop().await;

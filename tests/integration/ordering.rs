@@ -83,7 +83,8 @@ async fn answer(State(r): State<Arc<Receiver>>, body: Bytes) -> StatusCode {
 
 /// An event of entity `entity` (the events topic is keyed by it, so one entity's events stay in publish order).
 async fn publish(p: &Pipeline, id: &str, entity: &str) {
-    let (status, v) = p.call("POST", "/v1/events", Some(json!({"id": id, "type": "order.updated", "entity_id": entity, "data": {"k": entity}}))).await;
+    let (status, v) =
+        p.call("POST", "/v1/events", Some(json!({"id": id, "type": "order.updated", "entity_id": entity, "data": {"k": entity}}))).await;
     assert_eq!(status, 202, "publish: {v}");
 }
 
@@ -119,7 +120,8 @@ async fn a_failing_key_holds_only_its_own_later_events_while_other_keys_flow() {
         assert_eq!(v["error"]["field"], field, "{body}: {v}");
     }
     let toml = quick_policy(&[0.2; 30], |_| {});
-    let (id, _) = p.subscribe(json!({"url": url, "event_types": ["*"], "policy_toml": toml, "ordering": "key", "ordering_key": "entity_id"})).await;
+    let (id, _) =
+        p.subscribe(json!({"url": url, "event_types": ["*"], "policy_toml": toml, "ordering": "key", "ordering_key": "entity_id"})).await;
     let (_, view) = p.call("GET", &format!("/v1/subscriptions/{id}"), None).await;
     assert_eq!((view["ordering"].as_str(), view["ordering_key"].as_str()), (Some("key"), Some("entity_id")), "{view}");
 
@@ -288,7 +290,8 @@ async fn a_replay_of_an_ordered_delivery_queues_at_the_back_of_its_key() {
     let p = Pipeline::start(2).await;
     let (r, url) = Receiver::start().await;
     let toml = quick_policy(&[0.2; 60], |_| {});
-    let (sub, _) = p.subscribe(json!({"url": url, "event_types": ["*"], "policy_toml": toml, "ordering": "key", "ordering_key": "entity_id"})).await;
+    let (sub, _) =
+        p.subscribe(json!({"url": url, "event_types": ["*"], "policy_toml": toml, "ordering": "key", "ordering_key": "entity_id"})).await;
     publish(&p, "a1", "A").await;
     r.wait("a1", || r.delivered() == ["a1"]).await;
     let (_, found) = p.get_when_ok("/v1/deliveries?event_id=a1", |v| v["items"][0]["state"] == "succeeded").await;

@@ -85,11 +85,9 @@ pub(crate) async fn fans_out_by_filter_and_signs_every_request_on(p: &Pipeline) 
     assert_eq!(body["type"], "order.created");
     assert_eq!(body["data"], json!({"n": 1}));
     // The Standard Webhooks signature verifies with the subscription's secret.
-    let headers: Vec<(String, String)> =
-        r.headers.iter().map(|(k, v)| (k.as_str().to_owned(), v.to_str().unwrap().to_owned())).collect();
+    let headers: Vec<(String, String)> = r.headers.iter().map(|(k, v)| (k.as_str().to_owned(), v.to_str().unwrap().to_owned())).collect();
     let now_ms = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).unwrap().as_millis() as i64;
-    hookline_core::sign::verify_standard(&[secret.as_str()], headers.as_slice(), &r.body, now_ms, 300)
-        .expect("signature verifies");
+    hookline_core::sign::verify_standard(&[secret.as_str()], headers.as_slice(), &r.body, now_ms, 300).expect("signature verifies");
     assert_eq!(r.headers["webhook-id"], "evt_o1");
     let finals = p.finals();
     assert!(finals.iter().all(|a| a.final_state == "succeeded"), "{finals:?}");

@@ -138,7 +138,10 @@ async fn scaling_out_and_in_moves_only_the_partitions_that_change_owner_and_deli
         b.wait("b owns partitions", |m| !m.owned().is_empty()).await;
         a.wait("a and b split the partitions", |a| a.owned().len() + b.owned().len() == all.len()).await;
         let (owned_a, owned_b) = (a.owned(), b.owned());
-        assert!(owned_a.is_disjoint(&owned_b) && owned_a.union(&owned_b).copied().collect::<BTreeSet<_>>() == all, "{owned_a:?} {owned_b:?}");
+        assert!(
+            owned_a.is_disjoint(&owned_b) && owned_a.union(&owned_b).copied().collect::<BTreeSet<_>>() == all,
+            "{owned_a:?} {owned_b:?}"
+        );
         assert!(!owned_a.is_empty(), "a kept none: {owned_b:?}");
         assert_eq!(a.revoked(), owned_b, "a gave up only what b took (an eager rebalance revokes all of a's)");
 

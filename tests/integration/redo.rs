@@ -43,7 +43,8 @@ async fn a_task_produced_twice_is_sent_once_and_schedules_its_retry_once() {
     let p = start().await;
     let topics = Topics::new("hookline.");
     let policy = quick_policy(&[1.0], |_| {});
-    let (status, v) = p.call("POST", "/v1/subscriptions", Some(json!({"url": p.url("flaky"), "event_types": ["*"], "policy_toml": policy}))).await;
+    let (status, v) =
+        p.call("POST", "/v1/subscriptions", Some(json!({"url": p.url("flaky"), "event_types": ["*"], "policy_toml": policy}))).await;
     assert_eq!(status, 201, "{v}");
     let sub = v["id"].as_str().unwrap().to_owned();
     // Without the check, the copy would be sent (503) and schedule attempt 2 a second time.
@@ -72,7 +73,8 @@ async fn a_task_produced_twice_is_sent_once_and_schedules_its_retry_once() {
     let retries: Vec<RetryEnvelope> = records_of(&p, topics.retry(tier_for(1_000))).await;
     let of_it = retries.iter().filter(|r| r.task.as_ref().is_some_and(|t| t.delivery_id == fanout.delivery_id)).count();
     assert_eq!(of_it, 1, "attempt 2 was scheduled once");
-    let concluded: Vec<u32> = p.attempts_of(&sub).iter().filter(|a| a.delivery_id == fanout.delivery_id).map(|a| a.concludes_attempt).collect();
+    let concluded: Vec<u32> =
+        p.attempts_of(&sub).iter().filter(|a| a.delivery_id == fanout.delivery_id).map(|a| a.concludes_attempt).collect();
     assert_eq!(concluded, vec![1, 2], "one record concludes each attempt");
     p.stop().await;
 }

@@ -52,7 +52,9 @@ async fn custom_headers_are_sealed_and_redacted(p: Pipeline, store_bytes: impl A
     }
     // The delivery log shows the marked header and redacts the rest.
     let found = p.get_when("/v1/deliveries?event_id=evt_sealed_1", |v| v["items"][0]["state"] == "succeeded").await;
-    let d = p.get_when(&format!("/v1/deliveries/{}", found["items"][0]["delivery_id"].as_str().unwrap()), |d| d["attempts"][0].is_object()).await;
+    let d = p
+        .get_when(&format!("/v1/deliveries/{}", found["items"][0]["delivery_id"].as_str().unwrap()), |d| d["attempts"][0].is_object())
+        .await;
     let sent: Vec<(String, String)> = serde_json::from_value(d["attempts"][0]["request_headers"].clone()).unwrap();
     let value_of = |name: &str| sent.iter().find(|(n, _)| n.eq_ignore_ascii_case(name)).map(|(_, v)| v.clone());
     assert_eq!(value_of(SHOWN.0).as_deref(), Some(SHOWN.1), "{sent:?}");
@@ -66,7 +68,9 @@ async fn custom_headers_are_sealed_and_redacted(p: Pipeline, store_bytes: impl A
     assert!(contains(&attempts, SHOWN.1), "the shown header's value is recorded");
     let store = store_bytes(&p).await;
     assert!(contains(&store, "evt_sealed_1"), "the store holds the delivery");
-    for (place, bytes) in [("the subscriptions topic", &subscriptions), ("the attempts topic", &attempts), ("the delivery log store", &store)] {
+    for (place, bytes) in
+        [("the subscriptions topic", &subscriptions), ("the attempts topic", &attempts), ("the delivery log store", &store)]
+    {
         for (name, value) in [CRED, BEARER] {
             assert!(!contains(bytes, value), "{name}'s value is in {place}");
         }
@@ -74,7 +78,11 @@ async fn custom_headers_are_sealed_and_redacted(p: Pipeline, store_bytes: impl A
     // A PATCH keeps them sealed, and removing them removes them.
     let (status, v) = p.call("PATCH", &format!("/v1/subscriptions/{sub}"), Some(json!({"description": "touched"}))).await;
     assert_eq!(status, 200, "{v}");
-    assert_eq!(v["header_names"], json!([BEARER.0, SHOWN.0, CRED.0].iter().map(|s| s.to_string()).collect::<std::collections::BTreeSet<_>>()), "{v}");
+    assert_eq!(
+        v["header_names"],
+        json!([BEARER.0, SHOWN.0, CRED.0].iter().map(|s| s.to_string()).collect::<std::collections::BTreeSet<_>>()),
+        "{v}"
+    );
     assert!(!contains(&topic_bytes(&p, hookline_kafka::Topics::new(p.config.kafka.topic_prefix.clone()).subscriptions()).await, CRED.1));
     // `shown_headers` names only headers the subscription has.
     let (status, v) = p.call("PATCH", &format!("/v1/subscriptions/{sub}"), Some(json!({"shown_headers": ["X-Nope"]}))).await;
@@ -124,13 +132,21 @@ async fn duplicate_keys_in_headers_and_metadata_are_refused() {
         assert_eq!(v["error"]["field"], field, "{v}");
         assert!(v["error"]["message"].as_str().unwrap().contains("duplicate key \"X-A\""), "{v}");
     }
-    let (status, v) = p.call("POST", "/v1/subscriptions", Some(json!({"url": p.url("x"), "event_types": ["*"], "owner_email": "ops@example.com\r\nBcc: all@example.com"}))).await;
+    let (status, v) = p
+        .call(
+            "POST",
+            "/v1/subscriptions",
+            Some(json!({"url": p.url("x"), "event_types": ["*"], "owner_email": "ops@example.com\r\nBcc: all@example.com"})),
+        )
+        .await;
     assert_eq!((status, v["error"]["field"].as_str()), (422, Some("owner_email")), "{v}");
     for bad in ["not-an-address", "a@", "@b.com", "Name <a@b.com>"] {
-        let (status, v): (u16, Value) = p.call("POST", "/v1/subscriptions", Some(json!({"url": p.url("x"), "event_types": ["*"], "owner_email": bad}))).await;
+        let (status, v): (u16, Value) =
+            p.call("POST", "/v1/subscriptions", Some(json!({"url": p.url("x"), "event_types": ["*"], "owner_email": bad}))).await;
         assert_eq!((status, v["error"]["field"].as_str()), (422, Some("owner_email")), "{bad}: {v}");
     }
-    let (status, v) = p.call("POST", "/v1/subscriptions", Some(json!({"url": p.url("x"), "event_types": ["*"], "owner_email": "ops@example.com"}))).await;
+    let (status, v) =
+        p.call("POST", "/v1/subscriptions", Some(json!({"url": p.url("x"), "event_types": ["*"], "owner_email": "ops@example.com"}))).await;
     assert_eq!(status, 201, "{v}");
     p.stop().await;
 }

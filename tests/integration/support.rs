@@ -158,18 +158,13 @@ impl Pipeline {
     }
 
     pub async fn publish(&self, id: &str, event_type: &str) {
-        let (status, v) = self
-            .call("POST", "/v1/events", Some(serde_json::json!({"id": id, "type": event_type, "data": {"n": 1}})))
-            .await;
+        let (status, v) = self.call("POST", "/v1/events", Some(serde_json::json!({"id": id, "type": event_type, "data": {"n": 1}}))).await;
         assert_eq!(status, 202, "publish: {v}");
     }
 
     /// How many requests to `path` carried the event `event_id`.
     pub fn requests_for(&self, path: &str, event_id: &str) -> usize {
-        self.requests_to(path)
-            .iter()
-            .filter(|r| serde_json::from_slice::<Value>(&r.body).is_ok_and(|b| b["id"] == event_id))
-            .count()
+        self.requests_to(path).iter().filter(|r| serde_json::from_slice::<Value>(&r.body).is_ok_and(|b| b["id"] == event_id)).count()
     }
 
     pub fn requests_to(&self, path: &str) -> Vec<Received> {
@@ -451,7 +446,8 @@ impl Pipeline {
         let topics = Topics::new(config.kafka.topic_prefix.clone());
         let attempts = collect::<AttemptRecord>(&config, topics.attempts(), shutdown.clone()).await;
         // Either `dlq.format`.
-        let dlq = collect_with::<DeadLetter>(&config, topics.dlq(), shutdown.clone(), |v| hookline_core::dead_letter::decode(v, None).ok()).await;
+        let dlq =
+            collect_with::<DeadLetter>(&config, topics.dlq(), shutdown.clone(), |v| hookline_core::dead_letter::decode(v, None).ok()).await;
         let ops = collect::<OpsEvent>(&config, topics.ops(), shutdown.clone()).await;
         Pipeline {
             broker,

@@ -8,7 +8,6 @@ use std::path::PathBuf;
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
-
 use crate::pipeline;
 use crate::support::Pipeline;
 

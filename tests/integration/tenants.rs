@@ -50,19 +50,16 @@ async fn an_event_reaches_only_its_own_tenants_subscriptions() {
     let seen = p.seen.clone();
     wait_for(&p.seen.changed, LIMIT, "every sentinel delivered", || {
         let got = seen.requests.lock().unwrap();
-        ["a", "a-all", "b", "none"].iter().all(|path| {
-            got.iter().any(|r| r.path == *path && String::from_utf8_lossy(&r.body).contains("\"evt_sentinel_"))
-        })
+        ["a", "a-all", "b", "none"]
+            .iter()
+            .all(|path| got.iter().any(|r| r.path == *path && String::from_utf8_lossy(&r.body).contains("\"evt_sentinel_")))
     })
     .await;
     // a: 2, a-all: 2, b: 2, none: 3.
     p.wait_finals(9, LIMIT).await;
 
     let ids = |path: &str| -> BTreeSet<String> {
-        p.requests_to(path)
-            .iter()
-            .map(|r| serde_json::from_slice::<Value>(&r.body).unwrap()["id"].as_str().unwrap().to_owned())
-            .collect()
+        p.requests_to(path).iter().map(|r| serde_json::from_slice::<Value>(&r.body).unwrap()["id"].as_str().unwrap().to_owned()).collect()
     };
     let set = |v: &[&str]| v.iter().map(|s| (*s).to_owned()).collect::<BTreeSet<_>>();
     assert_eq!(ids("a"), set(&["evt_a", "evt_sentinel_a"]));
@@ -87,9 +84,8 @@ async fn an_event_reaches_only_its_own_tenants_subscriptions() {
     assert!(v["error"]["message"].as_str().unwrap().starts_with("tenant: "), "{v}");
     let long = "t".repeat(hookline_core::filter::MAX_TENANT_LEN + 1);
     for tenant in ["a b", long.as_str()] {
-        let (status, v) = p
-            .call("POST", "/v1/subscriptions", Some(json!({"url": p.url("x"), "event_types": ["*"], "tenant": tenant})))
-            .await;
+        let (status, v) =
+            p.call("POST", "/v1/subscriptions", Some(json!({"url": p.url("x"), "event_types": ["*"], "tenant": tenant}))).await;
         assert_eq!(status, 422, "{v}");
         assert_eq!(v["error"]["field"], "tenant", "{v}");
     }
@@ -109,7 +105,8 @@ async fn the_same_event_id_from_two_tenants_stays_each_tenants(p: Pipeline) {
     let link_a = crate::support::link_token(&link);
     let mut subs = Vec::new();
     for (key, path) in [(&key_a, "a"), (&key_b, "b")] {
-        let (status, v) = p.call_as(Some(key), "POST", "/v1/subscriptions", Some(json!({"url": p.url(path), "event_types": ["order.*"]}))).await;
+        let (status, v) =
+            p.call_as(Some(key), "POST", "/v1/subscriptions", Some(json!({"url": p.url(path), "event_types": ["order.*"]}))).await;
         assert_eq!(status, 201, "{v}");
         subs.push(v["id"].as_str().unwrap().to_owned());
     }
@@ -128,9 +125,8 @@ async fn the_same_event_id_from_two_tenants_stays_each_tenants(p: Pipeline) {
         for tenant in [first, second] {
             let key = if tenant == "a" { key_a.clone() } else { key_b.clone() };
             publish(key.clone(), id, tenant).await;
-            let found = p
-                .get_when_as(Some(&key), &format!("/v1/deliveries?event_id={id}"), |v| v["items"][0]["state"] == "succeeded")
-                .await;
+            let found =
+                p.get_when_as(Some(&key), &format!("/v1/deliveries?event_id={id}"), |v| v["items"][0]["state"] == "succeeded").await;
             let items = found["items"].as_array().unwrap();
             assert_eq!(items.len(), 1, "a tenant finds its own delivery of the id only: {found}");
             deliveries.push((tenant, id, key, items[0]["delivery_id"].as_str().unwrap().to_owned()));
@@ -158,7 +154,10 @@ async fn the_same_event_id_from_two_tenants_stays_each_tenants(p: Pipeline) {
         let (status, v) = p.call_as(Some(key), "POST", &format!("{path}/replay"), None).await;
         assert_eq!(status, 202, "{v}");
         let seen = p.seen.clone();
-        wait_for(&p.seen.changed, LIMIT, "the resend", || seen.requests.lock().unwrap().iter().filter(|r| r.path == *tenant).count() > before).await;
+        wait_for(&p.seen.changed, LIMIT, "the resend", || {
+            seen.requests.lock().unwrap().iter().filter(|r| r.path == *tenant).count() > before
+        })
+        .await;
         let resent = p.requests_to(tenant);
         assert_eq!(body_card(resent.last().unwrap()), card(tenant), "{tenant}'s resend of {id}");
     }
@@ -166,10 +165,14 @@ async fn the_same_event_id_from_two_tenants_stays_each_tenants(p: Pipeline) {
     for (i, tenant) in ["a", "b"].into_iter().enumerate() {
         let key = if tenant == "a" { &key_a } else { &key_b };
         let before = p.requests_to(tenant).len();
-        let (status, v) = p.call_as(Some(key), "POST", &format!("/v1/subscriptions/{}/replay", subs[i]), Some(json!({"since_ms": 0}))).await;
+        let (status, v) =
+            p.call_as(Some(key), "POST", &format!("/v1/subscriptions/{}/replay", subs[i]), Some(json!({"since_ms": 0}))).await;
         assert_eq!((status, v["replayed"].as_u64()), (202, Some(2)), "{v}");
         let seen = p.seen.clone();
-        wait_for(&p.seen.changed, LIMIT, "the replay", || seen.requests.lock().unwrap().iter().filter(|r| r.path == tenant).count() >= before + 2).await;
+        wait_for(&p.seen.changed, LIMIT, "the replay", || {
+            seen.requests.lock().unwrap().iter().filter(|r| r.path == tenant).count() >= before + 2
+        })
+        .await;
         for r in &p.requests_to(tenant)[before..] {
             assert_eq!(body_card(r), card(tenant), "{tenant}'s replay");
         }
@@ -252,10 +255,16 @@ async fn a_tenant_over_its_publish_quota_gets_429_and_others_publish() {
 
     // Nothing refused was written: only the accepted events reached the topic (20 quiet + 4 loud + 1 slow + 1).
     let mut written = std::collections::BTreeSet::new();
-    hookline_kafka::scan::scan(&p.config.kafka, hookline_kafka::Topics::new(p.config.kafka.topic_prefix.clone()).events(), None, LIMIT, |m| {
-        let ev: hookline_core::model::Event = prost::Message::decode(rdkafka::Message::payload(m).unwrap_or_default()).unwrap();
-        written.insert(ev.id);
-    })
+    hookline_kafka::scan::scan(
+        &p.config.kafka,
+        hookline_kafka::Topics::new(p.config.kafka.topic_prefix.clone()).events(),
+        None,
+        LIMIT,
+        |m| {
+            let ev: hookline_core::model::Event = prost::Message::decode(rdkafka::Message::payload(m).unwrap_or_default()).unwrap();
+            written.insert(ev.id);
+        },
+    )
     .await
     .unwrap();
     assert!(!written.contains("evt_loud_3") && !written.contains("evt_loud_4") && !written.contains("evt_slow_2"), "{written:?}");

@@ -162,15 +162,10 @@ fn render(spans: &[Got]) -> String {
     }
     let t0 = spans.iter().map(|s| s.start_ns).min().unwrap_or(0);
     let ids: Vec<&str> = spans.iter().map(|s| s.span_id.as_str()).collect();
-    let roots: Vec<String> =
-        spans.iter().filter(|s| !ids.contains(&s.parent.as_str())).map(|s| s.parent.clone()).collect();
+    let roots: Vec<String> = spans.iter().filter(|s| !ids.contains(&s.parent.as_str())).map(|s| s.parent.clone()).collect();
     let mut out = String::new();
     for root in roots.iter().collect::<std::collections::BTreeSet<_>>() {
-        out.push_str(&format!(
-            "trace {} (parent {})\n",
-            spans[0].trace_id,
-            if root.is_empty() { "none" } else { root }
-        ));
+        out.push_str(&format!("trace {} (parent {})\n", spans[0].trace_id, if root.is_empty() { "none" } else { root }));
         walk(&mut out, spans, root, 1, t0);
     }
     out
@@ -182,11 +177,8 @@ async fn one_event_is_followed_from_publish_to_its_last_attempt() {
     let p = traced_pipeline(addr).await;
     p.script("flaky", vec![Some((503, None)), Some((200, None))]);
     p.script("gone", vec![Some((410, None))]);
-    let (flaky, _) = p
-        .subscribe(
-            json!({"url": p.url("flaky"), "event_types": ["order.*"], "policy_toml": quick_policy(&[0.5], |_| {})}),
-        )
-        .await;
+    let (flaky, _) =
+        p.subscribe(json!({"url": p.url("flaky"), "event_types": ["order.*"], "policy_toml": quick_policy(&[0.5], |_| {})})).await;
     let (gone, _) = p.subscribe(json!({"url": p.url("gone"), "event_types": ["order.*"], "policy": "fynapse"})).await;
     let incoming = format!("00-{TRACE_ID}-{PARENT_ID}-01");
     publish_with(&p, "evt_traced", &[("traceparent", &incoming), ("tracestate", "vendor=abc")]).await;
@@ -195,10 +187,8 @@ async fn one_event_is_followed_from_publish_to_its_last_attempt() {
     // The receiver got the same trace, each attempt as its parent (a new span id every time), and the tracestate.
     let got = p.requests_to("flaky");
     assert_eq!(got.len(), 2, "503 then 200");
-    let sent: Vec<TraceParent> = got
-        .iter()
-        .map(|r| TraceParent::parse(r.headers["traceparent"].to_str().unwrap()).expect("a valid traceparent is sent"))
-        .collect();
+    let sent: Vec<TraceParent> =
+        got.iter().map(|r| TraceParent::parse(r.headers["traceparent"].to_str().unwrap()).expect("a valid traceparent is sent")).collect();
     for (tp, r) in sent.iter().zip(&got) {
         assert_eq!(hex::encode(tp.trace_id), TRACE_ID);
         assert_ne!(hex::encode(tp.span_id), PARENT_ID, "the parent is the attempt's span, not the publisher's");
@@ -212,10 +202,7 @@ async fn one_event_is_followed_from_publish_to_its_last_attempt() {
     wait_for(&spans.changed, LIMIT, "fan-out, 3 attempts, a retry hold and a dead letter", || {
         let s = spans_of(&spans2, TRACE_ID);
         let n = |name: &str| s.iter().filter(|x| x.name == name).count();
-        n("hookline.fanout") == 1
-            && n("hookline.attempt") == 3
-            && n("hookline.retry.hold") == 1
-            && n("hookline.dead_letter") == 1
+        n("hookline.fanout") == 1 && n("hookline.attempt") == 3 && n("hookline.retry.hold") == 1 && n("hookline.dead_letter") == 1
     })
     .await;
     let trace = spans_of(&spans, TRACE_ID);
@@ -259,10 +246,7 @@ async fn one_event_is_followed_from_publish_to_its_last_attempt() {
         assert_eq!(span.span_id, hex::encode(tp.span_id), "the request's traceparent names the attempt's span");
     }
     let hold = trace.iter().find(|s| s.name == "hookline.retry.hold").unwrap();
-    assert_eq!(
-        (hold.attr("hookline.subscription.id"), hold.attr("hookline.retry.route")),
-        (flaky.as_str(), "deliveries")
-    );
+    assert_eq!((hold.attr("hookline.subscription.id"), hold.attr("hookline.retry.route")), (flaky.as_str(), "deliveries"));
     assert_eq!(hold.scope, "hookline-retry-scheduler");
     // The hold starts when attempt 1 schedules the retry (while it writes its outcome) and ends at the release;
     // its times are whole milliseconds (the records' clock), hence the 1 ms allowance.
@@ -279,10 +263,7 @@ async fn one_event_is_followed_from_publish_to_its_last_attempt() {
     );
     let dead = trace.iter().find(|s| s.name == "hookline.dead_letter").unwrap();
     assert_eq!(dead.parent, gone_attempt[0].span_id, "the dead letter follows the last attempt");
-    assert_eq!(
-        (dead.attr("hookline.dead_letter.reason"), dead.attr("hookline.final_state")),
-        ("terminal_outcome", "dead")
-    );
+    assert_eq!((dead.attr("hookline.dead_letter.reason"), dead.attr("hookline.final_state")), ("terminal_outcome", "dead"));
 
     // The attempts topic names each try's span too (the delivery log can link to the trace).
     let recs = p.attempts_of(&flaky);
@@ -309,10 +290,7 @@ async fn a_kafka_header_is_continued_and_an_invalid_or_missing_traceparent_start
     let record = br#"{"id":"evt_kafka_tp","type":"x.y","data":{}}"#;
     let events = Topics::new("hookline.").events().to_owned();
     producer
-        .send(
-            FutureRecord::<str, [u8]>::to(&events).key("k").payload(&record[..]).headers(headers),
-            Duration::from_secs(5),
-        )
+        .send(FutureRecord::<str, [u8]>::to(&events).key("k").payload(&record[..]).headers(headers), Duration::from_secs(5))
         .await
         .unwrap();
     p.wait_finals(1, LIMIT).await;
@@ -323,21 +301,15 @@ async fn a_kafka_header_is_continued_and_an_invalid_or_missing_traceparent_start
 
     // A malformed record with a traceparent: its dead letter is a span of the publisher's trace.
     let bad_trace = "5b8aa5a2d2c872e8321cf37308d69df2";
-    let headers = OwnedHeaders::new()
-        .insert(Header { key: "traceparent", value: Some(&format!("00-{bad_trace}-051581bf3cb55c13-01")) });
+    let headers = OwnedHeaders::new().insert(Header { key: "traceparent", value: Some(&format!("00-{bad_trace}-051581bf3cb55c13-01")) });
     producer
-        .send(
-            FutureRecord::<str, [u8]>::to(&events).key("k").payload(&b"{not json"[..]).headers(headers),
-            Duration::from_secs(5),
-        )
+        .send(FutureRecord::<str, [u8]>::to(&events).key("k").payload(&b"{not json"[..]).headers(headers), Duration::from_secs(5))
         .await
         .unwrap();
     let spans2 = spans.clone();
     wait_for(&spans.changed, LIMIT, "the malformed record's dead-letter span", || {
         spans_of(&spans2, bad_trace).iter().any(|s| {
-            s.name == "hookline.dead_letter"
-                && s.parent == "051581bf3cb55c13"
-                && s.attr("hookline.dead_letter.reason") == "invalid_json"
+            s.name == "hookline.dead_letter" && s.parent == "051581bf3cb55c13" && s.attr("hookline.dead_letter.reason") == "invalid_json"
         })
     })
     .await;
@@ -362,8 +334,7 @@ async fn a_kafka_header_is_continued_and_an_invalid_or_missing_traceparent_start
         let spans2 = spans.clone();
         wait_for(&spans.changed, LIMIT, "the new trace's root fan-out and its attempt", || {
             let s = spans_of(&spans2, id);
-            s.iter().any(|x| x.name == "hookline.fanout" && x.parent.is_empty())
-                && s.iter().any(|x| x.name == "hookline.attempt")
+            s.iter().any(|x| x.name == "hookline.fanout" && x.parent.is_empty()) && s.iter().any(|x| x.name == "hookline.attempt")
         })
         .await;
     }

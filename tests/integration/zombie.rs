@@ -209,7 +209,10 @@ async fn a_member_that_stops_polling_sends_nothing_once_dropped_and_the_other_de
     second.wait("the second member owns every partition", |m| m.owned().0 == all).await;
     let taken_at = second.owned().1.expect("assigned");
     let took = taken_at.duration_since(stalled_at);
-    assert!(took >= Duration::from_millis(MAX_POLL_MS) - Duration::from_secs(1), "the partitions moved after {took:?}: before max.poll.interval.ms");
+    assert!(
+        took >= Duration::from_millis(MAX_POLL_MS) - Duration::from_secs(1),
+        "the partitions moved after {took:?}: before max.poll.interval.ms"
+    );
 
     // Every event reaches its endpoint at least once.
     let expected: BTreeSet<(String, String)> =

@@ -73,7 +73,9 @@ impl Principal {
             (None, named) => Ok(named.map(str::to_owned)),
             (Some(own), None) => Ok(Some(own.to_owned())),
             (Some(own), Some(n)) if n == own => Ok(Some(own.to_owned())),
-            (Some(own), Some(_)) => Err(forbidden(&format!("this credential belongs to tenant {own:?} and cannot act for another")).with_field(field)),
+            (Some(own), Some(_)) => {
+                Err(forbidden(&format!("this credential belongs to tenant {own:?} and cannot act for another")).with_field(field))
+            }
         }
     }
 }

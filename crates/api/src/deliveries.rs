@@ -7,8 +7,8 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use axum::extract::{Path, State};
-use axum::Extension;
 use axum::http::StatusCode;
+use axum::Extension;
 use axum::Json;
 use hookline_log::{AttemptRow, Cursor, DeliveryDetail, DeliveryRow, DeliveryState, ListQuery, Scope};
 use serde::Deserialize;
@@ -230,7 +230,13 @@ fn own_event(s: &ApiState, d: &DeliveryRow, event: &hookline_core::model::Event)
 
 /// The delivery as this credential may see it, waiting (`wait_ms`) until `ready` says it is there as wanted; after
 /// the wait, whatever the log has (`None`: not in it).
-async fn find(s: &ApiState, who: &Principal, id: &str, wait_ms: Option<u64>, ready: fn(&DeliveryDetail) -> bool) -> Result<Option<DeliveryDetail>, ApiError> {
+async fn find(
+    s: &ApiState,
+    who: &Principal,
+    id: &str,
+    wait_ms: Option<u64>,
+    ready: fn(&DeliveryDetail) -> bool,
+) -> Result<Option<DeliveryDetail>, ApiError> {
     let mut wait = Wait::new(wait_ms)?;
     loop {
         let d = s.log.delivery(id).await.map_err(ApiError::log_unavailable)?.filter(|d| visible(s, who, &d.delivery));
@@ -280,7 +286,12 @@ pub async fn replay_one(
     })?;
     require_active(&s, &sub)?;
     if d.delivery.state == DeliveryState::Pending {
-        return Err(ApiError::new(StatusCode::CONFLICT, "delivery_in_progress", "the delivery has not reached a final state yet (?wait_ms= waits for it)").with_field("id"));
+        return Err(ApiError::new(
+            StatusCode::CONFLICT,
+            "delivery_in_progress",
+            "the delivery has not reached a final state yet (?wait_ms= waits for it)",
+        )
+        .with_field("id"));
     }
     let Some(event) = d.event else {
         return Err(ApiError::new(
@@ -349,7 +360,10 @@ pub async fn redrive(
     if let Some(r) = f.reason.as_deref().filter(|r| hookline_core::vocabulary::DeadLetterReason::delivery_reason(r).is_none()) {
         return Err(ApiError::field(
             "reason",
-            format!("{r:?} is not the reason of a delivery's dead letter ({})", hookline_core::vocabulary::DeadLetterReason::delivery_words().join(", ")),
+            format!(
+                "{r:?} is not the reason of a delivery's dead letter ({})",
+                hookline_core::vocabulary::DeadLetterReason::delivery_words().join(", ")
+            ),
         ));
     }
     let r = replay::redrive(&s, &f).await.map_err(ApiError::replay_failed)?;
@@ -364,11 +378,7 @@ fn require_active(s: &ApiState, sub: &hookline_kafka::state::SubscriptionEntry) 
     Err(ApiError::new(
         StatusCode::CONFLICT,
         "subscription_inactive",
-        format!(
-            "the subscription is {} ({}); resume or enable it before replaying",
-            act.word(),
-            act.reason().unwrap_or("")
-        ),
+        format!("the subscription is {} ({}); resume or enable it before replaying", act.word(), act.reason().unwrap_or("")),
     )
     .with_field("id"))
 }
@@ -377,7 +387,9 @@ fn not_found(id: &str) -> ApiError {
     ApiError::new(
         StatusCode::NOT_FOUND,
         "not_found",
-        format!("no delivery {id} in the delivery log (a delivery just made is there about 200 ms later: add ?wait_ms=5000 to wait for it)"),
+        format!(
+            "no delivery {id} in the delivery log (a delivery just made is there about 200 ms later: add ?wait_ms=5000 to wait for it)"
+        ),
     )
     .with_field("id")
 }
@@ -438,7 +450,10 @@ mod tests {
     fn filters_parse_into_the_store_query() {
         let q = parse("state=dead&http_status=410&event_type=order.paid&since_ms=5&until_ms=9&limit=7&after=12.dlv_x").unwrap();
         assert_eq!(q.state, Some(DeliveryState::Dead));
-        assert_eq!((q.http_status, q.event_type.as_deref(), q.since_ms, q.until_ms, q.limit), (Some(410), Some("order.paid"), Some(5), Some(9), 7));
+        assert_eq!(
+            (q.http_status, q.event_type.as_deref(), q.since_ms, q.until_ms, q.limit),
+            (Some(410), Some("order.paid"), Some(5), Some(9), 7)
+        );
         assert_eq!(q.after, Some(Cursor { first_at_ms: 12, delivery_id: "dlv_x".into() }));
         assert_eq!(parse("http_status=0").unwrap().http_status, Some(0), "0: no response");
         assert_eq!(parse("state=skipped").unwrap().state, Some(DeliveryState::Skipped));
@@ -463,7 +478,14 @@ mod tests {
 
     #[test]
     fn the_event_id_search_applies_the_other_filters_too() {
-        let d = DeliveryRow { state: DeliveryState::Dead, last_http_status: 410, event_type: "a".into(), first_at_ms: 10, delivery_id: "d".into(), ..Default::default() };
+        let d = DeliveryRow {
+            state: DeliveryState::Dead,
+            last_http_status: 410,
+            event_type: "a".into(),
+            first_at_ms: 10,
+            delivery_id: "d".into(),
+            ..Default::default()
+        };
         assert!(matches(&d, &parse("state=dead&http_status=410&event_type=a&since_ms=10&until_ms=11").unwrap()));
         for q in ["state=succeeded", "http_status=200", "event_type=b", "since_ms=11", "until_ms=10", "after=10.d", "after=9.z"] {
             assert!(!matches(&d, &parse(q).unwrap()), "{q}");

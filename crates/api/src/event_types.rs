@@ -60,7 +60,6 @@ pub struct UpdateEventType {
     validation: Option<Value>,
 }
 
-
 #[derive(Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct ListQuery {
@@ -168,7 +167,9 @@ pub async fn create(
     let schema = req.schema.as_ref().filter(|v| !v.is_null()).map(check_schema).transpose()?;
     let examples = check_examples(req.examples.as_deref().unwrap_or_default(), schema.as_ref().map(|(_, c)| c))?;
     if s.event_types.contains(&req.name) {
-        return Err(ApiError::new(StatusCode::CONFLICT, "event_type_exists", format!("event type {} already exists", req.name)).with_field("name"));
+        return Err(
+            ApiError::new(StatusCode::CONFLICT, "event_type_exists", format!("event type {} already exists", req.name)).with_field("name")
+        );
     }
     if s.event_types.len() >= MAX_EVENT_TYPES {
         return Err(ApiError::new(
@@ -247,7 +248,8 @@ pub async fn update(
         }
     }
     if let Some(v) = req.validation {
-        let mode: Option<SchemaValidation> = serde_json::from_value(v).map_err(|_| ApiError::field("validation", "must be \"off\", \"warn\", \"reject\" or null"))?;
+        let mode: Option<SchemaValidation> =
+            serde_json::from_value(v).map_err(|_| ApiError::field("validation", "must be \"off\", \"warn\", \"reject\" or null"))?;
         t.validation = stored(mode);
     }
     t.updated_at_ms = crate::now_ms();
@@ -258,7 +260,11 @@ pub async fn update(
 
 /// Deleted, not archived: a type is only a name and its documents, subscriptions that name it keep working (their
 /// event types are patterns of their own), and the name can be catalogued again.
-pub async fn delete(State(s): State<Arc<ApiState>>, Extension(who): Extension<Principal>, Path(name): Path<String>) -> Result<StatusCode, ApiError> {
+pub async fn delete(
+    State(s): State<Arc<ApiState>>,
+    Extension(who): Extension<Principal>,
+    Path(name): Path<String>,
+) -> Result<StatusCode, ApiError> {
     who.require_admin()?;
     s.event_types.get(&name).ok_or_else(|| not_found(&name))?;
     crate::tenants::write(&s, s.topics.event_types(), &s.event_types_reader, &name, None).await?;
@@ -281,7 +287,10 @@ pub(crate) fn check_subscribed<B: AsRef<str>>(s: &ApiState, types: &[String], be
         if exact && !before.iter().any(|b| b.as_ref() == t) && !s.event_types.contains(t) {
             return Err(ApiError::field(
                 &format!("event_types[{i}]"),
-                format!("{t:?} is not in the event-type catalogue (GET /v1/event-types); catalogue it first or use a pattern such as \"{}*\"", prefix_of(t)),
+                format!(
+                    "{t:?} is not in the event-type catalogue (GET /v1/event-types); catalogue it first or use a pattern such as \"{}*\"",
+                    prefix_of(t)
+                ),
             ));
         }
     }
@@ -352,9 +361,10 @@ pub async fn test_event(
 ) -> Result<(StatusCode, Json<Value>), ApiError> {
     who.require_write()?;
     let sub = crate::subscriptions::find(&s, &who, &id)?;
-    let entry = s.event_types.get(&req.event_type).ok_or_else(|| {
-        ApiError::field("event_type", format!("{:?} is not in the event-type catalogue", req.event_type))
-    })?;
+    let entry = s
+        .event_types
+        .get(&req.event_type)
+        .ok_or_else(|| ApiError::field("event_type", format!("{:?} is not in the event-type catalogue", req.event_type)))?;
     if !hookline_core::filter::matches_any(&sub.sub.event_types, &req.event_type) {
         return Err(ApiError::field("event_type", format!("subscription {id} does not receive {:?}", req.event_type)));
     }
@@ -371,9 +381,7 @@ pub async fn test_event(
         (None, i) => {
             let i = i.unwrap_or(0);
             let n = entry.ty.examples_json.len();
-            entry.ty.examples_json.get(i).cloned().ok_or_else(|| {
-                ApiError::field("example", no_such_example(&req.event_type, i, n))
-            })?
+            entry.ty.examples_json.get(i).cloned().ok_or_else(|| ApiError::field("example", no_such_example(&req.event_type, i, n)))?
         }
     };
     let now = crate::now_ms();
@@ -409,10 +417,7 @@ fn no_such_example(event_type: &str, i: usize, n: usize) -> String {
 mod example_tests {
     #[test]
     fn a_missing_example_is_named_in_plain_words() {
-        assert_eq!(
-            super::no_such_example("order.paid", 3, 1),
-            "there is no example 3: event type order.paid has one example, number 0"
-        );
+        assert_eq!(super::no_such_example("order.paid", 3, 1), "there is no example 3: event type order.paid has one example, number 0");
         assert_eq!(
             super::no_such_example("order.paid", 3, 2),
             "there is no example 3: event type order.paid has 2 examples, numbered 0 to 1"

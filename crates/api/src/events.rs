@@ -41,9 +41,7 @@ pub async fn publish(
     // Keyed by the entity when it names one: one entity's events share an events partition, so the fan-out (and an
     // ordered subscription, `ordering_key = "entity_id"`) sees them in the order they were accepted.
     let key = if event.entity_id.is_empty() { &event.id } else { &event.entity_id };
-    hookline_kafka::produce::send(&s.producer, s.topics.events(), key, &event.encode_to_vec())
-        .await
-        .map_err(ApiError::unavailable)?;
+    hookline_kafka::produce::send(&s.producer, s.topics.events(), key, &event.encode_to_vec()).await.map_err(ApiError::unavailable)?;
     metrics::counter!("hookline_events_accepted_total", "source" => "http").increment(1);
     Ok((StatusCode::ACCEPTED, Json(json!({"id": event.id, "accepted_at_ms": event.accepted_at_ms}))))
 }
@@ -53,9 +51,12 @@ pub async fn publish(
 fn admit(s: &ApiState, who: &Principal, tenant: &str) -> Result<(), ApiError> {
     use crate::publish_quota::limit_of;
     let own = s.tenants.get(tenant);
-    let tenant_limit = limit_of(own.as_ref().map_or(0, |t| t.publish_rate_per_s), own.as_ref().map_or(0, |t| t.publish_burst), s.default_publish_quota);
+    let tenant_limit =
+        limit_of(own.as_ref().map_or(0, |t| t.publish_rate_per_s), own.as_ref().map_or(0, |t| t.publish_burst), s.default_publish_quota);
     let key = match who {
-        Principal::TenantKey { key_id, .. } => s.keys.get(key_id).and_then(|k| limit_of(k.publish_rate_per_s, k.publish_burst, None).map(|l| (key_id.as_str(), l))),
+        Principal::TenantKey { key_id, .. } => {
+            s.keys.get(key_id).and_then(|k| limit_of(k.publish_rate_per_s, k.publish_burst, None).map(|l| (key_id.as_str(), l)))
+        }
         _ => None,
     };
     if tenant_limit.is_none() && key.is_none() {

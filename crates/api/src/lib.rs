@@ -3,10 +3,10 @@
 //! bearer-token auth on everything but health and metrics.
 
 pub mod auth;
-pub mod replay;
-pub mod tenant_tables;
 pub mod event_type_table;
 pub mod publish_quota;
+pub mod replay;
+pub mod tenant_tables;
 /// The event decoder is core's: the fan-out and the delivery log's indexer read events with it too.
 pub use hookline_core::event_decode as decode;
 pub(crate) use hookline_service::{now_ms, now_us};
@@ -18,8 +18,8 @@ mod portal;
 mod secrets;
 mod stats;
 mod subscriptions;
-pub mod verify;
 mod tenants;
+pub mod verify;
 
 /// The stats' outcome classes (docs/api.md's vocabulary table is tested against them).
 pub use stats::CLASSES as STATS_CLASSES;
@@ -33,10 +33,10 @@ use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post};
 use axum::{Json, Router};
 use hookline_core::egress::EgressSettings;
+use hookline_kafka::client::Producer as FutureProducer;
 use hookline_kafka::state::{EndpointStates, SubscriptionTable};
 use hookline_kafka::table::TableHandle;
 use hookline_kafka::Topics;
-use hookline_kafka::client::Producer as FutureProducer;
 use serde::de::DeserializeOwned;
 use serde_json::json;
 
@@ -106,10 +106,7 @@ pub fn router(state: Arc<ApiState>, max_request_bytes: usize) -> Router {
     Router::new()
         .route("/v1/events", post(events::publish))
         .route("/v1/subscriptions", post(subscriptions::create).get(subscriptions::list))
-        .route(
-            "/v1/subscriptions/{id}",
-            get(subscriptions::get).patch(subscriptions::update).delete(subscriptions::delete),
-        )
+        .route("/v1/subscriptions/{id}", get(subscriptions::get).patch(subscriptions::update).delete(subscriptions::delete))
         .route("/v1/subscriptions/{id}/pause", post(subscriptions::pause))
         .route("/v1/subscriptions/{id}/resume", post(subscriptions::resume))
         .route("/v1/subscriptions/{id}/rotate-secret", post(subscriptions::rotate_secret))
@@ -167,9 +164,13 @@ async fn json_errors(req: Request, next: middleware::Next) -> Response {
     let v1 = req.uri().path().starts_with("/v1");
     if v1 {
         if req.uri().to_string().len() > MAX_URI_BYTES {
-            return ApiError::new(StatusCode::URI_TOO_LONG, "uri_too_long", format!("the request target is longer than {MAX_URI_BYTES} bytes"))
-                .with_field("path")
-                .into_response();
+            return ApiError::new(
+                StatusCode::URI_TOO_LONG,
+                "uri_too_long",
+                format!("the request target is longer than {MAX_URI_BYTES} bytes"),
+            )
+            .with_field("path")
+            .into_response();
         }
         let head: usize = req.headers().iter().map(|(n, v)| n.as_str().len().saturating_add(v.len()).saturating_add(4)).sum();
         if head > MAX_HEADER_BYTES {
@@ -207,11 +208,7 @@ async fn json_errors(req: Request, next: middleware::Next) -> Response {
 /// Every JSON answer ends its line, so answers printed one after another (a pasted block of `curl` commands) do
 /// not run together.
 async fn json_newline(resp: Response) -> Response {
-    let json = resp
-        .headers()
-        .get(header::CONTENT_TYPE)
-        .and_then(|v| v.to_str().ok())
-        .is_some_and(|v| v.starts_with("application/json"));
+    let json = resp.headers().get(header::CONTENT_TYPE).and_then(|v| v.to_str().ok()).is_some_and(|v| v.starts_with("application/json"));
     if !json {
         return resp;
     }
@@ -387,7 +384,9 @@ impl<S: Send + Sync, T: DeserializeOwned> FromRequestParts<S> for ApiQuery<T> {
 pub(crate) fn object_body(bytes: &[u8]) -> Result<(), ApiError> {
     match bytes.iter().find(|b| !b.is_ascii_whitespace()) {
         Some(b'{') | None => Ok(()),
-        Some(_) => Err(ApiError::new(StatusCode::UNPROCESSABLE_ENTITY, "invalid_body", "the body must be a JSON object").with_field("body")),
+        Some(_) => {
+            Err(ApiError::new(StatusCode::UNPROCESSABLE_ENTITY, "invalid_body", "the body must be a JSON object").with_field("body"))
+        }
     }
 }
 
@@ -413,8 +412,12 @@ impl<S: Send + Sync, T: DeserializeOwned> FromRequest<S> for ApiJson<T> {
         let mut de = serde_json::Deserializer::from_slice(&bytes);
         let value = serde_path_to_error::deserialize(&mut de).map_err(ApiError::body)?;
         de.end().map_err(|e| {
-            ApiError::new(StatusCode::BAD_REQUEST, "invalid_json", format!("trailing characters after the JSON body (line {}, column {})", e.line(), e.column()))
-                .with_field("body")
+            ApiError::new(
+                StatusCode::BAD_REQUEST,
+                "invalid_json",
+                format!("trailing characters after the JSON body (line {}, column {})", e.line(), e.column()),
+            )
+            .with_field("body")
         })?;
         Ok(ApiJson(value))
     }

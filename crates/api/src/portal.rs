@@ -45,10 +45,7 @@ fn serve(name: &str, headers: &HeaderMap, frame_ancestors: &[String]) -> Respons
     };
     // The files change with the binary, not with their names: revalidate every time, with an ETag of the content.
     let etag = format!("\"{:016x}\"", fnv1a(body));
-    let fresh = headers
-        .get(header::IF_NONE_MATCH)
-        .and_then(|v| v.to_str().ok())
-        .is_some_and(|v| v.split(',').any(|t| t.trim() == etag));
+    let fresh = headers.get(header::IF_NONE_MATCH).and_then(|v| v.to_str().ok()).is_some_and(|v| v.split(',').any(|t| t.trim() == etag));
     let mut resp = if fresh { StatusCode::NOT_MODIFIED.into_response() } else { (StatusCode::OK, *body).into_response() };
     let h = resp.headers_mut();
     h.insert(header::CONTENT_TYPE, HeaderValue::from_static(content_type));

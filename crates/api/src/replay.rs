@@ -13,8 +13,8 @@ use prost::Message as _;
 use rdkafka::producer::FutureRecord;
 use rdkafka::Message;
 
-use crate::ApiState;
 use crate::decode;
+use crate::ApiState;
 
 /// Longest a replay or redrive request may read for.
 const SCAN_LIMIT: Duration = Duration::from_secs(60);
@@ -145,8 +145,7 @@ pub async fn redrive(s: &ApiState, f: &RedriveFilter) -> Result<Redrive, ReplayE
         let succeeded_since = logged.as_ref().is_some_and(|d| d.state == hookline_log::DeliveryState::Succeeded);
         // A dead letter of another tenant's event (fanned out before tenant isolation) is never sent again.
         let active = s.subs.get(&dl.subscription_id).is_some_and(|e| {
-            dl.event.as_ref().is_some_and(|ev| *ev.tenant == *e.sub.tenant)
-                && e.sub.activity(s.states.get(&e.sub.id).as_ref()).is_active()
+            dl.event.as_ref().is_some_and(|ev| *ev.tenant == *e.sub.tenant) && e.sub.activity(s.states.get(&e.sub.id).as_ref()).is_active()
         });
         if succeeded_since || !active {
             skipped += 1;

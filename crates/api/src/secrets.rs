@@ -13,8 +13,7 @@ use crate::{subscriptions, ApiError, ApiState};
 
 pub async fn reseal(State(s): State<Arc<ApiState>>, Extension(who): Extension<Principal>) -> Result<Json<Value>, ApiError> {
     who.require_admin()?;
-    let stale: Vec<String> =
-        s.subs.all().iter().filter(|e| e.sub.needs_reseal(&s.keyring)).map(|e| e.sub.id.to_string()).collect();
+    let stale: Vec<String> = s.subs.all().iter().filter(|e| e.sub.needs_reseal(&s.keyring)).map(|e| e.sub.id.to_string()).collect();
     let mut resealed = 0u64;
     for id in stale {
         // Read again just before writing: the newest version is the one written (a PATCH may have landed), and

@@ -97,7 +97,6 @@ fn ordering_mode(word: &str) -> Result<i32, ApiError> {
         .ok_or_else(|| ApiError::field("ordering", format!("one of \"none\", \"key\", \"strict\"; got {word:?}")))
 }
 
-
 #[derive(Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct ListQuery {
@@ -166,7 +165,8 @@ pub async fn create(
     if key.is_some() {
         if let Some(existing) = s.subs.get(&id) {
             if !who.sees(&existing.sub.tenant) {
-                return Err(ApiError::new(StatusCode::CONFLICT, "idempotency_conflict", "this Idempotency-Key is already in use").with_field("Idempotency-Key"));
+                return Err(ApiError::new(StatusCode::CONFLICT, "idempotency_conflict", "this Idempotency-Key is already in use")
+                    .with_field("Idempotency-Key"));
             }
             return replayed(&s, &existing, &fingerprint).await;
         }
@@ -237,7 +237,11 @@ async fn replayed(s: &ApiState, existing: &SubscriptionEntry, fingerprint: &str)
     Ok(resp)
 }
 
-pub async fn get(State(s): State<Arc<ApiState>>, Extension(who): Extension<Principal>, Path(id): Path<String>) -> Result<Json<Value>, ApiError> {
+pub async fn get(
+    State(s): State<Arc<ApiState>>,
+    Extension(who): Extension<Principal>,
+    Path(id): Path<String>,
+) -> Result<Json<Value>, ApiError> {
     let entry = find(&s, &who, &id)?;
     Ok(Json(shown(&s, &entry).await))
 }
@@ -394,7 +398,10 @@ pub async fn update(
         let out = s.states.get(&id).map_or(0, |st| st.ordering_heads.len());
         if out > 0 {
             let field = if sub.ordering != entry.sub.ordering() { "ordering" } else { "ordering_key" };
-            return Err(ApiError::field(field, format!("cannot change while {out} keys hold deliveries (`ordering_keys_out`); retry once it is 0")));
+            return Err(ApiError::field(
+                field,
+                format!("cannot change while {out} keys hold deliveries (`ordering_keys_out`); retry once it is 0"),
+            ));
         }
     }
     if let Some(enabled) = req.enabled {
@@ -417,7 +424,11 @@ pub async fn update(
     Ok(Json(shown(&s, &SubscriptionEntry::new(sub)).await))
 }
 
-pub async fn delete(State(s): State<Arc<ApiState>>, Extension(who): Extension<Principal>, Path(id): Path<String>) -> Result<StatusCode, ApiError> {
+pub async fn delete(
+    State(s): State<Arc<ApiState>>,
+    Extension(who): Extension<Principal>,
+    Path(id): Path<String>,
+) -> Result<StatusCode, ApiError> {
     who.require_write()?;
     find(&s, &who, &id)?;
     let (p, o) = produce(&s, &id, None).await?;
@@ -425,7 +436,11 @@ pub async fn delete(State(s): State<Arc<ApiState>>, Extension(who): Extension<Pr
     Ok(StatusCode::NO_CONTENT)
 }
 
-pub async fn pause(State(s): State<Arc<ApiState>>, Extension(who): Extension<Principal>, Path(id): Path<String>) -> Result<Json<Value>, ApiError> {
+pub async fn pause(
+    State(s): State<Arc<ApiState>>,
+    Extension(who): Extension<Principal>,
+    Path(id): Path<String>,
+) -> Result<Json<Value>, ApiError> {
     who.require_write()?;
     let mut sub = find(&s, &who, &id)?.sub.to_subscription();
     sub.paused = true;
@@ -435,11 +450,20 @@ pub async fn pause(State(s): State<Arc<ApiState>>, Extension(who): Extension<Pri
 }
 
 /// Resumes a paused subscription, including one the policy paused automatically (LuciBook's auto-pause).
-pub async fn resume(State(s): State<Arc<ApiState>>, Extension(who): Extension<Principal>, Path(id): Path<String>) -> Result<Json<Value>, ApiError> {
+pub async fn resume(
+    State(s): State<Arc<ApiState>>,
+    Extension(who): Extension<Principal>,
+    Path(id): Path<String>,
+) -> Result<Json<Value>, ApiError> {
     who.require_write()?;
     let mut sub = find(&s, &who, &id)?.sub.to_subscription();
     if !sub.enabled {
-        return Err(ApiError::new(StatusCode::CONFLICT, "subscription_disabled", "the subscription is disabled; enable it with PATCH {\"enabled\": true}").with_field("id"));
+        return Err(ApiError::new(
+            StatusCode::CONFLICT,
+            "subscription_disabled",
+            "the subscription is disabled; enable it with PATCH {\"enabled\": true}",
+        )
+        .with_field("id"));
     }
     sub.paused = false;
     sub.resume_generation += 1;
@@ -665,7 +689,9 @@ pub(super) fn view(s: &ApiState, e: &SubscriptionEntry) -> Value {
     let act = activity(sub, state.as_ref());
     let st = state.unwrap_or_default();
     let auto_reason = match act {
-        hookline_core::subscription::Activity::AutoPaused(ref r) | hookline_core::subscription::Activity::AutoDisabled(ref r) => Some(r.clone()),
+        hookline_core::subscription::Activity::AutoPaused(ref r) | hookline_core::subscription::Activity::AutoDisabled(ref r) => {
+            Some(r.clone())
+        }
         _ => None,
     };
     json!({

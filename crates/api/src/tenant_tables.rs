@@ -123,12 +123,7 @@ impl KeyTable {
     /// The keys of `tenant`, oldest first.
     pub fn of_tenant(&self, tenant: &str) -> Vec<(Arc<ApiKey>, Option<i64>)> {
         let k = self.inner.read().expect("key table lock");
-        let mut v: Vec<_> = k
-            .by_id
-            .values()
-            .filter(|a| a.tenant == tenant)
-            .map(|a| (a.clone(), k.last_used.get(&a.id).copied()))
-            .collect();
+        let mut v: Vec<_> = k.by_id.values().filter(|a| a.tenant == tenant).map(|a| (a.clone(), k.last_used.get(&a.id).copied())).collect();
         v.sort_by(|(a, _), (b, _)| a.created_at_ms.cmp(&b.created_at_ms).then_with(|| a.id.cmp(&b.id)));
         v
     }

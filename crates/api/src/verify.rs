@@ -6,8 +6,8 @@
 use std::sync::Arc;
 
 use axum::extract::{Path, State};
-use axum::Extension;
 use axum::http::StatusCode;
+use axum::Extension;
 use axum::Json;
 use bytes::Bytes;
 use hookline_core::model::{Subscription, VerificationState};
@@ -69,7 +69,8 @@ pub async fn challenge(s: &ApiState, sub: &mut Subscription, policy: &Policy) {
         Ok(headers) => {
             let mut bounded = policy.clone();
             bounded.attempt.timeout_ms = rule.timeout_ms;
-            let answer = s.challenger.sender.send_owned(&entry.egress_key, &bounded, &sub.url, headers, &entry.headers, Bytes::from(body)).await;
+            let answer =
+                s.challenger.sender.send_owned(&entry.egress_key, &bounded, &sub.url, headers, &entry.headers, Bytes::from(body)).await;
             match answer.outcome {
                 Outcome::Http { status, .. } => verification::check_answer(status, &answer.response_excerpt, &token),
                 _ => Err(ChallengeFailure::NotAnswered(answer.reason)),

@@ -184,10 +184,7 @@ fn the_document_lists_exactly_the_routes_of_the_router_and_their_auth() {
     assert!(lib_src.contains(".merge(health::routes("), "ingest no longer merges the health routes into the API router");
     let health_src = code_of(&read(&dir.join("../service/src/health.rs")));
     let health_routes = routes_in(&health_src, "service/src/health.rs");
-    assert_eq!(
-        health_routes.iter().map(|r| r.path.as_str()).collect::<BTreeSet<_>>(),
-        BTreeSet::from(["/metrics", "/healthz", "/readyz"]),
-    );
+    assert_eq!(health_routes.iter().map(|r| r.path.as_str()).collect::<BTreeSet<_>>(), BTreeSet::from(["/metrics", "/healthz", "/readyz"]),);
     add(health_routes, &|_| true);
 
     let doc = documented(&document());

@@ -44,7 +44,12 @@ fn table_under(doc: &str, heading: &str) -> BTreeMap<String, Vec<String>> {
 
 /// The words of an enum (a nullable field's enum also lists `null`, which is no word).
 fn strings(v: &Value) -> Vec<String> {
-    v.as_array().unwrap_or_else(|| panic!("not an array: {v}")).iter().filter(|x| !x.is_null()).map(|x| x.as_str().unwrap().to_owned()).collect()
+    v.as_array()
+        .unwrap_or_else(|| panic!("not an array: {v}"))
+        .iter()
+        .filter(|x| !x.is_null())
+        .map(|x| x.as_str().unwrap().to_owned())
+        .collect()
 }
 
 #[test]
@@ -86,10 +91,19 @@ fn the_openapi_document_uses_the_same_words() {
     assert_eq!(strings(&schemas["DeliveryBase"]["properties"]["state"]["enum"]), own(&DELIVERY_STATES));
     assert_eq!(strings(&doc["components"]["parameters"]["State"]["schema"]["enum"]), own(&DELIVERY_STATES));
     assert_eq!(strings(&schemas["Subscription"]["properties"]["endpoint_condition"]["enum"]), own(&ENDPOINT_CONDITIONS));
-    assert_eq!(strings(&schemas["Subscription"]["properties"]["health"]["enum"]), Health::ALL.iter().map(|h| h.word().to_owned()).collect::<Vec<_>>());
+    assert_eq!(
+        strings(&schemas["Subscription"]["properties"]["health"]["enum"]),
+        Health::ALL.iter().map(|h| h.word().to_owned()).collect::<Vec<_>>()
+    );
     assert_eq!(strings(&schemas["Whoami"]["properties"]["kind"]["enum"]), own(&hookline_api::auth::CREDENTIAL_KINDS));
-    assert_eq!(strings(&schemas["Subscription"]["properties"]["verification"]["enum"]), own(&hookline_core::vocabulary::VERIFICATION_STATES));
-    let words: Vec<String> = [Activity::Active, Activity::Paused, Activity::Disabled, Activity::PendingVerification].iter().map(|a| a.word().to_owned()).collect();
+    assert_eq!(
+        strings(&schemas["Subscription"]["properties"]["verification"]["enum"]),
+        own(&hookline_core::vocabulary::VERIFICATION_STATES)
+    );
+    let words: Vec<String> = [Activity::Active, Activity::Paused, Activity::Disabled, Activity::PendingVerification]
+        .iter()
+        .map(|a| a.word().to_owned())
+        .collect();
     assert_eq!(strings(&schemas["Subscription"]["properties"]["state"]["enum"]), words);
     assert_eq!(strings(&schemas["RedriveRequest"]["properties"]["reason"]["enum"]), own(&DeadLetterReason::delivery_words()));
     let sub = &schemas["Subscription"]["properties"];

@@ -107,8 +107,22 @@ fn an_ab_run_starts_the_other_builds_services_in_alternating_pairs() {
         ),
     );
     let out = hookline(&[
-        "bench", "latency", "--no-split", "--duration-s", "2", "--rate", "20", "--partitions", "2", "--repeat", "2",
-        "--kafka-property", "compression.type=none", "--set", "log.batch_max_records=3000", "--against",
+        "bench",
+        "latency",
+        "--no-split",
+        "--duration-s",
+        "2",
+        "--rate",
+        "20",
+        "--partitions",
+        "2",
+        "--repeat",
+        "2",
+        "--kafka-property",
+        "compression.type=none",
+        "--set",
+        "log.batch_max_records=3000",
+        "--against",
         other.to_str().expect("utf-8 path"),
     ]);
     let v = json(&out);
@@ -133,7 +147,11 @@ fn an_ab_run_starts_the_other_builds_services_in_alternating_pairs() {
     assert!(ab["this"]["median"].is_number() && ab["other"]["median"].is_number(), "{ab}");
     assert_eq!(v["runs"]["other"].as_array().map(Vec::len), Some(2));
     let err = stderr(&out);
-    let order: Vec<&str> = err.lines().filter_map(|l| l.trim().strip_prefix("── pair ")).map(|l| if l.contains("this build") { "this" } else { "other" }).collect();
+    let order: Vec<&str> = err
+        .lines()
+        .filter_map(|l| l.trim().strip_prefix("── pair "))
+        .map(|l| if l.contains("this build") { "this" } else { "other" })
+        .collect();
     assert_eq!(order, ["this", "other", "other", "this"], "{err}");
     let _ = std::fs::remove_dir_all(&dir);
 }

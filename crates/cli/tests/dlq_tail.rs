@@ -53,7 +53,9 @@ impl Drop for TempDir {
 impl Setup {
     async fn send(&self, dl: &DeadLetter, format: DlqFormat) {
         let (value, headers) = hookline_kafka::dead_letters::record(dl, format);
-        hookline_kafka::produce::send_with_headers(&self.producer, "hookline.dlq", &dl.subscription_id, &value, Some(headers)).await.expect("produced");
+        hookline_kafka::produce::send_with_headers(&self.producer, "hookline.dlq", &dl.subscription_id, &value, Some(headers))
+            .await
+            .expect("produced");
     }
 }
 
@@ -111,7 +113,8 @@ async fn tail_prints_documents_of_both_formats_filtered() {
 
     let all = docs(&run(&["--json", "--from-beginning"]));
     // Two partitions: sort by write time for the comparison.
-    let mut reasons: Vec<(String, String)> = all.iter().map(|d| (d["dead_lettered_at"].as_str().unwrap().to_owned(), d["reason"].as_str().unwrap().to_owned())).collect();
+    let mut reasons: Vec<(String, String)> =
+        all.iter().map(|d| (d["dead_lettered_at"].as_str().unwrap().to_owned(), d["reason"].as_str().unwrap().to_owned())).collect();
     reasons.sort();
     assert_eq!(reasons.iter().map(|r| r.1.as_str()).collect::<Vec<_>>(), ["retries_exhausted", "terminal_outcome", "invalid_json"]);
     assert!(all.iter().all(|d| d["schema"] == "hookline.dead_letter.v1"), "a protobuf record is printed as the document too: {all:?}");

@@ -35,11 +35,8 @@ fn check(args: &[&str]) -> Vec<Value> {
 
 #[test]
 fn hostile_table_is_refused_with_its_reason() {
-    let rows: Vec<Vec<&str>> = HOSTILE
-        .lines()
-        .filter(|l| !l.trim().is_empty() && !l.starts_with('#'))
-        .map(|l| l.split('\t').collect())
-        .collect();
+    let rows: Vec<Vec<&str>> =
+        HOSTILE.lines().filter(|l| !l.trim().is_empty() && !l.starts_with('#')).map(|l| l.split('\t').collect()).collect();
     assert!(rows.len() >= 60, "{} rows", rows.len());
     // `--` so that URLs are never taken for options.
     let mut args = vec!["--"];
@@ -79,9 +76,7 @@ fn output_fields_in_documented_order() {
     let out = hookline(&["egress", "check", "https://10.0.0.7/"]);
     let text = String::from_utf8(out.stdout).unwrap();
     assert!(
-        text.starts_with(
-            r#"{"url":"https://10.0.0.7/","allowed":false,"reason":"10.0.0.7 is private (RFC 1918)","addresses":[]"#
-        ),
+        text.starts_with(r#"{"url":"https://10.0.0.7/","allowed":false,"reason":"10.0.0.7 is private (RFC 1918)","addresses":[]"#),
         "{text}"
     );
 }
@@ -114,11 +109,7 @@ fn config_file_and_policy_rules_apply() {
     let dir = std::env::temp_dir().join(format!("hookline-egress-cli-{}", std::process::id()));
     std::fs::create_dir_all(&dir).unwrap();
     let config = dir.join("hookline.toml");
-    std::fs::write(
-        &config,
-        "[egress]\ndeny_ranges = [\"93.184.216.0/24\"]\nblocked_hostnames = [\"*.corp.example\"]\n",
-    )
-    .unwrap();
+    std::fs::write(&config, "[egress]\ndeny_ranges = [\"93.184.216.0/24\"]\nblocked_hostnames = [\"*.corp.example\"]\n").unwrap();
     let out = check(&["--config", config.to_str().unwrap(), "https://93.184.216.34/", "https://a.corp.example/"]);
     assert_eq!(out[0]["reason"], "93.184.216.34 is in a range denied by the operator (93.184.216.0/24)");
     assert_eq!(out[1]["reason"], "a.corp.example is a blocked hostname");

@@ -8,16 +8,32 @@ fn hookline(args: &[&str]) -> Output {
     Command::new(env!("CARGO_BIN_EXE_hookline")).args(args).output().expect("run hookline")
 }
 
-const FILTER: &str = r#"{"all":[{"path":"data.amount","gte":100},{"any":[{"path":"data.currency","eq":"EUR"},{"path":"type","prefix":"refund."}]}]}"#;
+const FILTER: &str =
+    r#"{"all":[{"path":"data.amount","gte":100},{"any":[{"path":"data.currency","eq":"EUR"},{"path":"type","prefix":"refund."}]}]}"#;
 
 #[test]
 fn json_output_says_match_or_not_and_why_with_the_exit_status() {
-    let o = hookline(&["filter", "test", "--filter", FILTER, "--event", r#"{"id":"e1","type":"order.created","data":{"amount":250,"currency":"EUR"}}"#]);
+    let o = hookline(&[
+        "filter",
+        "test",
+        "--filter",
+        FILTER,
+        "--event",
+        r#"{"id":"e1","type":"order.created","data":{"amount":250,"currency":"EUR"}}"#,
+    ]);
     assert_eq!(o.status.code(), Some(0), "{}", String::from_utf8_lossy(&o.stderr));
     let v: Value = serde_json::from_slice(&o.stdout).unwrap();
     assert_eq!(v["matched"], true);
 
-    let o = hookline(&["filter", "test", "--json", "--filter", FILTER, "--event", r#"{"id":"e2","type":"order.created","data":{"amount":20}}"#]);
+    let o = hookline(&[
+        "filter",
+        "test",
+        "--json",
+        "--filter",
+        FILTER,
+        "--event",
+        r#"{"id":"e2","type":"order.created","data":{"amount":20}}"#,
+    ]);
     assert_eq!(o.status.code(), Some(1));
     let v: Value = serde_json::from_slice(&o.stdout).unwrap();
     assert_eq!(v["matched"], false);
@@ -39,8 +55,16 @@ fn human_output_and_files() {
     let text = String::from_utf8(o.stdout).unwrap();
     let lines: Vec<&str> = text.lines().collect();
     assert_eq!(lines[0], "match");
-    assert!(lines.iter().any(|l| l.contains("yes") && l.contains("filter.all[0]") && l.contains("data.amount gte 100") && l.contains("event has 100")), "{text}");
-    assert!(lines.iter().any(|l| l.contains("no") && l.contains("data.currency eq \"EUR\"") && l.contains("absent in the event")), "{text}");
+    assert!(
+        lines
+            .iter()
+            .any(|l| l.contains("yes") && l.contains("filter.all[0]") && l.contains("data.amount gte 100") && l.contains("event has 100")),
+        "{text}"
+    );
+    assert!(
+        lines.iter().any(|l| l.contains("no") && l.contains("data.currency eq \"EUR\"") && l.contains("absent in the event")),
+        "{text}"
+    );
 }
 
 #[test]

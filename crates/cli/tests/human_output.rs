@@ -41,7 +41,18 @@ failed after 6 attempts
 #[test]
 fn simulate_shows_micro_retries_jitter_bounds_and_the_profiles_word() {
     let got = stdout_of(&[
-        "policy", "simulate", "--format", "human", "--policy", "fynapse", "--seed", "7", "connect_error", "503", "429:ra=120", "200",
+        "policy",
+        "simulate",
+        "--format",
+        "human",
+        "--policy",
+        "fynapse",
+        "--seed",
+        "7",
+        "connect_error",
+        "503",
+        "429:ra=120",
+        "200",
     ]);
     let want = "\
 policy fynapse

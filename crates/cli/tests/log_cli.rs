@@ -89,7 +89,9 @@ async fn a_standalone_indexer_fills_the_sqlite_file_ingest_reads_and_stops_on_si
 async fn a_standalone_indexer_fills_a_postgres_store_and_stops_on_sigterm() {
     let admin = match std::env::var("HOOKLINE_TEST_POSTGRES_URL") {
         Ok(u) if !u.trim().is_empty() => u,
-        _ if std::env::var_os("HOOKLINE_TEST_REQUIRE_POSTGRES").is_some() => panic!("HOOKLINE_TEST_POSTGRES_URL is not set: run through scripts/with-postgres"),
+        _ if std::env::var_os("HOOKLINE_TEST_REQUIRE_POSTGRES").is_some() => {
+            panic!("HOOKLINE_TEST_POSTGRES_URL is not set: run through scripts/with-postgres")
+        }
         _ => {
             eprintln!("skipped: needs HOOKLINE_TEST_POSTGRES_URL (scripts/with-postgres cargo test -p hookline-cli --test log_cli)");
             return;

@@ -139,8 +139,13 @@ fn nothing_secret_is_printed_during_a_full_run() {
     let altered = alter(&link_token);
     assert_eq!(http(&hl, "GET", "/v1/subscriptions", &altered, None).0, 401);
     let bad_secret = "whsec_!!not-base64-but-secret-anyway!!";
-    let (status, body) =
-        http(&hl, "POST", "/v1/subscriptions", admin, Some(&format!(r#"{{"url":"{receiver}/ok","event_types":["x"],"secret":"{bad_secret}"}}"#)));
+    let (status, body) = http(
+        &hl,
+        "POST",
+        "/v1/subscriptions",
+        admin,
+        Some(&format!(r#"{{"url":"{receiver}/ok","event_types":["x"],"secret":"{bad_secret}"}}"#)),
+    );
     assert_eq!(status, 422, "{body}");
     assert!(!body.contains(bad_secret), "the error body quotes the secret: {body}");
 

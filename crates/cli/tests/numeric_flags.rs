@@ -24,7 +24,18 @@ fn hookline(args: &[String]) -> Output {
 /// (the command before the flag, the flag, what follows the value; whether it runs with the value).
 fn flags() -> Vec<(Vec<&'static str>, &'static str, Vec<&'static str>, bool)> {
     let body = concat!(env!("CARGO_MANIFEST_DIR"), "/Cargo.toml");
-    let verify = vec!["--secret", "whsec_MfKQ9r8GKYqrTwjUPD8ILPZIo2LaLaSw", "-H", "webhook-id: msg_1", "-H", "webhook-timestamp: 1614265330", "-H", "webhook-signature: v1,x", "--body-file", body];
+    let verify = vec![
+        "--secret",
+        "whsec_MfKQ9r8GKYqrTwjUPD8ILPZIo2LaLaSw",
+        "-H",
+        "webhook-id: msg_1",
+        "-H",
+        "webhook-timestamp: 1614265330",
+        "-H",
+        "webhook-signature: v1,x",
+        "--body-file",
+        body,
+    ];
     let parse_only = || vec!["--no-such-flag"];
     vec![
         (vec!["egress", "check"], "--resolve-timeout", vec!["https://203.0.113.7/hook"], true),
@@ -83,9 +94,33 @@ fn run_one(index: usize, value: &str) -> Result<(), TestCaseError> {
 }
 
 const EDGES: &[&str] = &[
-    "0", "-0", "1", "-1", "0.5", "1e-300", "5e-324", "1e300", "-1e300", "1e308", "1e16", "1.8e19", "inf", "-inf", "NaN",
-    "18446744073709551615", "18446744073709551616", "-9223372036854775808", "9223372036854775807", "4294967296", "65536",
-    "99999999999999999999999999", "", " ", "x", "0x10", "1_000",
+    "0",
+    "-0",
+    "1",
+    "-1",
+    "0.5",
+    "1e-300",
+    "5e-324",
+    "1e300",
+    "-1e300",
+    "1e308",
+    "1e16",
+    "1.8e19",
+    "inf",
+    "-inf",
+    "NaN",
+    "18446744073709551615",
+    "18446744073709551616",
+    "-9223372036854775808",
+    "9223372036854775807",
+    "4294967296",
+    "65536",
+    "99999999999999999999999999",
+    "",
+    " ",
+    "x",
+    "0x10",
+    "1_000",
 ];
 
 #[test]

@@ -36,11 +36,7 @@ fn scratch(name: &str, contents: &str) -> PathBuf {
 }
 
 fn delays(lines: &[Value]) -> Vec<Value> {
-    lines
-        .iter()
-        .filter(|l| l.get("attempt").is_some())
-        .map(|l| l.get("next_delay_s").cloned().unwrap_or(Value::Null))
-        .collect()
+    lines.iter().filter(|l| l.get("attempt").is_some()).map(|l| l.get("next_delay_s").cloned().unwrap_or(Value::Null)).collect()
 }
 
 #[test]
@@ -108,10 +104,7 @@ fn http_date_retry_after_is_read_against_the_simulated_clock() {
     assert_eq!(lines[0]["next_delay_s"], 43200);
     // Fynapse uses it as the base delay, plus 0-10%.
     let lines = simulate(&["--policy", "fynapse", "503:ra=Thu, 01 Jan 2026 01:00:00 GMT", "200"]);
-    assert_eq!(
-        (&lines[0]["next_delay_min_s"], &lines[0]["next_delay_max_s"]),
-        (&Value::from(3600), &Value::from(3960))
-    );
+    assert_eq!((&lines[0]["next_delay_min_s"], &lines[0]["next_delay_max_s"]), (&Value::from(3600), &Value::from(3960)));
     let d = lines[0]["next_delay_s"].as_f64().unwrap();
     assert!((3600.0..=3960.0).contains(&d));
     assert_eq!(lines[1]["at_s"], lines[0]["next_delay_s"]);
@@ -131,10 +124,7 @@ fn fynapse_micro_retries_and_dead_letters() {
     // The seed decides the draws, reproducibly.
     assert_eq!(simulate(&["--policy", "fynapse", "--seed", "9", "503"]), lines);
     // Non-retryable: DEAD_LETTER at once; success: DELIVERED.
-    assert_eq!(
-        simulate(&["--policy", "fynapse", "409"])[1],
-        serde_json::json!({"final": "dead", "status": "DEAD_LETTER", "attempts": 1})
-    );
+    assert_eq!(simulate(&["--policy", "fynapse", "409"])[1], serde_json::json!({"final": "dead", "status": "DEAD_LETTER", "attempts": 1}));
     assert_eq!(
         simulate(&["--policy", "fynapse", "200"])[1],
         serde_json::json!({"final": "succeeded", "status": "DELIVERED", "attempts": 1})
@@ -150,8 +140,7 @@ fn fynapse_micro_retries_and_dead_letters() {
 #[test]
 fn relay_runs_its_delay_table_then_dead() {
     let lines = simulate(&["--policy", "relay", "500"]);
-    let want: Vec<Value> =
-        [2, 4, 8, 16, 32, 64, 128, 256, 512, 600].into_iter().map(Value::from).chain([Value::Null]).collect();
+    let want: Vec<Value> = [2, 4, 8, 16, 32, 64, 128, 256, 512, 600].into_iter().map(Value::from).chain([Value::Null]).collect();
     assert_eq!(delays(&lines), want);
     assert_eq!(lines.last().unwrap(), &serde_json::json!({"final": "dead", "status": "dead", "attempts": 11}));
     // A redirect is terminal.
@@ -237,10 +226,7 @@ fn show_prints_a_document_that_checks_and_simulates_as_the_builtin() {
         let path = path.to_str().unwrap();
         let o = hookline(&["policy", "check", path]);
         assert!(o.status.success() && stdout(&o).starts_with("OK"), "{name}: {}", stderr(&o));
-        assert_eq!(
-            simulate(&["--policy", path, "--seed", "5", "500"]),
-            simulate(&["--policy", name, "--seed", "5", "500"])
-        );
+        assert_eq!(simulate(&["--policy", path, "--seed", "5", "500"]), simulate(&["--policy", name, "--seed", "5", "500"]));
     }
     let o = hookline(&["policy", "show", "nope"]);
     assert!(!o.status.success() && stderr(&o).contains("nope") && stderr(&o).contains("lucibook"));
@@ -301,5 +287,8 @@ fn policy_mistakes_are_answered_in_plain_words_with_a_suggestion() {
         .output()
         .unwrap();
     let err = stderr(&out);
-    assert!(err.contains("HOOKLINE_DISPATCHER__MAX_IN_FLIGHT") && err.contains("expected a whole number") && !err.contains("usize"), "{err}");
+    assert!(
+        err.contains("HOOKLINE_DISPATCHER__MAX_IN_FLIGHT") && err.contains("expected a whole number") && !err.contains("usize"),
+        "{err}"
+    );
 }

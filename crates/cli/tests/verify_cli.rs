@@ -43,11 +43,7 @@ fn hookline(args: &[&str], stdin: Option<&[u8]>) -> (i32, String, String) {
         child.stdin.take().expect("stdin").write_all(input).expect("write stdin");
     }
     let Output { status, stdout, stderr } = child.wait_with_output().expect("wait for hookline");
-    (
-        status.code().unwrap_or(-1),
-        String::from_utf8_lossy(&stdout).into_owned(),
-        String::from_utf8_lossy(&stderr).into_owned(),
-    )
+    (status.code().unwrap_or(-1), String::from_utf8_lossy(&stdout).into_owned(), String::from_utf8_lossy(&stderr).into_owned())
 }
 
 fn spec_args<'a>(body_file: &'a str, now: &'a str) -> Vec<&'a str> {
@@ -85,10 +81,8 @@ fn the_body_can_come_from_stdin_and_headers_from_a_dump() {
          > Webhook-Id: {ID}\r\n> Webhook-Timestamp: {TS}\r\n> Webhook-Signature: v1a,AAAA {SIG}\r\n>\r\n\r\n{BODY}\r\n"
     );
     let headers = s.file("headers.txt", dump.as_bytes());
-    let (code, out, err) = hookline(
-        &["--secret", SECRET, "--headers-file", &headers, "--body-file", "-", "--now", "1614265330"],
-        Some(BODY.as_bytes()),
-    );
+    let (code, out, err) =
+        hookline(&["--secret", SECRET, "--headers-file", &headers, "--body-file", "-", "--now", "1614265330"], Some(BODY.as_bytes()));
     assert_eq!(code, 0, "stdout: {out}\nstderr: {err}");
     assert_eq!(out.trim(), "OK: signature v1 #2 matches (scheme standard-webhooks, timestamp 0 s old)");
 }
@@ -118,16 +112,7 @@ fn a_missing_header_is_named() {
     let s = Scratch::new("missing");
     let body = s.file("body.json", BODY.as_bytes());
     let (code, out, _) = hookline(
-        &[
-            "--secret",
-            SECRET,
-            "-H",
-            &format!("webhook-id: {ID}"),
-            "-H",
-            &format!("webhook-signature: {SIG}"),
-            "--body-file",
-            &body,
-        ],
+        &["--secret", SECRET, "-H", &format!("webhook-id: {ID}"), "-H", &format!("webhook-signature: {SIG}"), "--body-file", &body],
         None,
     );
     assert_eq!(code, 1, "{out}");
@@ -214,9 +199,7 @@ fn bad_arguments_exit_2_naming_the_argument() {
 fn help_explains_the_command() {
     let (code, out, _) = hookline(&["--help"], None);
     assert_eq!(code, 0);
-    for needle in
-        ["--secret", "--headers-file", "--body-file", "--tolerance-s", "--now", "exits 1", "Standard Webhooks"]
-    {
+    for needle in ["--secret", "--headers-file", "--body-file", "--tolerance-s", "--now", "exits 1", "Standard Webhooks"] {
         assert!(out.contains(needle), "help lacks {needle}: {out}");
     }
 }

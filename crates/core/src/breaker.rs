@@ -12,11 +12,19 @@ pub enum Breaker {
     /// Requests flow; `errors` connect errors or timeouts in a row so far.
     #[default]
     Closed,
-    Counting { errors: u32 },
+    Counting {
+        errors: u32,
+    },
     /// No requests until `until_ms`.
-    Open { until_ms: i64, cool_off_ms: u64 },
+    Open {
+        until_ms: i64,
+        cool_off_ms: u64,
+    },
     /// One probe is out (since `since_ms`); everything else waits for its answer.
-    Probing { since_ms: i64, cool_off_ms: u64 },
+    Probing {
+        since_ms: i64,
+        cool_off_ms: u64,
+    },
 }
 
 /// What a delivery about to send should do.
@@ -26,7 +34,9 @@ pub enum Admission {
     /// Send: this request is the probe of a breaker that was open.
     Probe,
     /// Do not send; come back at `until_ms` (not an attempt: nothing is counted).
-    Wait { until_ms: i64 },
+    Wait {
+        until_ms: i64,
+    },
 }
 
 /// A change the API should show (the dispatcher writes it to the endpoint state).

@@ -15,8 +15,17 @@ pub const MAX_VALUE_BYTES: usize = 1024;
 pub const MAX_TOTAL_BYTES: usize = 4096;
 
 /// Connection-scoped headers (RFC 9110 §7.6.1) and the framing ones hyper sets itself.
-const HOP_BY_HOP: [&str; 9] =
-    ["connection", "keep-alive", "proxy-authenticate", "proxy-authorization", "proxy-connection", "te", "trailer", "transfer-encoding", "upgrade"];
+const HOP_BY_HOP: [&str; 9] = [
+    "connection",
+    "keep-alive",
+    "proxy-authenticate",
+    "proxy-authorization",
+    "proxy-connection",
+    "te",
+    "trailer",
+    "transfer-encoding",
+    "upgrade",
+];
 /// Set by hookline on every request: the body's description, the host it connects to, who sends it, and the
 /// trace context of the attempt.
 const PLATFORM: [&str; 6] = ["host", "content-length", "content-type", "user-agent", "traceparent", "tracestate"];
@@ -45,13 +54,8 @@ pub fn platform_header_names(policy: &Policy) -> Vec<String> {
     ];
     v.extend(all_schemes.iter().map(|s| s.to_ascii_lowercase()));
     let shape = &policy.request;
-    let optional = [
-        &shape.idempotency_key_header,
-        &shape.event_id_header,
-        &shape.event_type_header,
-        &shape.webhook_id_header,
-        &shape.attempt_header,
-    ];
+    let optional =
+        [&shape.idempotency_key_header, &shape.event_id_header, &shape.event_type_header, &shape.webhook_id_header, &shape.attempt_header];
     v.extend(optional.into_iter().flatten().map(|s| s.to_ascii_lowercase()));
     v
 }

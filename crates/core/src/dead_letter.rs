@@ -343,7 +343,9 @@ impl TryFrom<Document> for DeadLetter {
                             field: "event.payload",
                             message: "must be a base64 string when payload_encoding is base64".into(),
                         })?;
-                        b64().decode(text).map_err(|err| DecodeError::Field { field: "event.payload", message: format!("not base64: {err}") })?
+                        b64()
+                            .decode(text)
+                            .map_err(|err| DecodeError::Field { field: "event.payload", message: format!("not base64: {err}") })?
                     }
                 };
                 Some(Event {
@@ -490,7 +492,15 @@ mod tests {
         assert_eq!(v["source"], serde_json::json!({"topic": "hookline.events", "partition": 2, "offset": 41}));
         assert_eq!(decode(&bytes, None).unwrap(), dl);
         let h = headers(&dl, DlqFormat::Json);
-        assert_eq!(h, vec![("hookline-reason", "invalid_json".into()), ("hookline-subscription", String::new()), ("hookline-event-type", String::new()), ("hookline-format", "json".into())]);
+        assert_eq!(
+            h,
+            vec![
+                ("hookline-reason", "invalid_json".into()),
+                ("hookline-subscription", String::new()),
+                ("hookline-event-type", String::new()),
+                ("hookline-format", "json".into())
+            ]
+        );
     }
 
     #[test]
@@ -506,7 +516,12 @@ mod tests {
 
     #[test]
     fn a_document_too_large_for_a_record_is_cut_or_written_as_protobuf() {
-        let input = DeadLetter { reason: "invalid_json".into(), raw: vec![b'x'; 30_000].into(), source_topic: "hookline.events".into(), ..Default::default() };
+        let input = DeadLetter {
+            reason: "invalid_json".into(),
+            raw: vec![b'x'; 30_000].into(),
+            source_topic: "hookline.events".into(),
+            ..Default::default()
+        };
         let (value, format, cut) = encode_within(&input, DlqFormat::Json, 30_000);
         assert_eq!(format, DlqFormat::Json);
         assert!(value.len() <= 30_000, "{}", value.len());

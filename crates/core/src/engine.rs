@@ -341,15 +341,8 @@ mod tests {
     }
 
     fn progress_strategy() -> impl Strategy<Value = Progress> {
-        (1u32..25, 1u32..4, 0i64..300_000_000, 1_767_225_600_000i64..1_767_300_000_000).prop_map(
-            |(attempt, try_no, now_ms, wall)| Progress {
-                attempt,
-                try_no,
-                first_attempt_at_ms: 0,
-                now_ms,
-                wall_clock_ms: wall,
-            },
-        )
+        (1u32..25, 1u32..4, 0i64..300_000_000, 1_767_225_600_000i64..1_767_300_000_000)
+            .prop_map(|(attempt, try_no, now_ms, wall)| Progress { attempt, try_no, first_attempt_at_ms: 0, now_ms, wall_clock_ms: wall })
     }
 
     proptest! {

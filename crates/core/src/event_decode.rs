@@ -1,9 +1,9 @@
 //! Decoding and validating an upstream event: a JSON envelope or the protobuf `Event`. A rejection names a
 //! stable reason (the dead-letter `reason`) and a detail a producer can act on.
 
-use bytes::Bytes;
 use crate::model::Event;
 use crate::vocabulary::DeadLetterReason as Reason;
+use bytes::Bytes;
 use prost::Message;
 use serde::Deserialize;
 use serde_json::value::RawValue;
@@ -91,13 +91,17 @@ fn decode_json(bytes: &[u8]) -> Result<Event, Invalid> {
     let event_type = required(env.event_type, "type")?;
     let occurred_at_ms = match env.occurred_at {
         None | Some(serde_json::Value::Null) => 0,
-        Some(serde_json::Value::Number(n)) => n
-            .as_i64()
-            .filter(|v| *v >= 0)
-            .ok_or_else(|| invalid(Reason::EventInvalidField, "occurred_at: a number must be whole milliseconds since the epoch").at("occurred_at"))?,
-        Some(serde_json::Value::String(s)) => parse_rfc3339_ms(&s)
-            .ok_or_else(|| invalid(Reason::EventInvalidField, format!("occurred_at: {s:?} is not an RFC 3339 timestamp")).at("occurred_at"))?,
-        Some(_) => return Err(invalid(Reason::EventInvalidField, "occurred_at: must be an RFC 3339 string or epoch milliseconds").at("occurred_at")),
+        Some(serde_json::Value::Number(n)) => n.as_i64().filter(|v| *v >= 0).ok_or_else(|| {
+            invalid(Reason::EventInvalidField, "occurred_at: a number must be whole milliseconds since the epoch").at("occurred_at")
+        })?,
+        Some(serde_json::Value::String(s)) => parse_rfc3339_ms(&s).ok_or_else(|| {
+            invalid(Reason::EventInvalidField, format!("occurred_at: {s:?} is not an RFC 3339 timestamp")).at("occurred_at")
+        })?,
+        Some(_) => {
+            return Err(
+                invalid(Reason::EventInvalidField, "occurred_at: must be an RFC 3339 string or epoch milliseconds").at("occurred_at")
+            )
+        }
     };
     let tenant = env.tenant.unwrap_or_default();
     check_tenant(&tenant)?;
@@ -159,11 +163,9 @@ fn decode_protobuf(bytes: &[u8]) -> Result<Event, Invalid> {
     check_name(&ev.r#type, "type")?;
     check_tenant(&ev.tenant)?;
     if !ev.data_json.is_empty() {
-        let text = std::str::from_utf8(&ev.data_json)
-            .map_err(|_| invalid(Reason::EventInvalidUtf8, "data_json is not valid UTF-8"))?;
+        let text = std::str::from_utf8(&ev.data_json).map_err(|_| invalid(Reason::EventInvalidUtf8, "data_json is not valid UTF-8"))?;
         check_depth(text.as_bytes())?;
-        serde_json::from_str::<&RawValue>(text)
-            .map_err(|e| invalid(Reason::EventInvalidJson, format!("data_json: {e}")))?;
+        serde_json::from_str::<&RawValue>(text).map_err(|e| invalid(Reason::EventInvalidJson, format!("data_json: {e}")))?;
     }
     Ok(ev)
 }
@@ -224,7 +226,11 @@ pub fn parse_rfc3339_ms(s: &str) -> Option<i64> {
         b'Z' | b'z' if i + 1 == b.len() => 0,
         sign @ (b'+' | b'-') if i + 6 == b.len() && b[i + 3] == b':' => {
             let v = num(i + 1..i + 3)? * 60 + num(i + 4..i + 6)?;
-            if *sign == b'-' { -v } else { v }
+            if *sign == b'-' {
+                -v
+            } else {
+                v
+            }
         }
         _ => return None,
     };
@@ -294,7 +300,10 @@ mod tests {
         let quoted = format!(r#"{{"a":"{}\"{}","b":1}}"#, "[".repeat(500), "{".repeat(500));
         assert!(check_depth(quoted.as_bytes()).is_ok(), "brackets in a string, after an escaped quote");
         let escaped_backslash = format!(r#"{{"a":"x\\"{}"#, "[".repeat(MAX_DEPTH + 1));
-        assert!(check_depth(escaped_backslash.as_bytes()).is_err(), "an escaped backslash ends nothing: the quote after it closes the string");
+        assert!(
+            check_depth(escaped_backslash.as_bytes()).is_err(),
+            "an escaped backslash ends nothing: the quote after it closes the string"
+        );
         for cut in [&b"\""[..], b"\"\\", b"[\"abc", b"\"\\\""] {
             assert!(check_depth(cut).is_ok(), "an unterminated string is serde_json's to report: {cut:?}");
         }

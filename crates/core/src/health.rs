@@ -249,10 +249,7 @@ mod tests {
         apply(&mut s, Some(&rule), HealthEvent::Success, 2 * DAY_MS);
         apply(&mut s, Some(&rule), HealthEvent::CountedFailure, 2 * DAY_MS + 1);
         assert_eq!(apply(&mut s, Some(&rule), HealthEvent::CountedFailure, 4 * DAY_MS), Transition::None);
-        assert!(matches!(
-            apply(&mut s, Some(&rule), HealthEvent::CountedFailure, 5 * DAY_MS + 1),
-            Transition::Tripped { .. }
-        ));
+        assert!(matches!(apply(&mut s, Some(&rule), HealthEvent::CountedFailure, 5 * DAY_MS + 1), Transition::Tripped { .. }));
     }
 
     #[test]
@@ -337,8 +334,13 @@ mod tests {
     #[test]
     fn micro_retried_tries_are_not_events() {
         let wait = Wait { ms: 500, min_ms: 200, max_ms: 2000 };
-        let micro =
-            Decision { verdict: Verdict::Retry, counts_toward_disable: true, next: Next::MicroRetry(wait), rule: 3, decided_by: crate::engine::DecidedBy::MicroRetry };
+        let micro = Decision {
+            verdict: Verdict::Retry,
+            counts_toward_disable: true,
+            next: Next::MicroRetry(wait),
+            rule: 3,
+            decided_by: crate::engine::DecidedBy::MicroRetry,
+        };
         assert_eq!(HealthEvent::of(&micro), None);
         let next = Decision { next: Next::NextAttempt(wait), ..micro };
         assert_eq!(HealthEvent::of(&next), Some(HealthEvent::CountedFailure));

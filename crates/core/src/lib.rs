@@ -1,14 +1,14 @@
 //! hookline's rules, with no I/O: policies and built-in profiles, the retry engine, Retry-After parsing,
 //! endpoint health, request signing and the egress decision. Binaries carry out what these functions decide.
 
-pub mod credential;
-pub mod egress;
-pub mod event_decode;
-pub mod engine;
 pub mod breaker;
 pub mod concurrency;
+pub mod credential;
 pub mod custom_headers;
 pub mod dead_letter;
+pub mod egress;
+pub mod engine;
+pub mod event_decode;
 pub mod filter;
 pub mod health;
 pub mod model;

@@ -62,7 +62,8 @@ mod tests {
             ..Default::default()
         };
         assert_eq!(DeliveryTask::decode(task.encode_to_vec().as_slice()).unwrap(), task);
-        let rec = AttemptRecord { delivery_id: "dlv_1".into(), received_at_us: 10, started_at_us: 25, started_at_ms: 0, ..Default::default() };
+        let rec =
+            AttemptRecord { delivery_id: "dlv_1".into(), received_at_us: 10, started_at_us: 25, started_at_ms: 0, ..Default::default() };
         assert_eq!(AttemptRecord::decode(rec.encode_to_vec().as_slice()).unwrap(), rec);
         // A record from before the fields (or from a writer that does not stamp) reads as "not stamped".
         let old = DeliveryTask { delivery_id: "dlv_1".into(), attempts_made: 2, ..Default::default() }.encode_to_vec();
@@ -78,7 +79,13 @@ mod tests {
             #[prost(string, tag = "27")]
             rule_when: String,
         }
-        let rec = AttemptRecord { delivery_id: "dlv_2".into(), rule_when: "2xx".into(), received_at_us: 1, started_at_us: 2, ..Default::default() };
+        let rec = AttemptRecord {
+            delivery_id: "dlv_2".into(),
+            rule_when: "2xx".into(),
+            received_at_us: 1,
+            started_at_us: 2,
+            ..Default::default()
+        };
         let old = OldAttempt::decode(rec.encode_to_vec().as_slice()).unwrap();
         assert_eq!((old.delivery_id.as_str(), old.rule_when.as_str()), ("dlv_2", "2xx"));
     }

@@ -41,9 +41,10 @@ impl Ordering {
             }
             Ok(OrderingMode::None) => Ok(None),
             Ok(OrderingMode::Strict) => Ok(Some(Ordering::Strict)),
-            Ok(OrderingMode::Key) if ordering_key.is_empty() => {
-                Err(err("ordering_key", "required with \"ordering\": \"key\": the event field that keys the order, e.g. \"entity_id\"".into()))
-            }
+            Ok(OrderingMode::Key) if ordering_key.is_empty() => Err(err(
+                "ordering_key",
+                "required with \"ordering\": \"key\": the event field that keys the order, e.g. \"entity_id\"".into(),
+            )),
             Ok(OrderingMode::Key) => payload_filter::parse_path(ordering_key)
                 .map(|segments| Some(Ordering::Key { path: ordering_key.to_owned(), segments }))
                 .map_err(|e| err("ordering_key", e)),
@@ -370,7 +371,13 @@ mod tests {
     }
 
     fn sends(steps: Vec<Step<i32>>) -> Vec<(i32, Start)> {
-        steps.into_iter().map(|s| match s { Step::Send(_, j, st) => (j, st), other => panic!("not a send: {other:?}") }).collect()
+        steps
+            .into_iter()
+            .map(|s| match s {
+                Step::Send(_, j, st) => (j, st),
+                other => panic!("not a send: {other:?}"),
+            })
+            .collect()
     }
 
     #[test]

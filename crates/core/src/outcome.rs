@@ -5,7 +5,10 @@ use std::fmt;
 /// What one try produced. `Http` carries the raw `Retry-After` header, parsed later by the engine.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Outcome {
-    Http { status: u16, retry_after: Option<String> },
+    Http {
+        status: u16,
+        retry_after: Option<String>,
+    },
     /// No complete response within the policy's timeout (connect + read together).
     Timeout,
     /// DNS failure, refused or reset connection, or a malformed response.

@@ -52,9 +52,8 @@ fn envelope(style: BodyStyle, event: &Event) -> Vec<u8> {
     };
     let data = trim_json_ws(&event.data_json);
     // Fixed punctuation and keys are under 100 bytes; strings rarely need escapes.
-    let mut out = Vec::with_capacity(
-        100 + event.id.len() + event.r#type.len() + event.tenant.len() + event.entity_id.len() + data.len().max(4),
-    );
+    let mut out =
+        Vec::with_capacity(100 + event.id.len() + event.r#type.len() + event.tenant.len() + event.entity_id.len() + data.len().max(4));
     out.extend_from_slice(b"{\"id\":");
     write_json_str(&mut out, &event.id);
     out.extend_from_slice(b",\"type\":");
@@ -418,8 +417,7 @@ impl<'a> Scanner<'a> {
 
     /// At `[`: moves to element `index` (RFC 6901: decimal, no leading zeros).
     fn enter_element(&mut self, index: &str) -> Option<()> {
-        if index.is_empty() || (index.len() > 1 && index.starts_with('0')) || !index.bytes().all(|b| b.is_ascii_digit())
-        {
+        if index.is_empty() || (index.len() > 1 && index.starts_with('0')) || !index.bytes().all(|b| b.is_ascii_digit()) {
             return None;
         }
         let n: usize = index.parse().ok()?;
@@ -944,8 +942,7 @@ oversize = { action = "dead" }
         ];
         for (data, pointer) in cases {
             let mut p = gauge_policy(65_536);
-            p.request.oversize =
-                OversizeAction::Truncate { pointer: pointer.into(), fetch_url_template: "https://x/{event_id}".into() };
+            p.request.oversize = OversizeAction::Truncate { pointer: pointer.into(), fetch_url_template: "https://x/{event_id}".into() };
             let err = body(&p, &event(&data)).unwrap_err();
             assert!(matches!(err, BodyError::Oversize { limit: 65_536, .. }), "{pointer}: {err:?}");
         }
@@ -955,10 +952,8 @@ oversize = { action = "dead" }
     fn pointer_escapes_arrays_and_url_encoding() {
         let data = format!(r#"{{"a/b": [0, {{"t~x": "{}"}}]}}"#, "y".repeat(500));
         let mut p = gauge_policy(300);
-        p.request.oversize = OversizeAction::Truncate {
-            pointer: "/data/a~1b/1/t~0x".into(),
-            fetch_url_template: "https://x/e/{event_id}?full=1".into(),
-        };
+        p.request.oversize =
+            OversizeAction::Truncate { pointer: "/data/a~1b/1/t~0x".into(), fetch_url_template: "https://x/e/{event_id}?full=1".into() };
         let mut e = event(&data);
         e.id = "evt 1/ä".into();
         let b = body(&p, &e).unwrap();
@@ -1054,10 +1049,7 @@ oversize = { action = "dead" }
         let legacy: Vec<(&str, &str)> =
             vec![("x-pulse-signature", h.get("x-pulse-signature").unwrap()), ("x-pulse-timestamp", "1767225600123")];
         verify_gauge(&[&secrets[0]], legacy.as_slice(), body, c.now_ms, 300).unwrap();
-        assert!(matches!(
-            verify_gauge(&[&secrets[1]], legacy.as_slice(), body, c.now_ms, 300),
-            Err(VerifyError::NoMatch { .. })
-        ));
+        assert!(matches!(verify_gauge(&[&secrets[1]], legacy.as_slice(), body, c.now_ms, 300), Err(VerifyError::NoMatch { .. })));
     }
 
     #[test]
@@ -1075,10 +1067,7 @@ oversize = { action = "dead" }
         assert_eq!(names, ["content-type", "user-agent", "Idempotency-Key"]);
         assert_eq!(headers(&policy(STANDARD), &ctx(&[]), b"{}").unwrap_err(), SignError::NoSecret);
         let bad = vec!["whsec_ok+/".to_owned(), "whsec_%%".to_owned()];
-        assert!(matches!(
-            headers(&policy(STANDARD), &ctx(&bad), b"{}").unwrap_err(),
-            SignError::BadSecret { position: 2, .. }
-        ));
+        assert!(matches!(headers(&policy(STANDARD), &ctx(&bad), b"{}").unwrap_err(), SignError::BadSecret { position: 2, .. }));
     }
 
     fn secret(value: &str, expires_at_ms: i64) -> crate::model::Secret {
@@ -1091,7 +1080,8 @@ oversize = { action = "dead" }
     fn a_plan_gives_the_same_headers_as_building_them_each_time() {
         let secrets = vec!["whsec_MfKQ9r8GKYqrTwjUPD8ILPZIo2LaLaSw".to_owned(), "whsec_aGVsbG8gd29ybGQ=".to_owned()];
         let stored = [secret(&secrets[0], 0), secret(&secrets[1], 0)];
-        let unsigned = policy("signature = \"none\"\nwebhook_id_header = \"X-Sub\"\nbody_limit_bytes = 10\noversize = { action = \"dead\" }");
+        let unsigned =
+            policy("signature = \"none\"\nwebhook_id_header = \"X-Sub\"\nbody_limit_bytes = 10\noversize = { action = \"dead\" }");
         let standard = policy(STANDARD);
         let gauge = gauge_policy(65_536);
         let profiles: Vec<Policy> = crate::policy::BUILTIN_NAMES.iter().filter_map(|n| crate::policy::builtin(n)).collect();
@@ -1107,7 +1097,12 @@ oversize = { action = "dead" }
                 let want = headers(p, &c, body.as_bytes()).unwrap();
                 assert_eq!(plan.headers(&AttemptIds::from(&c), body.as_bytes()).unwrap(), want, "policy {}", p.name);
                 let values = plan.values(&AttemptIds::from(&c), body.as_bytes()).unwrap();
-                let computed: Vec<&str> = want.iter().zip(plan.entries()).filter(|(_, (_, s))| !matches!(s, HeaderSource::Fixed(_))).map(|((_, v), _)| v).collect();
+                let computed: Vec<&str> = want
+                    .iter()
+                    .zip(plan.entries())
+                    .filter(|(_, (_, s))| !matches!(s, HeaderSource::Fixed(_)))
+                    .map(|((_, v), _)| v)
+                    .collect();
                 assert_eq!(values, computed);
             }
         }
@@ -1138,10 +1133,33 @@ oversize = { action = "dead" }
 
     #[test]
     fn signatures_and_credentials_are_secret_and_the_identifying_headers_are_not() {
-        for secret in ["webhook-signature", "Gauge-Signature", "X-Pulse-Signature", "Authorization", "Cookie", "Set-Cookie", "X-Api-Key", "x-my-token", "X-Auth-User", "Client-Secret", "X-Credential"] {
+        for secret in [
+            "webhook-signature",
+            "Gauge-Signature",
+            "X-Pulse-Signature",
+            "Authorization",
+            "Cookie",
+            "Set-Cookie",
+            "X-Api-Key",
+            "x-my-token",
+            "X-Auth-User",
+            "Client-Secret",
+            "X-Credential",
+        ] {
             assert!(is_secret_header(secret), "{secret}");
         }
-        for plain in ["content-type", "user-agent", "webhook-id", "webhook-timestamp", "Gauge-Event-Id", "Idempotency-Key", "x-pulse-timestamp", "traceparent", "retry-after", ""] {
+        for plain in [
+            "content-type",
+            "user-agent",
+            "webhook-id",
+            "webhook-timestamp",
+            "Gauge-Event-Id",
+            "Idempotency-Key",
+            "x-pulse-timestamp",
+            "traceparent",
+            "retry-after",
+            "",
+        ] {
             assert!(!is_secret_header(plain), "{plain}");
         }
     }

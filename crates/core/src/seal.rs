@@ -55,9 +55,8 @@ pub fn parse_entry(entry: &str) -> Result<(String, [u8; KEY_BYTES]), SealError> 
     }
     // The error of the decoder is not shown: it could quote part of the key.
     let bytes = B64.decode(b64.trim()).map_err(|_| SealError::InvalidEntry(format!("key {id:?}: not valid base64")))?;
-    let key: [u8; KEY_BYTES] = bytes
-        .try_into()
-        .map_err(|b: Vec<u8>| SealError::InvalidEntry(format!("key {id:?}: {} bytes, expected {KEY_BYTES}", b.len())))?;
+    let key: [u8; KEY_BYTES] =
+        bytes.try_into().map_err(|b: Vec<u8>| SealError::InvalidEntry(format!("key {id:?}: {} bytes, expected {KEY_BYTES}", b.len())))?;
     Ok((id.to_owned(), key))
 }
 

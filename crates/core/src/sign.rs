@@ -47,10 +47,8 @@ pub mod names {
 }
 
 /// Standard alphabet, padding optional on input, always written on output.
-const B64: GeneralPurpose = GeneralPurpose::new(
-    &alphabet::STANDARD,
-    GeneralPurposeConfig::new().with_decode_padding_mode(DecodePaddingMode::Indifferent),
-);
+const B64: GeneralPurpose =
+    GeneralPurpose::new(&alphabet::STANDARD, GeneralPurposeConfig::new().with_decode_padding_mode(DecodePaddingMode::Indifferent));
 
 // ---------------------------------------------------------------------------------------------------------------
 // Errors
@@ -107,11 +105,7 @@ fn no_match_message(tried: usize, unreadable: usize, secrets: usize, ignored: &[
     let mut m = if tried == 0 {
         "no signature matched: the header has no v1 signature".to_owned()
     } else {
-        format!(
-            "no signature matched: {tried} v1 signature{} tried with {secrets} secret{}",
-            plural(tried),
-            plural(secrets)
-        )
+        format!("no signature matched: {tried} v1 signature{} tried with {secrets} secret{}", plural(tried), plural(secrets))
     };
     if unreadable > 0 {
         m.push_str(&format!(" ({unreadable} not a well-formed HMAC-SHA256)"));
@@ -261,8 +255,8 @@ fn macs_equal(computed: &[u8; MAC_LEN], candidate: &[u8]) -> bool {
 
 /// `v1,<base64>` for one secret: the value (or one entry of the value) of `webhook-signature`.
 pub fn standard_signature(secret: &str, msg_id: &str, timestamp_s: i64, body: &[u8]) -> Result<String, SignError> {
-    let key = SigningKey::new(SignatureScheme::StandardWebhooks, secret)
-        .map_err(|problem| SignError::BadSecret { position: 1, problem })?;
+    let key =
+        SigningKey::new(SignatureScheme::StandardWebhooks, secret).map_err(|problem| SignError::BadSecret { position: 1, problem })?;
     let mut out = String::with_capacity(3 + 44);
     key.push_standard(&mut out, msg_id, &timestamp_s.to_string(), body);
     Ok(out)
@@ -270,8 +264,7 @@ pub fn standard_signature(secret: &str, msg_id: &str, timestamp_s: i64, body: &[
 
 /// The hex HMAC of `"{t_ms}.{body}"`: what follows `v1=` in `Gauge-Signature` and the `x-pulse-signature` value.
 pub fn gauge_signature_hex(secret: &str, t_ms: i64, body: &[u8]) -> Result<String, SignError> {
-    let key =
-        signing_key(SignatureScheme::Gauge, secret).map_err(|problem| SignError::BadSecret { position: 1, problem })?;
+    let key = signing_key(SignatureScheme::Gauge, secret).map_err(|problem| SignError::BadSecret { position: 1, problem })?;
     Ok(hex::encode(gauge_mac(&key, t_ms, body)))
 }
 
@@ -326,13 +319,7 @@ pub fn detect_scheme<H: HeaderLookup + ?Sized>(headers: &H) -> Option<SignatureS
 
 /// Verifies a Standard Webhooks v1 request against any of `secrets` (rotation), with `tolerance_s` either side of
 /// `now_ms`.
-pub fn verify_standard<H, S>(
-    secrets: &[S],
-    headers: &H,
-    body: &[u8],
-    now_ms: i64,
-    tolerance_s: u64,
-) -> Result<Verified, VerifyError>
+pub fn verify_standard<H, S>(secrets: &[S], headers: &H, body: &[u8], now_ms: i64, tolerance_s: u64) -> Result<Verified, VerifyError>
 where
     H: HeaderLookup + ?Sized,
     S: AsRef<str>,
@@ -374,13 +361,7 @@ where
 
 /// Verifies a Gauge request against any of `secrets`, with `tolerance_s` either side of `now_ms`. Reads
 /// `Gauge-Signature`; without it, the legacy `x-pulse-signature` + `x-pulse-timestamp` pair.
-pub fn verify_gauge<H, S>(
-    secrets: &[S],
-    headers: &H,
-    body: &[u8],
-    now_ms: i64,
-    tolerance_s: u64,
-) -> Result<Verified, VerifyError>
+pub fn verify_gauge<H, S>(secrets: &[S], headers: &H, body: &[u8], now_ms: i64, tolerance_s: u64) -> Result<Verified, VerifyError>
 where
     H: HeaderLookup + ?Sized,
     S: AsRef<str>,
@@ -428,9 +409,7 @@ fn keys_for<S: AsRef<str>>(scheme: SignatureScheme, secrets: &[S]) -> Result<Vec
     secrets
         .iter()
         .enumerate()
-        .map(|(i, s)| {
-            signing_key(scheme, s.as_ref()).map_err(|problem| VerifyError::BadSecret { position: i + 1, problem })
-        })
+        .map(|(i, s)| signing_key(scheme, s.as_ref()).map_err(|problem| VerifyError::BadSecret { position: i + 1, problem }))
         .collect()
 }
 
@@ -572,9 +551,8 @@ fn parse_gauge_signature(raw: &str) -> Result<(i64, Candidates), VerifyError> {
         };
         match key.trim() {
             "t" => {
-                let v = parse_digits(value.trim()).ok_or_else(|| {
-                    malformed(format!("t must be epoch milliseconds (digits only), got {}", quoted(value)))
-                })?;
+                let v = parse_digits(value.trim())
+                    .ok_or_else(|| malformed(format!("t must be epoch milliseconds (digits only), got {}", quoted(value))))?;
                 if t.is_some_and(|prev| prev != v) {
                     return Err(malformed("two different t= values".into()));
                 }
@@ -610,11 +588,7 @@ mod tests {
     const SPEC_SIG: &str = "v1,g0hM9SsE+OTPJTGt/tmIKtSyZlE3uFJELVlNIOLJ1OE=";
 
     fn spec_headers(id: &str, ts: &str, sig: &str) -> Vec<(String, String)> {
-        vec![
-            ("webhook-id".into(), id.into()),
-            ("webhook-timestamp".into(), ts.into()),
-            ("webhook-signature".into(), sig.into()),
-        ]
+        vec![("webhook-id".into(), id.into()), ("webhook-timestamp".into(), ts.into()), ("webhook-signature".into(), sig.into())]
     }
 
     fn at(ts_s: i64) -> i64 {
@@ -645,11 +619,7 @@ mod tests {
         ];
         for (what, h, body) in cases {
             let err = verify_standard(&[SPEC_SECRET], h.as_slice(), body, now, 300).unwrap_err();
-            assert_eq!(
-                err,
-                VerifyError::NoMatch { tried: 1, unreadable: 0, secrets: 1, ignored_versions: vec![] },
-                "{what}"
-            );
+            assert_eq!(err, VerifyError::NoMatch { tried: 1, unreadable: 0, secrets: 1, ignored_versions: vec![] }, "{what}");
             assert_eq!(err.to_string(), "no signature matched: 1 v1 signature tried with 1 secret", "{what}");
         }
     }
@@ -700,10 +670,7 @@ mod tests {
         assert_eq!(ok.signature_position, 3);
         let h = spec_headers(SPEC_ID, "1614265330", "v1a,abcd v1,Zm9v");
         let err = verify_standard(&[SPEC_SECRET], h.as_slice(), SPEC_BODY, at(SPEC_TS), 300).unwrap_err();
-        assert_eq!(
-            err,
-            VerifyError::NoMatch { tried: 1, unreadable: 1, secrets: 1, ignored_versions: vec!["v1a".into()] }
-        );
+        assert_eq!(err, VerifyError::NoMatch { tried: 1, unreadable: 1, secrets: 1, ignored_versions: vec!["v1a".into()] });
         assert_eq!(
             err.to_string(),
             "no signature matched: 1 v1 signature tried with 1 secret (1 not a well-formed HMAC-SHA256); \
@@ -782,8 +749,7 @@ mod tests {
             assert_eq!(got.as_deref().map_err(Clone::clone), want.clone(), "{scheme:?} {secret:?}");
         }
         // Error messages never contain the secret.
-        let err =
-            verify_standard(&["not base64!"], spec_headers("a", "1", SPEC_SIG).as_slice(), b"", 1000, 300).unwrap_err();
+        let err = verify_standard(&["not base64!"], spec_headers("a", "1", SPEC_SIG).as_slice(), b"", 1000, 300).unwrap_err();
         assert_eq!(err, VerifyError::BadSecret { position: 1, problem: SecretProblem::NotBase64 });
         assert!(!err.to_string().contains("not base64!"));
     }
@@ -869,8 +835,7 @@ mod tests {
             assert_eq!(verify_gauge(&["k"], h.as_slice(), b"x", t, 300).unwrap_err(), want);
         }
         assert_eq!(
-            VerifyError::NoMatch { tried: 0, unreadable: 0, secrets: 1, ignored_versions: vec!["v0".into()] }
-                .to_string(),
+            VerifyError::NoMatch { tried: 0, unreadable: 0, secrets: 1, ignored_versions: vec!["v0".into()] }.to_string(),
             "no signature matched: the header has no v1 signature; ignored unsupported versions: v0"
         );
     }

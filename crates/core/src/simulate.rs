@@ -49,9 +49,7 @@ pub fn parse_response(arg: &str) -> Result<Outcome, String> {
         None => None,
         Some(extra) => {
             let Some(value) = extra.trim_start().strip_prefix("ra=") else {
-                return bad(format!(
-                    "after \"{status}:\" expected \"ra=<Retry-After value>\", e.g. \"{status}:ra=120\""
-                ));
+                return bad(format!("after \"{status}:\" expected \"ra=<Retry-After value>\", e.g. \"{status}:ra=120\""));
             };
             let value = value.trim();
             if value.is_empty() {
@@ -149,13 +147,8 @@ pub fn simulate(policy: &Policy, responses: &[Outcome], seed: u64) -> Vec<Line> 
         let took = if matches!(outcome, Outcome::Timeout) { policy.attempt.timeout_ms } else { 0 };
         let end_ms = start_ms.saturating_add(took);
         let end = i64::try_from(end_ms).unwrap_or(i64::MAX);
-        let progress = Progress {
-            attempt,
-            try_no,
-            first_attempt_at_ms: 0,
-            now_ms: end,
-            wall_clock_ms: WALL_CLOCK_START_MS.saturating_add(end),
-        };
+        let progress =
+            Progress { attempt, try_no, first_attempt_at_ms: 0, now_ms: end, wall_clock_ms: WALL_CLOCK_START_MS.saturating_add(end) };
         let d = decide(policy, &progress, outcome, &mut rng);
         let (wait, status) = match d.next {
             Next::MicroRetry(w) | Next::NextAttempt(w) => (Some(w), policy.status_words.pending.clone()),
@@ -198,11 +191,7 @@ pub fn simulate(policy: &Policy, responses: &[Outcome], seed: u64) -> Vec<Line> 
 }
 
 fn finish(policy: &Policy, mut lines: Vec<Line>, state: FinalState, attempts: u32) -> Vec<Line> {
-    lines.push(Line::Final(FinalLine {
-        final_state: state.as_str(),
-        status: policy.status_word(state).to_owned(),
-        attempts,
-    }));
+    lines.push(Line::Final(FinalLine { final_state: state.as_str(), status: policy.status_word(state).to_owned(), attempts }));
     lines
 }
 
@@ -259,9 +248,7 @@ mod tests {
         for (arg, want) in cases {
             assert_eq!(parse_response(arg), want, "{arg}");
         }
-        for bad in
-            ["", "5033", "99", "600", "abc", "503:", "503:ra=", "503:retry=5", "50x", "+503", "timeout:ra=5", "-1"]
-        {
+        for bad in ["", "5033", "99", "600", "abc", "503:", "503:ra=", "503:retry=5", "50x", "+503", "timeout:ra=5", "-1"] {
             let err = parse_response(bad).unwrap_err();
             assert!(err.starts_with(&format!("invalid response {bad:?}")), "{err}");
         }

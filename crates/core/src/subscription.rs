@@ -48,12 +48,7 @@ impl Activity {
 
 pub fn activity(sub: &Subscription, state: Option<&EndpointState>) -> Activity {
     activity_of(
-        Switches {
-            enabled: sub.enabled,
-            paused: sub.paused,
-            verification: sub.verification,
-            resume_generation: sub.resume_generation,
-        },
+        Switches { enabled: sub.enabled, paused: sub.paused, verification: sub.verification, resume_generation: sub.resume_generation },
         state,
     )
 }
@@ -143,7 +138,8 @@ mod tests {
         assert_eq!(health(&Activity::Active, None), Health::Healthy);
         assert_eq!(health(&Activity::Active, Some(&EndpointState::default())), Health::Healthy);
         // Resumed after an auto-pause, before any new success: the old record's failures still count.
-        let old_pause = EndpointState { condition: EndpointCondition::Paused as i32, consecutive_failures: 3, generation: 1, ..Default::default() };
+        let old_pause =
+            EndpointState { condition: EndpointCondition::Paused as i32, consecutive_failures: 3, generation: 1, ..Default::default() };
         assert_eq!(health(&activity(&sub(2), Some(&old_pause)), Some(&old_pause)), Health::Failing);
         assert_eq!(health(&activity(&sub(1), Some(&old_pause)), Some(&old_pause)), Health::Paused);
         assert_eq!(health(&Activity::Paused, Some(&failing)), Health::Paused);

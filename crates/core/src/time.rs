@@ -10,13 +10,7 @@ pub fn rfc3339_ms(ms: i64) -> Option<String> {
     if !(0..=9999).contains(&y) {
         return None;
     }
-    Some(format!(
-        "{y:04}-{m:02}-{d:02}T{:02}:{:02}:{:02}.{:03}Z",
-        rem / 3600,
-        rem % 3600 / 60,
-        rem % 60,
-        ms.rem_euclid(1000)
-    ))
+    Some(format!("{y:04}-{m:02}-{d:02}T{:02}:{:02}:{:02}.{:03}Z", rem / 3600, rem % 3600 / 60, rem % 60, ms.rem_euclid(1000)))
 }
 
 /// Reads what `rfc3339_ms` writes, and any RFC 3339 time with `Z` or a numeric offset and up to nanoseconds
@@ -62,7 +56,11 @@ pub fn parse_rfc3339_ms(s: &str) -> Option<i64> {
                 return None;
             }
             let o = oh * 3600 + om * 60;
-            if *sign == b'-' { -o } else { o }
+            if *sign == b'-' {
+                -o
+            } else {
+                o
+            }
         }
         _ => return None,
     };
@@ -130,7 +128,17 @@ mod tests {
         assert_eq!(parse_rfc3339_ms("1970-01-01T01:00:00+01:00"), Some(0));
         assert_eq!(parse_rfc3339_ms("1970-01-01T00:00:00.5Z"), Some(500));
         assert_eq!(parse_rfc3339_ms("1970-01-01T00:00:00.123456789Z"), Some(123));
-        for bad in ["", "1970-01-01", "1970-13-01T00:00:00Z", "1970-02-30T00:00:00Z", "1970-01-01T00:00:00", "1970-01-01T00:00:00.Z", "1970-01-01T00:00:00+1:00", "1970-01-01T00:00:00Zjunk", "+970-01-01T00:00:00Z"] {
+        for bad in [
+            "",
+            "1970-01-01",
+            "1970-13-01T00:00:00Z",
+            "1970-02-30T00:00:00Z",
+            "1970-01-01T00:00:00",
+            "1970-01-01T00:00:00.Z",
+            "1970-01-01T00:00:00+1:00",
+            "1970-01-01T00:00:00Zjunk",
+            "+970-01-01T00:00:00Z",
+        ] {
             assert_eq!(parse_rfc3339_ms(bad), None, "{bad}");
         }
     }

@@ -24,9 +24,7 @@ pub fn challenge_id(token: &str) -> String {
 }
 
 pub fn body(subscription_id: &str, token: &str, now_ms: i64) -> Vec<u8> {
-    json!({"type": CHALLENGE_TYPE, "challenge": token, "subscription_id": subscription_id, "timestamp_ms": now_ms})
-        .to_string()
-        .into_bytes()
+    json!({"type": CHALLENGE_TYPE, "challenge": token, "subscription_id": subscription_id, "timestamp_ms": now_ms}).to_string().into_bytes()
 }
 
 /// Why an endpoint did not pass; shown on the subscription as `verification_error`.

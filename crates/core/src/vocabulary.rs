@@ -113,7 +113,12 @@ impl DeadLetterReason {
     pub fn is_delivery(self) -> bool {
         matches!(
             self,
-            Self::TerminalOutcome | Self::RetriesExhausted | Self::LeaseExpired | Self::Oversize | Self::InvalidPolicy | Self::InternalError
+            Self::TerminalOutcome
+                | Self::RetriesExhausted
+                | Self::LeaseExpired
+                | Self::Oversize
+                | Self::InvalidPolicy
+                | Self::InternalError
         )
     }
 
@@ -148,7 +153,10 @@ mod tests {
         let words = DeadLetterReason::words();
         assert_eq!(words.len(), 13, "oversize is shared by deliveries and events: {words:?}");
         assert!(words.iter().all(|w| w.bytes().all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b == b'_')));
-        assert_eq!(DeadLetterReason::delivery_words(), ["terminal_outcome", "retries_exhausted", "lease_expired", "oversize", "invalid_policy", "internal_error"]);
+        assert_eq!(
+            DeadLetterReason::delivery_words(),
+            ["terminal_outcome", "retries_exhausted", "lease_expired", "oversize", "invalid_policy", "internal_error"]
+        );
         assert_eq!(DeadLetterReason::delivery_reason("oversize"), Some(DeadLetterReason::Oversize));
         assert_eq!(DeadLetterReason::delivery_reason("invalid_json"), None, "an event's reason: nothing to redrive");
         assert_eq!(DeadLetterReason::delivery_reason("terminal_response"), None);

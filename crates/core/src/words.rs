@@ -2,26 +2,15 @@
 //! "a whole number" where serde says `u64`. Used by the policy parser, the config loader and the CLI.
 
 /// The candidate closest to `word`, if it is close enough to be the one meant (a typo or two).
-pub fn did_you_mean<'a>(
-    word: &str,
-    candidates: impl IntoIterator<Item = &'a str>,
-) -> Option<&'a str> {
-    candidates
-        .into_iter()
-        .map(|c| (edit_distance(word, c), c))
-        .filter(|(d, c)| *d > 0 && *d <= 2.max(c.len() / 4))
-        .min()
-        .map(|(_, c)| c)
+pub fn did_you_mean<'a>(word: &str, candidates: impl IntoIterator<Item = &'a str>) -> Option<&'a str> {
+    candidates.into_iter().map(|c| (edit_distance(word, c), c)).filter(|(d, c)| *d > 0 && *d <= 2.max(c.len() / 4)).min().map(|(_, c)| c)
 }
 
 /// Adds "did you mean `x`?" to serde's "unknown field `y`, expected one of `a`, `b`" (or "unknown variant") when a
 /// known one is close, and rewords Rust type names.
 pub fn reword(message: &str) -> String {
     let message = plain_types(message);
-    let lines: Vec<String> = message
-        .split('\n')
-        .map(|line| hint_line(line).unwrap_or_else(|| line.to_owned()))
-        .collect();
+    let lines: Vec<String> = message.split('\n').map(|line| hint_line(line).unwrap_or_else(|| line.to_owned())).collect();
     lines.join("\n")
 }
 
@@ -97,23 +86,10 @@ mod tests {
 
     #[test]
     fn a_typo_gets_a_suggestion_and_a_stranger_does_not() {
-        assert_eq!(
-            did_you_mean("max_attemps", ["waits_s", "max_attempts", "jitter"]),
-            Some("max_attempts")
-        );
-        assert_eq!(
-            did_you_mean(
-                "stanard",
-                ["standard", "lucibook", "fynapse", "relay", "gauge"]
-            ),
-            Some("standard")
-        );
+        assert_eq!(did_you_mean("max_attemps", ["waits_s", "max_attempts", "jitter"]), Some("max_attempts"));
+        assert_eq!(did_you_mean("stanard", ["standard", "lucibook", "fynapse", "relay", "gauge"]), Some("standard"));
         assert_eq!(did_you_mean("bogus", ["standard", "lucibook"]), None);
-        assert_eq!(
-            did_you_mean("standard", ["standard"]),
-            None,
-            "an exact match is no typo"
-        );
+        assert_eq!(did_you_mean("standard", ["standard"]), None, "an exact match is no typo");
     }
 
     #[test]
@@ -122,10 +98,7 @@ mod tests {
             reword("unknown field `max_attemps`, expected one of `waits_s`, `max_attempts`"),
             "unknown field `max_attemps`, expected one of `waits_s`, `max_attempts`; did you mean `max_attempts`?"
         );
-        assert_eq!(
-            plain_types("invalid type: string \"10s\", expected u64"),
-            "invalid type: string \"10s\", expected a whole number"
-        );
+        assert_eq!(plain_types("invalid type: string \"10s\", expected u64"), "invalid type: string \"10s\", expected a whole number");
         assert_eq!(plain_types("expected usize"), "expected a whole number");
         assert_eq!(plain_types("expected u64s"), "expected u64s");
     }

@@ -4,8 +4,8 @@
 //! documented reasons. `PROPTEST_CASES` overrides the case counts (e.g. for a longer local run).
 
 use bytes::Bytes;
-use hookline_core::model::Event;
 use hookline_core::event_decode::{decode, parse_rfc3339_ms};
+use hookline_core::model::Event;
 use proptest::prelude::*;
 use prost::Message;
 
@@ -74,8 +74,8 @@ fn json_value() -> impl Strategy<Value = serde_json::Value> {
 
 /// A valid JSON envelope, its fields in a random order and with random optional members.
 fn envelope() -> impl Strategy<Value = (String, String, Vec<u8>)> {
-    (name(), name(), prop::option::of(json_value()), prop::option::of(0i64..4_102_444_800_000), prop::option::of(name()), any::<bool>()).prop_map(
-        |(id, ty, data, occurred, tenant, occurred_as_text)| {
+    (name(), name(), prop::option::of(json_value()), prop::option::of(0i64..4_102_444_800_000), prop::option::of(name()), any::<bool>())
+        .prop_map(|(id, ty, data, occurred, tenant, occurred_as_text)| {
             let mut m = serde_json::Map::new();
             m.insert("id".into(), id.clone().into());
             m.insert("type".into(), ty.clone().into());
@@ -90,8 +90,7 @@ fn envelope() -> impl Strategy<Value = (String, String, Vec<u8>)> {
                 m.insert("tenant".into(), t.into());
             }
             (id, ty, serde_json::to_vec(&serde_json::Value::Object(m)).unwrap())
-        },
-    )
+        })
 }
 
 fn protobuf_event() -> impl Strategy<Value = Vec<u8>> {
@@ -230,4 +229,3 @@ proptest! {
         }
     }
 }
-

@@ -49,7 +49,10 @@ struct Numbers {
 
 /// Mostly a value in range, a quarter of the time an arbitrary one: most documents then have one or two
 /// arbitrary durations and still pass validation often enough to reach the engine.
-fn or_arbitrary(plausible: impl Strategy<Value = String> + 'static, arbitrary: impl Strategy<Value = String> + 'static) -> BoxedStrategy<String> {
+fn or_arbitrary(
+    plausible: impl Strategy<Value = String> + 'static,
+    arbitrary: impl Strategy<Value = String> + 'static,
+) -> BoxedStrategy<String> {
     prop_oneof![3 => plausible, 1 => arbitrary].boxed()
 }
 
@@ -145,7 +148,8 @@ fn check(p: &Policy, seed: u64) -> Result<(), TestCaseError> {
     for attempt in 1..=last {
         for &ended in &clocks {
             for try_no in [1, 2] {
-                let progress = Progress { attempt, try_no, first_attempt_at_ms: ended.saturating_sub(1000), now_ms: ended, wall_clock_ms: ended };
+                let progress =
+                    Progress { attempt, try_no, first_attempt_at_ms: ended.saturating_sub(1000), now_ms: ended, wall_clock_ms: ended };
                 for o in &outcomes {
                     if let Next::NextAttempt(w) | Next::MicroRetry(w) = decide(p, &progress, o, &mut rng).next {
                         // Jitter stays below +100%, so twice the cap bounds every wait.

@@ -135,7 +135,8 @@ fn check_accepted(p: &policy::Policy) -> Result<(), TestCaseError> {
     let last = p.max_attempts().unwrap_or(30).min(30);
     for attempt in 1..=last {
         let _ = p.scheduled_wait(attempt);
-        let progress = Progress { attempt, try_no: 1, first_attempt_at_ms: 0, now_ms: 1_000 * i64::from(attempt), wall_clock_ms: 1_767_225_600_000 };
+        let progress =
+            Progress { attempt, try_no: 1, first_attempt_at_ms: 0, now_ms: 1_000 * i64::from(attempt), wall_clock_ms: 1_767_225_600_000 };
         for o in &outcomes {
             let d = hookline_core::decide(p, &progress, o, &mut rng);
             if let hookline_core::Next::NextAttempt(w) | hookline_core::Next::MicroRetry(w) = d.next {
@@ -155,20 +156,70 @@ fn check_accepted(p: &policy::Policy) -> Result<(), TestCaseError> {
 fn tomlish() -> impl Strategy<Value = String> {
     let key = || {
         prop::sample::select(vec![
-            "name", "description", "exhausted", "inactive", "in_flight", "waits_s", "max_attempts", "max_window_s",
-            "timeout_ms", "response_cap_bytes", "when", "verdict", "terminal_state", "retry_after", "micro_retry",
-            "counts_toward_disable", "jitter", "exponential", "signature", "allowed_schemes", "after_failing_for_s",
-            "action", "reason", "max_tries", "delay_min_ms", "delay_max_ms", "body_limit_bytes", "x",
+            "name",
+            "description",
+            "exhausted",
+            "inactive",
+            "in_flight",
+            "waits_s",
+            "max_attempts",
+            "max_window_s",
+            "timeout_ms",
+            "response_cap_bytes",
+            "when",
+            "verdict",
+            "terminal_state",
+            "retry_after",
+            "micro_retry",
+            "counts_toward_disable",
+            "jitter",
+            "exponential",
+            "signature",
+            "allowed_schemes",
+            "after_failing_for_s",
+            "action",
+            "reason",
+            "max_tries",
+            "delay_min_ms",
+            "delay_max_ms",
+            "body_limit_bytes",
+            "x",
         ])
     };
     let value = || {
         prop_oneof![
-            prop::sample::select(vec!["\"standard\"", "\"failed\"", "\"dead\"", "\"hold\"", "\"skip\"", "\"cancel\"",
-                "\"count\"", "\"retry\"", "\"success\"", "\"terminal\"", "\"disable\"", "\"pause\"",
-                "\"standard_webhooks\"", "[\"2xx\"]", "[\"any\"]", "[\"429\", \"503\"]", "[\"https\"]", "[\"timeout\", \"5xx\"]",
-                "{ mode = \"clamp\", max_s = 60 }", "{ mode = \"plus\", ratio = 0.1 }", "{ action = \"dead\" }",
-                "{ initial_s = 1, multiplier = 2, max_s = 60 }", "[1, 2, 3]", "[0.5]", "[]", "true", "false", "inf", "nan"])
-                .prop_map(str::to_owned),
+            prop::sample::select(vec![
+                "\"standard\"",
+                "\"failed\"",
+                "\"dead\"",
+                "\"hold\"",
+                "\"skip\"",
+                "\"cancel\"",
+                "\"count\"",
+                "\"retry\"",
+                "\"success\"",
+                "\"terminal\"",
+                "\"disable\"",
+                "\"pause\"",
+                "\"standard_webhooks\"",
+                "[\"2xx\"]",
+                "[\"any\"]",
+                "[\"429\", \"503\"]",
+                "[\"https\"]",
+                "[\"timeout\", \"5xx\"]",
+                "{ mode = \"clamp\", max_s = 60 }",
+                "{ mode = \"plus\", ratio = 0.1 }",
+                "{ action = \"dead\" }",
+                "{ initial_s = 1, multiplier = 2, max_s = 60 }",
+                "[1, 2, 3]",
+                "[0.5]",
+                "[]",
+                "true",
+                "false",
+                "inf",
+                "nan"
+            ])
+            .prop_map(str::to_owned),
             "\"[a-z0-9_*. ]{0,10}\"",
             "-?(0|[1-9][0-9]{0,21})",
             "-?(0|[1-9][0-9]{0,3})\\.[0-9]{1,4}(e[+-]?[0-9]{1,3})?",
@@ -221,15 +272,35 @@ enum Mutation {
 
 fn mutation() -> impl Strategy<Value = Mutation> {
     let number = prop_oneof![
-        Just("0".to_owned()), Just("-1".to_owned()), Just("1".to_owned()), Just("1e308".to_owned()), Just("-1e308".to_owned()),
-        Just("inf".to_owned()), Just("nan".to_owned()), Just("-0.0".to_owned()), Just("18446744073709551615".to_owned()),
-        Just("9223372036854775807".to_owned()), Just("1001".to_owned()), Just("0.0001".to_owned()),
-        any::<i64>().prop_map(|n| n.to_string()), any::<f64>().prop_map(|f| format!("{f:?}")),
+        Just("0".to_owned()),
+        Just("-1".to_owned()),
+        Just("1".to_owned()),
+        Just("1e308".to_owned()),
+        Just("-1e308".to_owned()),
+        Just("inf".to_owned()),
+        Just("nan".to_owned()),
+        Just("-0.0".to_owned()),
+        Just("18446744073709551615".to_owned()),
+        Just("9223372036854775807".to_owned()),
+        Just("1001".to_owned()),
+        Just("0.0001".to_owned()),
+        any::<i64>().prop_map(|n| n.to_string()),
+        any::<f64>().prop_map(|f| format!("{f:?}")),
     ];
     let text = prop_oneof![
-        Just(String::new()), Just("any".to_owned()), Just("2xx".to_owned()), Just("6xx".to_owned()), Just("999".to_owned()),
-        Just("http".to_owned()), Just("gopher".to_owned()), Just("timeout".to_owned()), Just("dead".to_owned()),
-        Just("hold".to_owned()), Just("count".to_owned()), Just("clamp".to_owned()), "[a-z0-9_*]{0,8}",
+        Just(String::new()),
+        Just("any".to_owned()),
+        Just("2xx".to_owned()),
+        Just("6xx".to_owned()),
+        Just("999".to_owned()),
+        Just("http".to_owned()),
+        Just("gopher".to_owned()),
+        Just("timeout".to_owned()),
+        Just("dead".to_owned()),
+        Just("hold".to_owned()),
+        Just("count".to_owned()),
+        Just("clamp".to_owned()),
+        "[a-z0-9_*]{0,8}",
     ];
     prop_oneof![
         1 => any::<usize>().prop_map(Mutation::DeleteLine),
@@ -464,7 +535,11 @@ fn spell_v6(v4: Ipv4Addr, form: u8, upper: bool) -> String {
         8 => "0:0:0:0:0:0:0:1".to_owned(),
         _ => format!("ff02::{lo:x}"),
     };
-    if upper { s.to_uppercase() } else { s }
+    if upper {
+        s.to_uppercase()
+    } else {
+        s
+    }
 }
 
 fn url_shaped() -> impl Strategy<Value = String> {
@@ -560,8 +635,7 @@ mod payload_filter_props {
         leaf.prop_recursive(4, 32, 4, |inner| {
             prop_oneof![
                 prop::collection::vec(inner.clone(), 0..4).prop_map(Value::Array),
-                prop::collection::btree_map("[a-c0-2]{1,2}", inner, 0..4)
-                    .prop_map(|m| Value::Object(m.into_iter().collect())),
+                prop::collection::btree_map("[a-c0-2]{1,2}", inner, 0..4).prop_map(|m| Value::Object(m.into_iter().collect())),
             ]
         })
     }
@@ -589,9 +663,7 @@ mod payload_filter_props {
             (path(), prop_oneof![Just("gt"), Just("gte"), Just("lt"), Just("lte")], any::<i64>())
                 .prop_map(|(p, op, n)| json!({"path": p, op: n})),
         ];
-        let op = prop_oneof![
-            Just("eq"), Just("exists"), Just("prefix"), Just("gt"), Just("gte"), Just("lt"), Just("lte"), Just("like")
-        ];
+        let op = prop_oneof![Just("eq"), Just("exists"), Just("prefix"), Just("gt"), Just("gte"), Just("lt"), Just("lte"), Just("like")];
         let any_cond = (path(), op, json_value()).prop_map(|(p, op, v)| json!({"path": p, op: v}));
         let cond = prop_oneof![4 => valid, 1 => any_cond];
         cond.prop_recursive(3, 16, 3, |inner| {

@@ -201,11 +201,7 @@ pub async fn resolve_target(resolver: &dyn Resolve, target: &Target) -> io::Resu
 /// What the sender runs before EVERY attempt, even when a pooled connection to the host exists: parse and
 /// judge the URL, resolve the host, judge every address. The connection itself is checked again by
 /// [`GuardedConnector`]. Send the request to `target.url`, the parsed form of `url`.
-pub async fn precheck(
-    guard: &EgressGuard,
-    resolver: &dyn Resolve,
-    url: &str,
-) -> Result<(Target, Vec<IpAddr>), PrecheckError> {
+pub async fn precheck(guard: &EgressGuard, resolver: &dyn Resolve, url: &str) -> Result<(Target, Vec<IpAddr>), PrecheckError> {
     let target = guard.check_url(url).map_err(PrecheckError::Refused)?;
     let addrs = precheck_target(guard, resolver, &target).await?;
     Ok((target, addrs))
@@ -264,8 +260,7 @@ mod tests {
     #[tokio::test]
     async fn precheck_tells_refusal_from_dns_failure() {
         let g = guard();
-        let ok =
-            precheck(&g, &Fixed(vec!["93.184.216.34".parse().unwrap()]), "https://hooks.example.com/x").await.unwrap();
+        let ok = precheck(&g, &Fixed(vec!["93.184.216.34".parse().unwrap()]), "https://hooks.example.com/x").await.unwrap();
         assert_eq!(ok.1, vec!["93.184.216.34".parse::<IpAddr>().unwrap()]);
         assert_eq!(ok.0.url.as_str(), "https://hooks.example.com/x");
 

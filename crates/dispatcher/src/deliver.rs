@@ -7,17 +7,15 @@ use std::task::Poll;
 use std::time::Duration;
 
 use bytes::Bytes;
-use hookline_core::vocabulary::DeadLetterReason;
-use hookline_core::health::{self, HealthEvent, Transition};
 use futures::future::BoxFuture;
 use futures::FutureExt as _;
 use hookline_core::breaker::{Admission, BreakerChange};
-use hookline_core::model::{
-    DeliveryTask, EndpointCondition, EndpointState, Event, OpsEvent, RetryEnvelope, TaskOrigin,
-};
-use hookline_core::policy::{ConcurrencyRule, DisableAction, InactiveAction, InFlightRule, Policy};
+use hookline_core::health::{self, HealthEvent, Transition};
+use hookline_core::model::{DeliveryTask, EndpointCondition, EndpointState, Event, OpsEvent, RetryEnvelope, TaskOrigin};
+use hookline_core::policy::{ConcurrencyRule, DisableAction, InFlightRule, InactiveAction, Policy};
 use hookline_core::request;
 use hookline_core::subscription::Activity;
+use hookline_core::vocabulary::DeadLetterReason;
 use hookline_core::{decide, due_at_ms, FinalState, Next, Progress, UntriedOutcome, Verdict};
 use hookline_kafka::state::SubscriptionEntry;
 use hookline_kafka::topics::tier_for;
@@ -25,8 +23,8 @@ use hookline_service::traces::Span;
 use prost::Message;
 
 use crate::breakers::Pause;
-use crate::meters::Ended;
 use crate::lanes::Stuck;
+use crate::meters::Ended;
 use crate::outcomes::{Claim, RunGuard};
 use crate::records::{self, Concluding, RecordState, TryContext, TryRecord, Untried, Words};
 use crate::{now_ms, Ctx};
@@ -41,7 +39,11 @@ pub struct Aborted;
 /// its next owner sends it. Called only when `ctx.liveness.is_live()` is false (the hot path is one atomic load).
 pub(crate) async fn fence(ctx: &Ctx, partition: i32) -> Result<(), Aborted> {
     metrics::counter!("hookline_dispatcher_fenced_total").increment(1);
-    tracing::warn!(partition, silent_ms = ctx.liveness.silent_for().as_millis() as u64, "the consume loop is silent near max.poll.interval.ms; no send starts until it polls again");
+    tracing::warn!(
+        partition,
+        silent_ms = ctx.liveness.silent_for().as_millis() as u64,
+        "the consume loop is silent near max.poll.interval.ms; no send starts until it polls again"
+    );
     // The ownership it started under: another one (revoked, maybe assigned again) is not this task's.
     let epoch = ctx.states.epoch(partition);
     loop {
@@ -166,8 +168,19 @@ pub async fn deliver_in_lane(ctx: Arc<Ctx>, task: Box<DeliveryTask>, partition: 
                 let detail = format!("the subscription's policy is invalid: {e}");
                 let words = Words::Own { policy_name: &entry.sub.policy };
                 let (state, outcome) = (FinalState::Dead, UntriedOutcome::InvalidPolicy);
-                let rec = Untried { task: &task, outcome, reason: detail.clone(), state: RecordState::Final(state), words, at_ms: now }.record();
-                let dl = records::Dead { task: &task, reason: DeadLetterReason::InvalidPolicy, detail, state, words, attempts: task.attempts_made, last_outcome: String::new(), at_ms: now }.letter();
+                let rec =
+                    Untried { task: &task, outcome, reason: detail.clone(), state: RecordState::Final(state), words, at_ms: now }.record();
+                let dl = records::Dead {
+                    task: &task,
+                    reason: DeadLetterReason::InvalidPolicy,
+                    detail,
+                    state,
+                    words,
+                    attempts: task.attempts_made,
+                    last_outcome: String::new(),
+                    at_ms: now,
+                }
+                .letter();
                 ctx.produce_dead_letter(&task.subscription_id, &dl).await?;
                 ctx.tracer.dead_letter(&dl, None);
                 conclude(&ctx, &task, rec).await?;
@@ -275,7 +288,14 @@ async fn lost_attempt(
         // `decide_lost_attempt` never asks for a micro-retry; were it to, waiting is the safe reading.
         Next::NextAttempt(wait) | Next::MicroRetry(wait) => {
             let due = due_at_ms(now, wait.ms);
-            let lost = Untried { task: &task, outcome: UntriedOutcome::LeaseExpired, reason, state: RecordState::Pending, words: Words::Policy(policy), at_ms: lease.started_at_ms };
+            let lost = Untried {
+                task: &task,
+                outcome: UntriedOutcome::LeaseExpired,
+                reason,
+                state: RecordState::Pending,
+                words: Words::Policy(policy),
+                at_ms: lease.started_at_ms,
+            };
             let mut rec = lost.record_with(Verdict::Retry);
             rec.attempt = task.prior_attempts + attempt_no;
             rec.counts_toward_disable = true;
@@ -292,14 +312,32 @@ async fn lost_attempt(
         }
         Next::Final(state) => {
             let (outcome, words) = (UntriedOutcome::LeaseExpired, Words::Policy(policy));
-            let mut rec = Untried { task: &task, outcome, reason: reason.clone(), state: RecordState::Final(state), words, at_ms: lease.started_at_ms }.record();
+            let mut rec = Untried {
+                task: &task,
+                outcome,
+                reason: reason.clone(),
+                state: RecordState::Final(state),
+                words,
+                at_ms: lease.started_at_ms,
+            }
+            .record();
             rec.attempt = task.prior_attempts + attempt_no;
             rec.counts_toward_disable = true;
             rec.decided_by = decision.decided_by.to_wire();
             let mut last = task.clone();
             last.attempts_made = attempt_no;
             let attempts = task.prior_attempts + attempt_no;
-            let dl = records::Dead { task: &last, reason: DeadLetterReason::LeaseExpired, detail: reason.clone(), state, words, attempts, last_outcome: outcome.as_str().into(), at_ms: now }.letter();
+            let dl = records::Dead {
+                task: &last,
+                reason: DeadLetterReason::LeaseExpired,
+                detail: reason.clone(),
+                state,
+                words,
+                attempts,
+                last_outcome: outcome.as_str().into(),
+                at_ms: now,
+            }
+            .letter();
             ctx.produce_dead_letter(&task.subscription_id, &dl).await?;
             ctx.tracer.dead_letter(&dl, None);
             ctx.meters.delivery(Ended::Final(state)).increment(1);
@@ -335,13 +373,15 @@ async fn inactive(
         }
         InactiveAction::Cancel => {
             let state = RecordState::Final(FinalState::Cancelled);
-            let rec = Untried { task, outcome: UntriedOutcome::Inactive, reason: why, state, words: Words::Policy(policy), at_ms: now }.record();
+            let rec =
+                Untried { task, outcome: UntriedOutcome::Inactive, reason: why, state, words: Words::Policy(policy), at_ms: now }.record();
             conclude(ctx, task, rec).await?;
             ctx.meters.delivery(Ended::Final(FinalState::Cancelled)).increment(1);
         }
         InactiveAction::Skip => {
             let state = RecordState::Skipped;
-            let rec = Untried { task, outcome: UntriedOutcome::Inactive, reason: why, state, words: Words::Policy(policy), at_ms: now }.record();
+            let rec =
+                Untried { task, outcome: UntriedOutcome::Inactive, reason: why, state, words: Words::Policy(policy), at_ms: now }.record();
             conclude(ctx, task, rec).await?;
             ctx.meters.delivery(Ended::Skipped).increment(1);
         }
@@ -601,7 +641,17 @@ async fn oversize(ctx: &Ctx, task: &DeliveryTask, policy: &Policy, e: request::B
     let detail = e.to_string();
     let (state, outcome, words) = (FinalState::Dead, UntriedOutcome::Oversize, Words::Policy(policy));
     let rec = Untried { task, outcome, reason: detail.clone(), state: RecordState::Final(state), words, at_ms: now }.record();
-    let dl = records::Dead { task, reason: DeadLetterReason::Oversize, detail, state, words, attempts: task.attempts_made, last_outcome: outcome.as_str().into(), at_ms: now }.letter();
+    let dl = records::Dead {
+        task,
+        reason: DeadLetterReason::Oversize,
+        detail,
+        state,
+        words,
+        attempts: task.attempts_made,
+        last_outcome: outcome.as_str().into(),
+        at_ms: now,
+    }
+    .letter();
     ctx.produce_dead_letter(&task.subscription_id, &dl).await?;
     ctx.tracer.dead_letter(&dl, None);
     conclude(ctx, task, rec).await?;
@@ -628,13 +678,8 @@ async fn conclude_try(
     slot: &Slot,
 ) -> Result<AfterTry, Aborted> {
     let ended = now_ms();
-    let progress = Progress {
-        attempt: attempt_no,
-        try_no,
-        first_attempt_at_ms: task.first_attempt_at_ms,
-        now_ms: ended,
-        wall_clock_ms: ended,
-    };
+    let progress =
+        Progress { attempt: attempt_no, try_no, first_attempt_at_ms: task.first_attempt_at_ms, now_ms: ended, wall_clock_ms: ended };
     let decision = decide(policy, &progress, &result.outcome, &mut rand::rng());
     // The attempt's tries are over (a micro-retry tries again within the lane): what is left is records.
     if !matches!(decision.next, Next::MicroRetry(_)) {
@@ -675,12 +720,26 @@ async fn conclude_try(
                     }
                 }
             } else {
-                let why = if decision.verdict == Verdict::Terminal { DeadLetterReason::TerminalOutcome } else { DeadLetterReason::RetriesExhausted };
+                let why = if decision.verdict == Verdict::Terminal {
+                    DeadLetterReason::TerminalOutcome
+                } else {
+                    DeadLetterReason::RetriesExhausted
+                };
                 let reason = why.as_str();
                 let mut last = task.clone();
                 last.attempts_made = attempt_no;
                 let (words, attempts) = (Words::Policy(policy), task.prior_attempts + attempt_no);
-                let dl = records::Dead { task: &last, reason: why, detail: result.reason.clone(), state, words, attempts, last_outcome: result.outcome.token(), at_ms: ended }.letter();
+                let dl = records::Dead {
+                    task: &last,
+                    reason: why,
+                    detail: result.reason.clone(),
+                    state,
+                    words,
+                    attempts,
+                    last_outcome: result.outcome.token(),
+                    at_ms: ended,
+                }
+                .letter();
                 let dl = records::with_last_try(dl, &result);
                 ctx.produce_dead_letter(&task.subscription_id, &dl).await?;
                 ctx.tracer.dead_letter(&dl, span.as_ref());
@@ -837,7 +896,10 @@ async fn update_health(
             kind: kind.to_owned(),
             subscription_id: id.to_string(),
             reason,
-            detail: format!("policy {}; {} consecutive counted failures; condition {:?}", policy.name, snapshot.consecutive_failures, condition),
+            detail: format!(
+                "policy {}; {} consecutive counted failures; condition {:?}",
+                policy.name, snapshot.consecutive_failures, condition
+            ),
             at_ms: now,
             owner_email: entry.sub.owner_email().to_owned(),
             url: entry.sub.url.to_string(),
@@ -874,7 +936,11 @@ mod tests {
         // build, where hyper's legacy client boxed a 2.6 KB one separately.
         assert!(std::mem::size_of_val(&send) <= 2_200, "send: {} bytes", std::mem::size_of_val(&send));
         // The deliveries' own path, by the subscription's send plan.
-        let entry = Arc::new(SubscriptionEntry::new(hookline_core::model::Subscription { id: "s".into(), url: "http://127.0.0.1:1/".into(), ..Default::default() }));
+        let entry = Arc::new(SubscriptionEntry::new(hookline_core::model::Subscription {
+            id: "s".into(),
+            url: "http://127.0.0.1:1/".into(),
+            ..Default::default()
+        }));
         let plan = sender.plan(&entry, &policy);
         let ids = request::AttemptIds { event_id: "e", event_type: "t", delivery_id: "d", attempt_number: 1, now_ms: 0 };
         let planned = sender.send_planned(&plan, &policy, &ids, None, Bytes::new());
@@ -898,15 +964,25 @@ mod tests {
         let (ack_tx, ack_rx) = oneshot::channel::<()>();
         let (first_done_tx, mut first_done) = oneshot::channel::<()>();
         let (second_started_tx, second_started) = oneshot::channel::<()>();
-        lanes.submit("s", in_lane(move |slot| Box::pin(async move {
-            // The endpoint answered the last try: the slot goes back; the records then wait for the broker.
-            slot.release();
-            let _ = ack_rx.await;
-            let _ = first_done_tx.send(());
-        })));
-        lanes.submit("s", in_lane(move |_| Box::pin(async move {
-            let _ = second_started_tx.send(());
-        })));
+        lanes.submit(
+            "s",
+            in_lane(move |slot| {
+                Box::pin(async move {
+                    // The endpoint answered the last try: the slot goes back; the records then wait for the broker.
+                    slot.release();
+                    let _ = ack_rx.await;
+                    let _ = first_done_tx.send(());
+                })
+            }),
+        );
+        lanes.submit(
+            "s",
+            in_lane(move |_| {
+                Box::pin(async move {
+                    let _ = second_started_tx.send(());
+                })
+            }),
+        );
         tokio::time::timeout(Duration::from_secs(10), second_started).await.expect("the next delivery starts").unwrap();
         assert!(first_done.try_recv().is_err(), "the first delivery still waits for its acknowledgement");
         ack_tx.send(()).unwrap();
@@ -922,12 +998,22 @@ mod tests {
         let (end_tx, end_rx) = oneshot::channel::<()>();
         let (second_started_tx, mut second_started) = oneshot::channel::<()>();
         // A micro-retry, or an ordered delivery: the slot is kept for the whole delivery.
-        lanes.submit("s", in_lane(move |_slot| Box::pin(async move {
-            let _ = end_rx.await;
-        })));
-        lanes.submit("s", in_lane(move |_| Box::pin(async move {
-            let _ = second_started_tx.send(());
-        })));
+        lanes.submit(
+            "s",
+            in_lane(move |_slot| {
+                Box::pin(async move {
+                    let _ = end_rx.await;
+                })
+            }),
+        );
+        lanes.submit(
+            "s",
+            in_lane(move |_| {
+                Box::pin(async move {
+                    let _ = second_started_tx.send(());
+                })
+            }),
+        );
         for _ in 0..20 {
             tokio::task::yield_now().await;
         }

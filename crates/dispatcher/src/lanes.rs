@@ -75,7 +75,16 @@ struct Lane {
 
 impl Lane {
     fn new(now: Instant) -> Self {
-        Self { running: 0, queue: VecDeque::new(), last_done: now, window_start: now, window_done: 0, rate: None, job_secs: None, spill_cursor: now }
+        Self {
+            running: 0,
+            queue: VecDeque::new(),
+            last_done: now,
+            window_start: now,
+            window_done: 0,
+            rate: None,
+            job_secs: None,
+            spill_cursor: now,
+        }
     }
 
     fn finished(&mut self, now: Instant, took: Duration) {
@@ -386,7 +395,11 @@ mod tests {
     }
 
     /// Jobs that count themselves running, until a shared signal lets them finish.
-    fn counted(running: &Arc<std::sync::atomic::AtomicUsize>, peak: &Arc<std::sync::atomic::AtomicUsize>, go: &Arc<tokio::sync::Notify>) -> Job {
+    fn counted(
+        running: &Arc<std::sync::atomic::AtomicUsize>,
+        peak: &Arc<std::sync::atomic::AtomicUsize>,
+        go: &Arc<tokio::sync::Notify>,
+    ) -> Job {
         let (running, peak, go) = (running.clone(), peak.clone(), go.clone());
         Box::new(move |_| {
             Box::pin(async move {
@@ -435,10 +448,13 @@ mod tests {
         // "a" is held by a job that waits; two more queue behind it.
         let submit = |key: &str, job: BoxFuture<'static, ()>| lanes.submit(key, Box::new(move |_| job));
         let tx = order_tx.clone();
-        submit("a", Box::pin(async move {
-            let _ = release_rx.await;
-            tx.send("a1").unwrap();
-        }));
+        submit(
+            "a",
+            Box::pin(async move {
+                let _ = release_rx.await;
+                tx.send("a1").unwrap();
+            }),
+        );
         for name in ["a2", "a3"] {
             let tx = order_tx.clone();
             submit("a", Box::pin(async move { tx.send(name).unwrap() }));
@@ -462,9 +478,14 @@ mod tests {
     async fn a_deep_lane_is_stuck_when_it_cannot_drain_in_time() {
         let lanes = Lanes::new(1);
         let (first_tx, first_rx) = oneshot::channel::<()>();
-        lanes.submit("a", Box::new(move |_| Box::pin(async move {
-            let _ = first_rx.await;
-        })));
+        lanes.submit(
+            "a",
+            Box::new(move |_| {
+                Box::pin(async move {
+                    let _ = first_rx.await;
+                })
+            }),
+        );
         lanes.submit("a", Box::new(|_| Box::pin(std::future::pending())));
         assert!(!lanes.is_stuck("a", 2, Duration::from_secs(1)), "deep, but only just started");
         tokio::time::advance(Duration::from_secs(2)).await;
@@ -658,12 +679,17 @@ mod tests {
         let (tx, mut rx) = mpsc::unbounded_channel();
         for n in 0..6 {
             let tx = tx.clone();
-            lanes.submit("a", Box::new(move |run| Box::pin(async move {
-                if run == Run::Now {
-                    std::future::pending::<()>().await;
-                }
-                tx.send((n, run)).unwrap();
-            })));
+            lanes.submit(
+                "a",
+                Box::new(move |run| {
+                    Box::pin(async move {
+                        if run == Run::Now {
+                            std::future::pending::<()>().await;
+                        }
+                        tx.send((n, run)).unwrap();
+                    })
+                }),
+            );
         }
         assert_eq!(lanes.depth("a"), 6);
         assert!(lanes.shed("a", 6).is_empty());

@@ -5,13 +5,13 @@
 //! every record below it has its outcome durably produced (the contiguous completed watermark).
 
 mod breakers;
-mod limits;
 pub mod connector;
 mod deliver;
 mod forget;
 mod inline;
 pub mod lanes;
 mod leases;
+mod limits;
 mod meters;
 mod ordering;
 mod outcomes;
@@ -24,25 +24,25 @@ use std::panic::AssertUnwindSafe;
 use std::sync::Arc;
 use std::time::Duration;
 
+use bytes::Bytes;
+use futures::future::BoxFuture;
+use futures::FutureExt as _;
 use hookline_core::model::DeliveryTask;
+use hookline_core::vocabulary::DeadLetterReason;
 use hookline_kafka::client::producer;
+use hookline_kafka::client::Producer as KafkaProducer;
 use hookline_kafka::produce;
+use hookline_kafka::producer::DeliveryFuture;
 use hookline_kafka::rebalance::RebalanceEvent;
 use hookline_kafka::state::{EndpointStates, SecretMode, StateTables, SubscriptionTable, FENCE_KEY};
 use hookline_kafka::table::{TableError, TableHandle};
 use hookline_kafka::worker::{self, Control, Done, Handler, Liveness, Revoke, Worker};
 use hookline_kafka::Topics;
 use hookline_service::{health, telemetry, Config, Readiness};
-use bytes::Bytes;
-use futures::future::BoxFuture;
-use futures::FutureExt as _;
-use hookline_core::vocabulary::DeadLetterReason;
 use prost::Message as _;
 use rdkafka::error::KafkaError;
-use hookline_kafka::client::Producer as KafkaProducer;
-use hookline_kafka::producer::DeliveryFuture;
-use rdkafka::producer::FutureRecord;
 use rdkafka::message::BorrowedMessage;
+use rdkafka::producer::FutureRecord;
 use rdkafka::Message;
 use tokio::sync::mpsc;
 use tokio_util::sync::CancellationToken;
@@ -138,7 +138,13 @@ impl Ctx {
         Box::pin(async move { self.produce_bytes(self.topics.dlq(), key, &payload, Some(&headers)).await })
     }
 
-    async fn produce_bytes(&self, topic: &str, key: &str, payload: &[u8], headers: Option<&rdkafka::message::OwnedHeaders>) -> Result<(), Aborted> {
+    async fn produce_bytes(
+        &self,
+        topic: &str,
+        key: &str,
+        payload: &[u8],
+        headers: Option<&rdkafka::message::OwnedHeaders>,
+    ) -> Result<(), Aborted> {
         let _write = self.stalls.write();
         produce::send_until_acked(&self.producer, topic, key, payload, headers, &self.shutdown).await.map_err(|_| Aborted)?;
         self.stalls.acked();
@@ -146,10 +152,18 @@ impl Ctx {
     }
 
     /// Writes (or with `None`, deletes) a record on an explicit partition, until acknowledged.
-    pub fn produce_to_partition<'a>(&'a self, topic: &'a str, partition: i32, key: &'a str, payload: Option<&'a [u8]>) -> BoxFuture<'a, Result<(), Aborted>> {
+    pub fn produce_to_partition<'a>(
+        &'a self,
+        topic: &'a str,
+        partition: i32,
+        key: &'a str,
+        payload: Option<&'a [u8]>,
+    ) -> BoxFuture<'a, Result<(), Aborted>> {
         Box::pin(async move {
             let _write = self.stalls.write();
-            produce::send_to_partition_until_acked(&self.producer, topic, partition, key, payload, &self.shutdown).await.map_err(|_| Aborted)?;
+            produce::send_to_partition_until_acked(&self.producer, topic, partition, key, payload, &self.shutdown)
+                .await
+                .map_err(|_| Aborted)?;
             self.stalls.acked();
             Ok(())
         })
@@ -183,7 +197,13 @@ impl Ctx {
     }
 
     /// Waits for an enqueued record; falls back to a reliable produce if it could not be enqueued or failed.
-    pub fn await_enqueued<'a>(&'a self, f: Option<DeliveryFuture>, topic: &'a str, key: &'a str, payload: &'a [u8]) -> BoxFuture<'a, Result<(), Aborted>> {
+    pub fn await_enqueued<'a>(
+        &'a self,
+        f: Option<DeliveryFuture>,
+        topic: &'a str,
+        key: &'a str,
+        payload: &'a [u8],
+    ) -> BoxFuture<'a, Result<(), Aborted>> {
         Box::pin(async move {
             if let Some(f) = f {
                 let _write = self.stalls.write();
@@ -210,7 +230,6 @@ const PREFETCH_KBYTES: u32 = 4 * 1024;
 /// A lane at its depth that would need longer than this to drain counts as stuck (see `Lanes::stuck_for`).
 const STUCK_AFTER: Duration = Duration::from_secs(5);
 
-
 /// Runs a dispatcher until `shutdown`, then drains: in-flight deliveries get `dispatcher.drain_timeout_ms` to
 /// finish; what does not finish stays uncommitted and is redelivered by the partition's next owner.
 pub async fn run(config: Config, shutdown: CancellationToken, options: Options) -> Result<(), DispatcherError> {
@@ -218,7 +237,9 @@ pub async fn run(config: Config, shutdown: CancellationToken, options: Options) 
     let readiness = options.readiness.clone();
     let instance = options.instance.clone().unwrap_or_else(|| "hookline-dispatcher".into());
     if options.serve_health {
-        let addr = health::serve(config.dispatcher.health_addr, readiness.clone(), metrics, config.dispatcher.health_http, shutdown.clone()).await?;
+        let addr =
+            health::serve(config.dispatcher.health_addr, readiness.clone(), metrics, config.dispatcher.health_http, shutdown.clone())
+                .await?;
         tracing::info!(%addr, "dispatcher health endpoints listening");
     }
     let topics = Topics::new(config.kafka.topic_prefix.clone());
@@ -351,13 +372,22 @@ impl Handler for Dispatch {
             // so each holds a pointer instead of the task's ~350 bytes.
             Some(Ok(t)) => Box::new(DeliveryTask { received_at_us: received_us, ..t }),
             other => {
-                let detail = match other { Some(Err(e)) => e.to_string(), _ => "empty record".into() };
+                let detail = match other {
+                    Some(Err(e)) => e.to_string(),
+                    _ => "empty record".into(),
+                };
                 let ctx = ctx.clone();
                 let topic = self.source.to_string();
                 tokio::spawn(async move {
                     let dl = hookline_core::model::DeadLetter {
-                        reason: DeadLetterReason::InvalidTask.as_str().into(), detail, raw, source_topic: topic,
-                        source_partition: p, source_offset: o, at_ms: now_ms(), ..Default::default()
+                        reason: DeadLetterReason::InvalidTask.as_str().into(),
+                        detail,
+                        raw,
+                        source_topic: topic,
+                        source_partition: p,
+                        source_offset: o,
+                        at_ms: now_ms(),
+                        ..Default::default()
                     };
                     if ctx.produce_dead_letter("", &dl).await.is_ok() {
                         metrics::counter!("hookline_dead_lettered_total", "reason" => DeadLetterReason::InvalidTask.as_str()).increment(1);
@@ -402,28 +432,31 @@ impl Handler for Dispatch {
         }
         let job_ctx = ctx.clone();
         // Built when the lane runs it: a queued job holds the task, not a delivery's whole future.
-        ctx.lanes.submit(&lane, Box::new(move |run| {
-            Box::pin(async move {
-                let (slot, released) = deliver::Slot::new();
-                let delivery = Box::pin(async move {
-                    let work = async {
-                        match run {
-                            Run::Now => deliver::deliver_in_lane(job_ctx.clone(), task, p, &slot).await,
-                            Run::Shed(stuck) => deliver::spill(job_ctx.clone(), task, stuck).await.map(|()| None),
+        ctx.lanes.submit(
+            &lane,
+            Box::new(move |run| {
+                Box::pin(async move {
+                    let (slot, released) = deliver::Slot::new();
+                    let delivery = Box::pin(async move {
+                        let work = async {
+                            match run {
+                                Run::Now => deliver::deliver_in_lane(job_ctx.clone(), task, p, &slot).await,
+                                Run::Shed(stuck) => deliver::spill(job_ctx.clone(), task, stuck).await.map(|()| None),
+                            }
+                        };
+                        match guarded(&job_ctx, work, &raw, &source, p, o).await {
+                            // The attempt's last record: its acknowledgement completes the delivery.
+                            Ok(Some(last)) => job_ctx.settle(last, done),
+                            Ok(None) => done.complete(),
+                            Err(Aborted) => {}
                         }
-                    };
-                    match guarded(&job_ctx, work, &raw, &source, p, o).await {
-                        // The attempt's last record: its acknowledgement completes the delivery.
-                        Ok(Some(last)) => job_ctx.settle(last, done),
-                        Ok(None) => done.complete(),
-                        Err(Aborted) => {}
-                    }
-                });
-                // The lane's slot is held until the endpoint has answered (see `deliver::Slot`); the delivery's
-                // records are then written on a task of their own while the lane starts its next job.
-                deliver::hold_slot(delivery, released).await;
-            })
-        }));
+                    });
+                    // The lane's slot is held until the endpoint has answered (see `deliver::Slot`); the delivery's
+                    // records are then written on a task of their own while the lane starts its next job.
+                    deliver::hold_slot(delivery, released).await;
+                })
+            }),
+        );
     }
 }
 
@@ -531,7 +564,8 @@ fn on_rebalance(
                             let end = reader.end_offset(p).await.map_err(|e| e.to_string())?;
                             reader.wait_for(p, end).await;
                             let leases = ctx.leases.load(&ctx.kafka, ctx.topics.inflight(), p).await.map_err(|e| e.to_string())?;
-                            let concluded = ctx.outcomes.learn(&ctx.kafka, ctx.topics.attempts(), p, now_ms()).await.map_err(|e| e.to_string())?;
+                            let concluded =
+                                ctx.outcomes.learn(&ctx.kafka, ctx.topics.attempts(), p, now_ms()).await.map_err(|e| e.to_string())?;
                             Ok::<_, String>((leases, concluded))
                         };
                         let synced = tokio::select! {
@@ -544,7 +578,8 @@ fn on_rebalance(
                                 // Fence the partition before writing to it: states a former owner writes from now
                                 // on carry an older epoch and are ignored by every reader.
                                 let epoch = ctx.states.next_epoch(p);
-                                let fence = hookline_core::model::EndpointState { owner_epoch: epoch, ..Default::default() }.encode_to_vec();
+                                let fence =
+                                    hookline_core::model::EndpointState { owner_epoch: epoch, ..Default::default() }.encode_to_vec();
                                 let topic = ctx.topics.endpoint_state();
                                 if !ctx.states.is_current(assignment)
                                     || ctx.produce_to_partition(topic, p, FENCE_KEY, Some(&fence)).await.is_err()

@@ -178,8 +178,17 @@ mod tests {
     #[test]
     fn every_class_and_end_has_its_documented_word() {
         let words: Vec<&str> = OutcomeClass::ALL.iter().map(|c| c.as_str()).collect();
-        assert_eq!(words, ["2xx", "3xx", "429", "4xx", "5xx", "other_status", "timeout", "connect_error", "tls_error", "egress_refused", "invalid_url"]);
-        let ends = [Ended::Final(FinalState::Succeeded), Ended::Final(FinalState::Failed), Ended::Final(FinalState::Dead), Ended::Final(FinalState::Cancelled), Ended::Skipped];
+        assert_eq!(
+            words,
+            ["2xx", "3xx", "429", "4xx", "5xx", "other_status", "timeout", "connect_error", "tls_error", "egress_refused", "invalid_url"]
+        );
+        let ends = [
+            Ended::Final(FinalState::Succeeded),
+            Ended::Final(FinalState::Failed),
+            Ended::Final(FinalState::Dead),
+            Ended::Final(FinalState::Cancelled),
+            Ended::Skipped,
+        ];
         assert_eq!(ends.map(Ended::index), [0, 1, 2, 3, 4]);
         assert_eq!(ends.map(Ended::as_str), ["succeeded", "failed", "dead", "cancelled", "skipped"]);
     }

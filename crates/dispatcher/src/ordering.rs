@@ -136,7 +136,14 @@ pub(crate) fn submit(ctx: &Arc<Ctx>, ordering: Option<&Ordering>, key: Option<St
 }
 
 /// One key's task: syncs its gate with the durable state, then carries out its steps in order.
-async fn key_task(ctx: Arc<Ctx>, gk: GateKey, partition: i32, id: u64, me: mpsc::UnboundedSender<Msg>, mut rx: mpsc::UnboundedReceiver<Msg>) {
+async fn key_task(
+    ctx: Arc<Ctx>,
+    gk: GateKey,
+    partition: i32,
+    id: u64,
+    me: mpsc::UnboundedSender<Msg>,
+    mut rx: mpsc::UnboundedReceiver<Msg>,
+) {
     let ready = tokio::select! {
         biased;
         r = ctx.states.ready(partition) => r,
@@ -217,7 +224,14 @@ fn durable(ctx: &Ctx, (sub, key): &GateKey) -> Durable {
 }
 
 /// Carries out one step of the gate; returns the steps that follow from it.
-async fn execute(ctx: &Arc<Ctx>, gk: &GateKey, partition: i32, gate: &mut KeyGate<Job>, me: &mpsc::UnboundedSender<Msg>, step: Step<Job>) -> Result<Vec<Step<Job>>, Aborted> {
+async fn execute(
+    ctx: &Arc<Ctx>,
+    gk: &GateKey,
+    partition: i32,
+    gate: &mut KeyGate<Job>,
+    me: &mpsc::UnboundedSender<Msg>,
+    step: Step<Job>,
+) -> Result<Vec<Step<Job>>, Aborted> {
     match step {
         Step::Send(run, job, start) => {
             if start == Start::Fresh {

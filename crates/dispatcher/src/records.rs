@@ -401,7 +401,16 @@ mod tests {
     /// The record a closing used to be built as, field by field from positional words (the shape before the
     /// typed builder): what the log, the API and the tests read. Its eight positional arguments are the point.
     #[allow(clippy::too_many_arguments)]
-    fn legacy_closing(task: &DeliveryTask, outcome: &str, reason: &str, final_state: &str, status_word: &str, now_ms: i64, policy: &str, verdict: &str) -> AttemptRecord {
+    fn legacy_closing(
+        task: &DeliveryTask,
+        outcome: &str,
+        reason: &str,
+        final_state: &str,
+        status_word: &str,
+        now_ms: i64,
+        policy: &str,
+        verdict: &str,
+    ) -> AttemptRecord {
         let event = task.event.as_ref();
         AttemptRecord {
             delivery_id: task.delivery_id.clone(),
@@ -444,20 +453,55 @@ mod tests {
         let p = Words::Policy(&fynapse);
         let sw = &fynapse.status_words;
         let cases: [(UntriedOutcome, RecordState, Words<'_>, Verdict, AttemptRecord); 7] = [
-            (UntriedOutcome::SubscriptionDeleted, RecordState::Final(FinalState::Cancelled), Words::Own { policy_name: "" }, Verdict::Terminal,
-                legacy_closing(&t, "subscription_deleted", "why", "cancelled", "cancelled", 5, "", "terminal")),
-            (UntriedOutcome::InvalidPolicy, RecordState::Final(FinalState::Dead), own, Verdict::Terminal,
-                legacy_closing(&t, "invalid_policy", "why", "dead", "dead", 5, "custom", "terminal")),
-            (UntriedOutcome::Inactive, RecordState::Final(FinalState::Cancelled), p, Verdict::Terminal,
-                legacy_closing(&t, "inactive", "why", "cancelled", fynapse.status_word(FinalState::Cancelled), 5, "fynapse", "terminal")),
-            (UntriedOutcome::Inactive, RecordState::Skipped, p, Verdict::Terminal,
-                legacy_closing(&t, "inactive", "why", "skipped", &sw.skipped, 5, "fynapse", "terminal")),
-            (UntriedOutcome::Oversize, RecordState::Final(FinalState::Dead), p, Verdict::Terminal,
-                legacy_closing(&t, "oversize", "why", "dead", fynapse.status_word(FinalState::Dead), 5, "fynapse", "terminal")),
-            (UntriedOutcome::LeaseExpired, RecordState::Pending, p, Verdict::Retry,
-                legacy_closing(&t, "lease_expired", "why", "", &sw.pending, 5, "fynapse", "retry")),
-            (UntriedOutcome::LeaseExpired, RecordState::Final(FinalState::Failed), p, Verdict::Terminal,
-                legacy_closing(&t, "lease_expired", "why", "failed", fynapse.status_word(FinalState::Failed), 5, "fynapse", "terminal")),
+            (
+                UntriedOutcome::SubscriptionDeleted,
+                RecordState::Final(FinalState::Cancelled),
+                Words::Own { policy_name: "" },
+                Verdict::Terminal,
+                legacy_closing(&t, "subscription_deleted", "why", "cancelled", "cancelled", 5, "", "terminal"),
+            ),
+            (
+                UntriedOutcome::InvalidPolicy,
+                RecordState::Final(FinalState::Dead),
+                own,
+                Verdict::Terminal,
+                legacy_closing(&t, "invalid_policy", "why", "dead", "dead", 5, "custom", "terminal"),
+            ),
+            (
+                UntriedOutcome::Inactive,
+                RecordState::Final(FinalState::Cancelled),
+                p,
+                Verdict::Terminal,
+                legacy_closing(&t, "inactive", "why", "cancelled", fynapse.status_word(FinalState::Cancelled), 5, "fynapse", "terminal"),
+            ),
+            (
+                UntriedOutcome::Inactive,
+                RecordState::Skipped,
+                p,
+                Verdict::Terminal,
+                legacy_closing(&t, "inactive", "why", "skipped", &sw.skipped, 5, "fynapse", "terminal"),
+            ),
+            (
+                UntriedOutcome::Oversize,
+                RecordState::Final(FinalState::Dead),
+                p,
+                Verdict::Terminal,
+                legacy_closing(&t, "oversize", "why", "dead", fynapse.status_word(FinalState::Dead), 5, "fynapse", "terminal"),
+            ),
+            (
+                UntriedOutcome::LeaseExpired,
+                RecordState::Pending,
+                p,
+                Verdict::Retry,
+                legacy_closing(&t, "lease_expired", "why", "", &sw.pending, 5, "fynapse", "retry"),
+            ),
+            (
+                UntriedOutcome::LeaseExpired,
+                RecordState::Final(FinalState::Failed),
+                p,
+                Verdict::Terminal,
+                legacy_closing(&t, "lease_expired", "why", "failed", fynapse.status_word(FinalState::Failed), 5, "fynapse", "terminal"),
+            ),
         ];
         assert_ne!(fynapse.status_word(FinalState::Dead), "dead", "the profile's own words make the check meaningful");
         for (outcome, state, words, verdict, want) in cases {
@@ -471,7 +515,17 @@ mod tests {
     fn dead_letters_encode_as_before() {
         let t = task();
         let fynapse = hookline_core::policy::builtin("fynapse").unwrap();
-        let got = Dead { task: &t, reason: DeadLetterReason::Oversize, detail: "too big".into(), state: FinalState::Dead, words: Words::Policy(&fynapse), attempts: 3, last_outcome: "oversize".into(), at_ms: 9 }.letter();
+        let got = Dead {
+            task: &t,
+            reason: DeadLetterReason::Oversize,
+            detail: "too big".into(),
+            state: FinalState::Dead,
+            words: Words::Policy(&fynapse),
+            attempts: 3,
+            last_outcome: "oversize".into(),
+            at_ms: 9,
+        }
+        .letter();
         let want = DeadLetter {
             reason: "oversize".into(),
             detail: "too big".into(),
@@ -487,7 +541,17 @@ mod tests {
             ..Default::default()
         };
         assert_eq!(got.encode_to_vec(), want.encode_to_vec());
-        let own = Dead { task: &t, reason: DeadLetterReason::InvalidPolicy, detail: String::new(), state: FinalState::Dead, words: Words::Own { policy_name: "x" }, attempts: 2, last_outcome: String::new(), at_ms: 9 }.letter();
+        let own = Dead {
+            task: &t,
+            reason: DeadLetterReason::InvalidPolicy,
+            detail: String::new(),
+            state: FinalState::Dead,
+            words: Words::Own { policy_name: "x" },
+            attempts: 2,
+            last_outcome: String::new(),
+            at_ms: 9,
+        }
+        .letter();
         assert_eq!((own.final_state.as_str(), own.status_word.as_str(), own.reason.as_str()), ("dead", "dead", "invalid_policy"));
     }
 
@@ -506,7 +570,10 @@ mod tests {
         assert_eq!(rec.status_word, fynapse.status_words.pending);
         let dead = Decision { next: Next::Final(FinalState::Dead), verdict: Verdict::Terminal, ..decision };
         let rec = TryRecord::new(&cx, &result, &dead, 0).to_record();
-        assert_eq!((rec.verdict.as_str(), rec.final_state.as_str(), rec.status_word.as_str()), ("terminal", "dead", fynapse.status_word(FinalState::Dead)));
+        assert_eq!(
+            (rec.verdict.as_str(), rec.final_state.as_str(), rec.status_word.as_str()),
+            ("terminal", "dead", fynapse.status_word(FinalState::Dead))
+        );
     }
 
     fn try_result(outcome: hookline_core::Outcome, request_headers: Vec<Header>, response_headers: Vec<Header>) -> TryResult {
@@ -588,13 +655,25 @@ mod tests {
             Outcome::EgressRefused,
             Outcome::InvalidUrl,
         ];
-        let headers = vec![header("Content-Type", b"application/json"), header("", b""), header("x-bin", &[0xff, 0x00, 0x80]), header("X-Empty", b"")];
+        let headers = vec![
+            header("Content-Type", b"application/json"),
+            header("", b""),
+            header("x-bin", &[0xff, 0x00, 0x80]),
+            header("X-Empty", b""),
+        ];
         let long = vec![header("x-long", &[b'a'; 300])];
         let (mut checked, mut joined) = (0, 0);
         for policy in &policies {
             for (k, outcome) in outcomes.iter().enumerate() {
                 for (task, started_at_ms) in [(&t, 1_764_000_000_123), (&no_event, -1)] {
-                    let cx = TryContext { task, attempt: 1 + k as u32, try_no: (k % 3) as u32, started_at_ms, started_at_us: started_at_ms.saturating_mul(1000), policy };
+                    let cx = TryContext {
+                        task,
+                        attempt: 1 + k as u32,
+                        try_no: (k % 3) as u32,
+                        started_at_ms,
+                        started_at_us: started_at_ms.saturating_mul(1000),
+                        policy,
+                    };
                     let (req, resp) = match k % 3 {
                         0 => (Vec::new(), Vec::new()),
                         1 => (headers.clone(), long.clone()),

@@ -5,9 +5,9 @@ mod h1;
 mod plan;
 mod pool;
 #[cfg(test)]
-mod wire_tests;
-#[cfg(test)]
 mod test_server;
+#[cfg(test)]
+mod wire_tests;
 
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
@@ -131,13 +131,14 @@ impl Sender {
         custom: &[(http::HeaderName, http::HeaderValue)],
         body: Bytes,
     ) -> TryResult {
-        let map = header_map(headers.into_vec().into_iter().map(|(k, v)| (k, http::HeaderValue::try_from(v))), custom.len()).map(|mut m| {
-            for (name, value) in custom {
-                // Cheap clones: both share the bytes prepared on load.
-                m.append(name.clone(), value.clone());
-            }
-            m
-        });
+        let map =
+            header_map(headers.into_vec().into_iter().map(|(k, v)| (k, http::HeaderValue::try_from(v))), custom.len()).map(|mut m| {
+                for (name, value) in custom {
+                    // Cheap clones: both share the bytes prepared on load.
+                    m.append(name.clone(), value.clone());
+                }
+                m
+            });
         self.send_with(egress_key, policy, url, map, Vec::new(), body).await
     }
 
@@ -307,11 +308,7 @@ impl Sender {
                 }
             };
             let status = resp.status().as_u16();
-            let retry_after = resp
-                .headers()
-                .get(http::header::RETRY_AFTER)
-                .and_then(|v| v.to_str().ok())
-                .map(str::to_owned);
+            let retry_after = resp.headers().get(http::header::RETRY_AFTER).and_then(|v| v.to_str().ok()).map(str::to_owned);
             let response_headers = if record { kept_response_headers(resp.headers()) } else { Vec::new() };
             // The connection goes back to the pool when the body was read to its end and may be reused. Boxed:
             // reading the body comes after the wait for the answer, whose state (held by every waiting delivery)
@@ -332,7 +329,12 @@ impl Sender {
                 }
                 finish(outcome, reason, excerpt, response_headers)
             }
-            Err(_) => finish(Outcome::Timeout, format!("Timed out after {}", hookline_core::sign::human_duration_ms(timeout.as_millis() as u64)), String::new(), Vec::new()),
+            Err(_) => finish(
+                Outcome::Timeout,
+                format!("Timed out after {}", hookline_core::sign::human_duration_ms(timeout.as_millis() as u64)),
+                String::new(),
+                Vec::new(),
+            ),
         }
     }
 }
@@ -452,7 +454,12 @@ mod tests {
         let got: Vec<(&str, &[u8])> = r.request_headers.iter().map(|h| (h.name.as_str(), &h.value[..])).collect();
         assert_eq!(
             got,
-            [("content-type", &b"application/json"[..]), ("webhook-id", b"evt_1"), ("webhook-signature", b"<redacted>"), ("x-partner", b"acme")]
+            [
+                ("content-type", &b"application/json"[..]),
+                ("webhook-id", b"evt_1"),
+                ("webhook-signature", b"<redacted>"),
+                ("x-partner", b"acme")
+            ]
         );
         assert!(r.response_headers.is_empty());
     }
@@ -547,7 +554,10 @@ mod tests {
             id: "sub_1".into(),
             url: url.into(),
             policy: policy.into(),
-            secrets: secrets.iter().map(|(v, e)| hookline_core::model::Secret { value: (*v).into(), expires_at_ms: *e, ..Default::default() }).collect(),
+            secrets: secrets
+                .iter()
+                .map(|(v, e)| hookline_core::model::Secret { value: (*v).into(), expires_at_ms: *e, ..Default::default() })
+                .collect(),
             headers: headers.iter().map(|(n, v)| ((*n).to_owned(), (*v).to_owned())).collect(),
             enabled: true,
             ..Default::default()
@@ -644,7 +654,9 @@ mod tests {
             };
             let mut headers = hookline_core::request::headers(&policy, &hctx, b"{}").unwrap();
             headers.push_trace_context(tp, ts);
-            let unplanned = sender.send_recorded(&e.egress_key, &policy, &e.sub.url, headers, &e.headers, &e.logged_headers, Bytes::from_static(b"{}")).await;
+            let unplanned = sender
+                .send_recorded(&e.egress_key, &policy, &e.sub.url, headers, &e.headers, &e.logged_headers, Bytes::from_static(b"{}"))
+                .await;
 
             assert_eq!(planned.outcome, Outcome::EgressRefused, "{profile}");
             assert_eq!((&planned.outcome, &planned.reason), (&unplanned.outcome, &unplanned.reason), "{profile}");

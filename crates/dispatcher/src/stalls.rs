@@ -53,7 +53,10 @@ impl Stalls {
         if now.saturating_sub(before) >= STALL.as_millis() as u64 {
             self.last_stall_ms.store(now, Ordering::Release);
             metrics::counter!("hookline_dispatcher_stalls_total", "cause" => "broker").increment(1);
-            tracing::warn!(stalled_ms = now.saturating_sub(before), "the broker acknowledged no write for a while; lanes are not judged until it settles");
+            tracing::warn!(
+                stalled_ms = now.saturating_sub(before),
+                "the broker acknowledged no write for a while; lanes are not judged until it settles"
+            );
         }
     }
 
@@ -84,7 +87,10 @@ impl Stalls {
             }
             let now = Instant::now();
             if now - last >= TICK + STALL {
-                tracing::warn!(late_ms = (now - last - TICK).as_millis() as u64, "the dispatcher was paused (stopped or starved of CPU); lanes are not judged until it settles");
+                tracing::warn!(
+                    late_ms = (now - last - TICK).as_millis() as u64,
+                    "the dispatcher was paused (stopped or starved of CPU); lanes are not judged until it settles"
+                );
                 metrics::counter!("hookline_dispatcher_stalls_total", "cause" => "paused").increment(1);
                 self.stalled();
             }

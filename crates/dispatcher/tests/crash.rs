@@ -547,10 +547,7 @@ async fn an_attempt_lost_with_its_dispatcher_counts_under_lucibook() {
     let mut first = Dispatcher::start(&p.bootstrap, &[]);
     p.publish(&["evt_reap".to_owned()]).await;
     let seen = p.seen.clone();
-    assert!(
-        wait_until(&p.seen.changed, Duration::from_secs(30), || seen.count() >= 2).await,
-        "both first attempts reached the receiver"
-    );
+    assert!(wait_until(&p.seen.changed, Duration::from_secs(30), || seen.count() >= 2).await, "both first attempts reached the receiver");
     // Both attempts hang at the receiver; their leases are written. The dispatcher dies with them in flight.
     first.kill();
     let _second = Dispatcher::start(&p.bootstrap, &[]);
@@ -563,7 +560,8 @@ async fn an_attempt_lost_with_its_dispatcher_counts_under_lucibook() {
         "both deliveries ended"
     );
     let records: Vec<AttemptRecord> = p.attempts.items.lock().unwrap().clone();
-    let lost_retry = records.iter().find(|a| a.subscription_id == retried && a.outcome == "lease_expired").expect("the lost attempt is recorded");
+    let lost_retry =
+        records.iter().find(|a| a.subscription_id == retried && a.outcome == "lease_expired").expect("the lost attempt is recorded");
     assert_eq!((lost_retry.attempt, lost_retry.verdict.as_str()), (1, "retry"));
     let done = &finals(&retried)[0];
     assert_eq!((done.final_state.as_str(), done.attempt), ("succeeded", 2), "attempts remained: retried as attempt 2");

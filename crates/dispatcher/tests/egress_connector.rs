@@ -15,9 +15,7 @@ use futures::future::BoxFuture;
 use hookline_core::egress::{EgressGuard, EgressSettings, RefusalKind};
 use hookline_core::policy::EgressRules;
 use hookline_core::Outcome;
-use hookline_dispatcher::connector::{
-    https_connector, precheck, refusal_in, ConnectError, GuardedConnector, PrecheckError, Resolve,
-};
+use hookline_dispatcher::connector::{https_connector, precheck, refusal_in, ConnectError, GuardedConnector, PrecheckError, Resolve};
 use http_body_util::{BodyExt, Empty};
 use hyper_rustls::HttpsConnector;
 use hyper_util::client::legacy::Client;
@@ -40,8 +38,7 @@ struct Scripted {
 
 impl Scripted {
     fn new(answers: &[&[&str]]) -> Arc<Self> {
-        let parsed: VecDeque<Vec<IpAddr>> =
-            answers.iter().map(|a| a.iter().map(|s| s.parse().unwrap()).collect()).collect();
+        let parsed: VecDeque<Vec<IpAddr>> = answers.iter().map(|a| a.iter().map(|s| s.parse().unwrap()).collect()).collect();
         Arc::new(Self { answers: Mutex::new(parsed), last: Mutex::new(Vec::new()), log: Mutex::new(Vec::new()) })
     }
 
@@ -119,11 +116,7 @@ fn loopback(last: u8) -> SocketAddr {
 }
 
 fn guard(allow: &[&str], allow_http: bool) -> Arc<EgressGuard> {
-    let settings = EgressSettings {
-        allow_ranges: allow.iter().map(|s| s.to_string()).collect(),
-        allow_http,
-        ..Default::default()
-    };
+    let settings = EgressSettings { allow_ranges: allow.iter().map(|s| s.to_string()).collect(), allow_http, ..Default::default() };
     Arc::new(EgressGuard::new(&settings, &EgressRules::default()).unwrap())
 }
 
@@ -134,10 +127,7 @@ fn client(guard: &Arc<EgressGuard>, resolver: Arc<dyn Resolve>) -> TestClient {
     Client::builder(TokioExecutor::new()).build(https_connector(connector))
 }
 
-async fn get(
-    client: &TestClient,
-    url: &str,
-) -> Result<(u16, http::HeaderMap, String), hyper_util::client::legacy::Error> {
+async fn get(client: &TestClient, url: &str) -> Result<(u16, http::HeaderMap, String), hyper_util::client::legacy::Error> {
     let req = http::Request::get(url).body(Empty::new()).unwrap();
     let resp = client.request(req).await?;
     let status = resp.status().as_u16();
@@ -275,8 +265,7 @@ async fn dns_rebinding_cannot_reach_a_private_address() {
 
     // A resolver flipping between the two in an irregular pattern (P P X P X ...), over many attempts: the
     // connector sees the private answer after a public precheck several times, and never connects to it.
-    let pattern: Vec<&[&str]> =
-        (0..60).map(|i| if matches!(i % 5, 0 | 1 | 3) { &["127.0.0.1"][..] } else { &["127.0.0.2"][..] }).collect();
+    let pattern: Vec<&[&str]> = (0..60).map(|i| if matches!(i % 5, 0 | 1 | 3) { &["127.0.0.1"][..] } else { &["127.0.0.2"][..] }).collect();
     let dns = Scripted::new(&pattern);
     let c = client(&g, dns.clone());
     let (mut delivered, mut refused_at_connect) = (0, 0);
@@ -376,10 +365,7 @@ async fn hostile_table_is_refused_by_a_dispatch_attempt() {
     for (url, outcome, fragment) in &rows {
         let result = sender.send("standard", &policy, url, &headers, Bytes::from_static(b"{}")).await;
         if result.outcome.token() != *outcome || !result.reason.contains(fragment) {
-            failures.push(format!(
-                "sender {url:?}: {} {:?}, want {outcome} containing {fragment:?}",
-                result.outcome, result.reason
-            ));
+            failures.push(format!("sender {url:?}: {} {:?}, want {outcome} containing {fragment:?}", result.outcome, result.reason));
         }
         let Ok(uri) = url.parse::<http::Uri>() else { continue };
         if !matches!(uri.scheme_str(), Some("http" | "https")) || uri.host().is_none() {

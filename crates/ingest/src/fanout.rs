@@ -5,15 +5,15 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use hookline_core::payload_filter::{Data, EventFields};
 use hookline_core::model::{delivery_id, DeadLetter, DeliveryTask, Event, TaskOrigin};
+use hookline_core::payload_filter::{Data, EventFields};
+use hookline_kafka::client::Producer;
 use hookline_kafka::rebalance::RebalanceEvent;
 use hookline_kafka::state::{SubscriptionEntry, SubscriptionTable};
 use hookline_kafka::worker::{self, Control, Done, Handler, Liveness, Worker};
 use hookline_kafka::Topics;
 use prost::Message as _;
 use rdkafka::error::KafkaError;
-use hookline_kafka::client::Producer;
 use rdkafka::message::BorrowedMessage;
 use rdkafka::Message;
 use tokio_util::sync::CancellationToken;
@@ -111,7 +111,8 @@ impl Handler for FanoutHandler {
             Err(invalid) => {
                 metrics::counter!("hookline_events_invalid_total", "reason" => invalid.reason).increment(1);
                 tracing::debug!(partition = p, offset = o, %invalid, "invalid event dead-lettered");
-                if let Some(summary) = f.invalid.lock().unwrap_or_else(|e| e.into_inner()).count(invalid.reason, std::time::Instant::now()) {
+                if let Some(summary) = f.invalid.lock().unwrap_or_else(|e| e.into_inner()).count(invalid.reason, std::time::Instant::now())
+                {
                     tracing::warn!(
                         partition = p,
                         offset = o,
@@ -128,8 +129,14 @@ impl Handler for FanoutHandler {
                     detail.push_str(&format!("; raw truncated to its first {keep} of {} bytes", payload.len()));
                 }
                 let dl = DeadLetter {
-                    reason: invalid.reason.into(), detail, raw: payload[..keep].to_vec().into(),
-                    source_topic: events.to_owned(), source_partition: p, source_offset: o, at_ms: crate::now_ms(), ..Default::default()
+                    reason: invalid.reason.into(),
+                    detail,
+                    raw: payload[..keep].to_vec().into(),
+                    source_topic: events.to_owned(),
+                    source_partition: p,
+                    source_offset: o,
+                    at_ms: crate::now_ms(),
+                    ..Default::default()
                 };
                 if f.tracer.is_on() {
                     let (tp, ts) = trace_headers(m);
@@ -138,7 +145,9 @@ impl Handler for FanoutHandler {
                 let (value, headers) = f.dlq.record(&dl);
                 let f = f.clone();
                 tokio::spawn(async move {
-                    let sent = hookline_kafka::produce::send_until_acked(&f.producer, f.topics.dlq(), "", &value, Some(&headers), &f.shutdown).await;
+                    let sent =
+                        hookline_kafka::produce::send_until_acked(&f.producer, f.topics.dlq(), "", &value, Some(&headers), &f.shutdown)
+                            .await;
                     if sent.is_ok() {
                         done.complete();
                     }
@@ -146,7 +155,9 @@ impl Handler for FanoutHandler {
                 return;
             }
         };
-        if ev.accepted_at_ms == 0 { ev.accepted_at_ms = accepted_at; }
+        if ev.accepted_at_ms == 0 {
+            ev.accepted_at_ms = accepted_at;
+        }
         // Headers are looked at only when tracing is on.
         let (tp, ts) = if f.tracer.is_on() { trace_headers(m) } else { (None, None) };
         let span = f.tracer.fanout(&mut ev, tp, ts);
@@ -187,10 +198,14 @@ fn fan_out(f: &Fanout, ev: Event, received_us: i64, mut done: Done, mut span: Op
         metrics::counter!("hookline_deliveries_filtered_total").increment((before - targets.len()) as u64);
     }
     metrics::counter!("hookline_deliveries_fanned_out_total").increment(targets.len() as u64);
-    if let Some(s) = &mut span { s.set_i64("hookline.deliveries", targets.len() as i64); }
+    if let Some(s) = &mut span {
+        s.set_i64("hookline.deliveries", targets.len() as i64);
+    }
     if targets.is_empty() {
         done.complete();
-        if let Some(s) = span { s.end(); }
+        if let Some(s) = span {
+            s.end();
+        }
         return;
     }
     // Weighs its tasks whatever is left (the event is in hand); the partitions pause once the budget is spent.
@@ -227,7 +242,9 @@ impl Settled for (Done, Option<hookline_service::traces::Span>) {
     fn settled(self) {
         let (done, span) = self;
         done.complete();
-        if let Some(s) = span { s.end(); }
+        if let Some(s) = span {
+            s.end();
+        }
     }
 }
 
@@ -339,7 +356,11 @@ mod tests {
         use hookline_kafka::mock::DevBroker;
         let topics = Topics::new("fo.");
         let broker = DevBroker::start(&topics, 2, 1).unwrap();
-        let kafka = hookline_kafka::KafkaSettings { bootstrap_servers: broker.bootstrap_servers(), delivery_timeout_ms: 1_000, ..Default::default() };
+        let kafka = hookline_kafka::KafkaSettings {
+            bootstrap_servers: broker.bootstrap_servers(),
+            delivery_timeout_ms: 1_000,
+            ..Default::default()
+        };
         let producer = hookline_kafka::client::producer(&kafka, "fanout-test").unwrap();
         let f = Arc::new(Fanout {
             topics: topics.clone(),

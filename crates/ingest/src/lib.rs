@@ -67,8 +67,7 @@ pub async fn run(config: Config, shutdown: CancellationToken, options: Options) 
     // The master keys: sealed secrets are opened with them as the table is read, and new ones sealed.
     let keyring = Arc::new(config.secrets.keyring()?);
     let keyring_for_check = keyring.clone();
-    let tables =
-        StateTables::follow(&config.kafka, &topics, &instance, SecretMode::Open(keyring.clone()), reader_stop.clone()).await?;
+    let tables = StateTables::follow(&config.kafka, &topics, &instance, SecretMode::Open(keyring.clone()), reader_stop.clone()).await?;
     let tenant_table = tenants::TenantTable::default();
     let t = tenant_table.clone();
     let tenants_reader =

@@ -25,8 +25,7 @@ impl DevBroker {
     pub fn start(topics: &Topics, partitions: i32, event_partitions: i32) -> KafkaResult<Self> {
         let mut config = ClientConfig::new();
         config.set("test.mock.num.brokers", "1");
-        let client =
-            Client::new(&config, config.create_native_config()?, RDKafkaType::RD_KAFKA_PRODUCER, DefaultProducerContext)?;
+        let client = Client::new(&config, config.create_native_config()?, RDKafkaType::RD_KAFKA_PRODUCER, DefaultProducerContext)?;
         let broker = Self { client };
         {
             let cluster = broker.cluster();

@@ -63,8 +63,7 @@ impl OAuthClient {
         let o = &settings.oauth;
         let endpoint = o.token_endpoint.as_deref().filter(|s| !s.trim().is_empty());
         let endpoint = endpoint.ok_or("kafka.oauth.token_endpoint: required with kafka.sasl.mechanism = \"oauthbearer\"")?;
-        let uri: http::Uri =
-            endpoint.parse().map_err(|e| format!("kafka.oauth.token_endpoint: {endpoint:?} is not a URL: {e}"))?;
+        let uri: http::Uri = endpoint.parse().map_err(|e| format!("kafka.oauth.token_endpoint: {endpoint:?} is not a URL: {e}"))?;
         let host = uri.host().unwrap_or_default();
         let loopback = host == "localhost"
             || host.trim_start_matches('[').trim_end_matches(']').parse::<std::net::IpAddr>().is_ok_and(|ip| ip.is_loopback());
@@ -72,7 +71,11 @@ impl OAuthClient {
             Some("https") if !host.is_empty() => {}
             // The client secret goes in the request body: plain http only where it cannot leave the machine.
             Some("http") if loopback => {}
-            _ => return Err(format!("kafka.oauth.token_endpoint: must be an https:// URL (http only to a loopback address), got {endpoint:?}")),
+            _ => {
+                return Err(format!(
+                    "kafka.oauth.token_endpoint: must be an https:// URL (http only to a loopback address), got {endpoint:?}"
+                ))
+            }
         }
         let client_id = o.client_id.clone().filter(|s| !s.trim().is_empty());
         let client_id = client_id.ok_or("kafka.oauth.client_id: required with kafka.sasl.mechanism = \"oauthbearer\"")?;
@@ -192,7 +195,10 @@ fn jwt_subject(token: &str) -> Option<String> {
 
 /// Sets a first token on a client that is never polled for librdkafka's refresh event (the admin client): without
 /// one it cannot connect. The token is not refreshed, so such a client must be short-lived (`topics create`).
-pub(crate) fn prime<C: rdkafka::ClientContext>(client: &rdkafka::client::Client<C>, settings: &KafkaSettings) -> rdkafka::error::KafkaResult<()> {
+pub(crate) fn prime<C: rdkafka::ClientContext>(
+    client: &rdkafka::client::Client<C>,
+    settings: &KafkaSettings,
+) -> rdkafka::error::KafkaResult<()> {
     use rdkafka::error::KafkaError;
     if !(settings.security_protocol.sasl() && settings.sasl.mechanism == Some(crate::settings::SaslMechanism::OAuthBearer)) {
         return Ok(());

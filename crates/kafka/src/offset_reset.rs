@@ -57,12 +57,19 @@ mod tests {
     fn other_lines_are_not_resets() {
         let line = "hookline.attempts [3]: offset reset (at offset 1 (leader epoch -1), broker 1) to offset BEGINNING (leader epoch -1): x";
         assert_eq!(parse("FETCH", line), None, "another facility");
-        assert_eq!(parse("OFFSET", "hookline.attempts [3]: offset reset (at offset INVALID (leader epoch -1), broker -1) to offset BEGINNING"), None);
+        assert_eq!(
+            parse("OFFSET", "hookline.attempts [3]: offset reset (at offset INVALID (leader epoch -1), broker -1) to offset BEGINNING"),
+            None
+        );
         assert_eq!(parse("OFFSET", "hookline.attempts [x]: offset reset (at offset 5 (leader epoch -1), broker 1) to END"), None);
         assert_eq!(parse("OFFSET", " [1]: offset reset (at offset 5 (leader epoch -1), broker 1) to END"), None, "no topic");
         assert_eq!(parse("OFFSET", "[thrd:main]:  [1]: offset reset (at offset 5 (leader epoch -1), broker 1) to END"), None, "no topic");
         assert_eq!(parse("OFFSET", "Topic t [0]: stored offset 5 (leader epoch -1), committed offset 4"), None);
-        assert_eq!(parse("OFFSET", "t [0]: offset reset (at offset 99999999999999999999 (leader epoch -1), broker 1) to END"), None, "no overflow");
+        assert_eq!(
+            parse("OFFSET", "t [0]: offset reset (at offset 99999999999999999999 (leader epoch -1), broker 1) to END"),
+            None,
+            "no overflow"
+        );
         assert_eq!(parse("OFFSET", ""), None);
     }
 }

@@ -20,12 +20,7 @@ pub struct ProduceError {
 const QUEUE_TIMEOUT: Duration = Duration::from_secs(10);
 
 /// Sends one record and waits until it is acknowledged by all in-sync replicas. Returns (partition, offset).
-pub async fn send(
-    producer: &Producer,
-    topic: &str,
-    key: &str,
-    payload: &[u8],
-) -> Result<(i32, i64), ProduceError> {
+pub async fn send(producer: &Producer, topic: &str, key: &str, payload: &[u8]) -> Result<(i32, i64), ProduceError> {
     send_with_headers(producer, topic, key, payload, None).await
 }
 
@@ -158,7 +153,8 @@ impl Settler {
             metrics::counter!("hookline_kafka_produce_errors_total", "topic" => topic_kind(failed.topic)).increment(1);
             tracing::warn!(error = %failed.error, topic = failed.topic, "a record was given up on; writing it again until acknowledged");
             let Some(producer) = again.producer.upgrade() else { return };
-            let (topic, key, payload) = (failed.topic.to_owned(), failed.key.unwrap_or_default().to_vec(), failed.payload.unwrap_or_default().to_vec());
+            let (topic, key, payload) =
+                (failed.topic.to_owned(), failed.key.unwrap_or_default().to_vec(), failed.payload.unwrap_or_default().to_vec());
             let rt = again.rt.clone();
             rt.spawn(async move {
                 let key = String::from_utf8_lossy(&key);
@@ -181,8 +177,22 @@ pub async fn send_tombstone(producer: &Producer, topic: &str, key: &str) -> Resu
 
 /// A bounded label for a topic: its name without the configurable prefix, and tiers folded into `retry`.
 pub fn topic_kind(topic: &str) -> &'static str {
-    const KINDS: &[&str] =
-        &["events", "deliveries", "held", "parked", "ordered", "dlq", "subscriptions", "endpoint-state", "attempts", "ops", "inflight", "tenants", "api-keys", "event-types"];
+    const KINDS: &[&str] = &[
+        "events",
+        "deliveries",
+        "held",
+        "parked",
+        "ordered",
+        "dlq",
+        "subscriptions",
+        "endpoint-state",
+        "attempts",
+        "ops",
+        "inflight",
+        "tenants",
+        "api-keys",
+        "event-types",
+    ];
     if topic.contains(".retry.") || topic.starts_with("retry.") {
         return "retry";
     }

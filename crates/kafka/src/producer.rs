@@ -132,7 +132,8 @@ impl Producer {
         P: ToBytes + ?Sized,
     {
         if let Err((error, back)) = self.inner.send(base(record, Box::new(Ack::Then(Box::new(then))))) {
-            let failed = Failed { error, topic: back.topic, key: back.key.map(ToBytes::to_bytes), payload: back.payload.map(ToBytes::to_bytes) };
+            let failed =
+                Failed { error, topic: back.topic, key: back.key.map(ToBytes::to_bytes), payload: back.payload.map(ToBytes::to_bytes) };
             if let Ack::Then(then) = *back.delivery_opaque {
                 then(Err(failed));
             }
@@ -200,7 +201,15 @@ where
     K: ToBytes + ?Sized,
     P: ToBytes + ?Sized,
 {
-    BaseRecord { topic: r.topic, partition: r.partition, payload: r.payload, key: r.key, timestamp: r.timestamp, headers: r.headers, delivery_opaque: ack }
+    BaseRecord {
+        topic: r.topic,
+        partition: r.partition,
+        payload: r.payload,
+        key: r.key,
+        timestamp: r.timestamp,
+        headers: r.headers,
+        delivery_opaque: ack,
+    }
 }
 
 fn future_record<'a, K, P>(r: BaseRecord<'a, K, P, Box<Ack>>) -> FutureRecord<'a, K, P>

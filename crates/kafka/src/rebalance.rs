@@ -78,9 +78,14 @@ impl RebalanceContext {
     fn offset_reset(&self, topic: String, partition: i32, from: i64) {
         let kind = crate::produce::topic_kind(&topic);
         metrics::counter!("hookline_consumer_offset_resets_total", "group" => self.name, "topic" => kind).increment(1);
-        tracing::error!(consumer = self.name, topic, partition, from,
+        tracing::error!(
+            consumer = self.name,
+            topic,
+            partition,
+            from,
             "consumer offset reset: the broker no longer has the records from this offset (retention shorter than the group's lag?); \
-             reading resumes at the earliest record it has");
+             reading resumes at the earliest record it has"
+        );
         if let Some(tx) = &self.resets {
             let after_rebalances = self.sent.load(Ordering::SeqCst);
             let _ = tx.send(OffsetReset { topic, partition, from, after_rebalances });
@@ -118,7 +123,12 @@ impl RebalanceContext {
         let result = if commit.count() > 0 && !lost { consumer.commit(&commit, CommitMode::Sync) } else { Ok(()) };
         metrics::histogram!("hookline_revoke_drain_ms").record(started.elapsed().as_millis() as f64);
         match result {
-            Ok(()) => tracing::info!(consumer = self.name, partitions = parts.len(), waited_ms = started.elapsed().as_millis() as u64, "revoked partitions drained and committed"),
+            Ok(()) => tracing::info!(
+                consumer = self.name,
+                partitions = parts.len(),
+                waited_ms = started.elapsed().as_millis() as u64,
+                "revoked partitions drained and committed"
+            ),
             // A member that was already expelled (frozen past its session) cannot commit: the next owner redoes it.
             Err(e) => tracing::warn!(consumer = self.name, error = %e, "commit on revoke failed; the next owner redoes uncommitted work"),
         }

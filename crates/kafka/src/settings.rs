@@ -309,7 +309,9 @@ impl KafkaSettings {
             readable(key, path)?;
         }
         match (&tls.cert_file, &tls.key_file) {
-            (Some(_), None) => return Err("kafka.tls.key_file: required with kafka.tls.cert_file (mTLS needs the certificate's key)".into()),
+            (Some(_), None) => {
+                return Err("kafka.tls.key_file: required with kafka.tls.cert_file (mTLS needs the certificate's key)".into())
+            }
             (None, Some(_)) => return Err("kafka.tls.cert_file: required with kafka.tls.key_file".into()),
             _ => {}
         }
@@ -351,7 +353,10 @@ impl KafkaSettings {
             return Err("kafka.oauth: set, but kafka.sasl.mechanism is not \"oauthbearer\"".into());
         }
         if sasl.username.as_deref().is_none_or(|u| u.trim().is_empty()) {
-            return Err(format!("kafka.sasl.username: required with kafka.sasl.mechanism = \"{}\"", mechanism.as_librdkafka().to_ascii_lowercase()));
+            return Err(format!(
+                "kafka.sasl.username: required with kafka.sasl.mechanism = \"{}\"",
+                mechanism.as_librdkafka().to_ascii_lowercase()
+            ));
         }
         match (&sasl.password_file, &sasl.password_env) {
             (Some(_), Some(_)) => return Err("kafka.sasl.password_file: set together with kafka.sasl.password_env; keep one".into()),
@@ -461,9 +466,7 @@ impl KafkaSettings {
             // Kafka's rule for group instance ids (the one for topic names): 1 to 249 of [A-Za-z0-9._-].
             let legal = |c: char| c.is_ascii_alphanumeric() || matches!(c, '.' | '_' | '-');
             if id.is_empty() || id.len() > 249 || !id.chars().all(legal) {
-                return Err(format!(
-                    "kafka.group_instance_id: must be 1 to 249 characters of A-Z, a-z, 0-9, '.', '_' and '-', got {id:?}"
-                ));
+                return Err(format!("kafka.group_instance_id: must be 1 to 249 characters of A-Z, a-z, 0-9, '.', '_' and '-', got {id:?}"));
             }
         }
         if self.replication_factor < 1 {
@@ -715,7 +718,11 @@ mod tests {
 
         let mut s = KafkaSettings::default();
         s.tls.ca_file = Some(file("ca2.pem", "x"));
-        assert!(invalid(&s).starts_with("kafka.tls.ca_file: set, but kafka.security_protocol = \"plaintext\" does not use TLS"), "{}", invalid(&s));
+        assert!(
+            invalid(&s).starts_with("kafka.tls.ca_file: set, but kafka.security_protocol = \"plaintext\" does not use TLS"),
+            "{}",
+            invalid(&s)
+        );
 
         let mut s = KafkaSettings { security_protocol: SecurityProtocol::Ssl, ..Default::default() };
         s.tls.ca_file = Some(PathBuf::from("/nonexistent/ca.pem"));

@@ -6,8 +6,8 @@ use std::sync::{Arc, LazyLock, Mutex, RwLock};
 
 use hookline_core::model::{EndpointState, Subscription};
 use hookline_core::payload_filter::Filter as PayloadFilter;
-use hookline_core::seal::{Keyring, SealError};
 use hookline_core::policy::{self, Policy};
+use hookline_core::seal::{Keyring, SealError};
 use prost::Message;
 use tokio::sync::watch;
 use tokio_util::sync::CancellationToken;
@@ -55,14 +55,8 @@ impl StateTables {
         )
         .await?;
         let st = states.clone();
-        let states_reader = table::spawn(
-            settings,
-            topics.endpoint_state(),
-            &format!("{instance}-states"),
-            move |p, k, v| st.apply(p, k, v),
-            stop,
-        )
-        .await?;
+        let states_reader =
+            table::spawn(settings, topics.endpoint_state(), &format!("{instance}-states"), move |p, k, v| st.apply(p, k, v), stop).await?;
         Ok(Self { subs, subs_reader, states, states_reader })
     }
 
@@ -165,7 +159,11 @@ impl SubscriptionEntry {
             .iter()
             .map(|(n, v)| {
                 let shown = sub.shown_headers.iter().any(|s| s.eq_ignore_ascii_case(n.as_str()));
-                let value = if shown { bytes::Bytes::copy_from_slice(v.as_bytes()) } else { bytes::Bytes::from_static(hookline_core::request::REDACTED.as_bytes()) };
+                let value = if shown {
+                    bytes::Bytes::copy_from_slice(v.as_bytes())
+                } else {
+                    bytes::Bytes::from_static(hookline_core::request::REDACTED.as_bytes())
+                };
                 hookline_core::model::Header { name: n.as_str().to_owned(), value }
             })
             .collect();
@@ -393,7 +391,9 @@ impl SubscriptionTable {
                 hookline_core::seal::drop_secrets(sub);
                 Ok(())
             }
-            SecretMode::Open(keyring) => hookline_core::seal::open_secrets(sub, keyring).inspect_err(|_| hookline_core::seal::drop_secrets(sub)),
+            SecretMode::Open(keyring) => {
+                hookline_core::seal::open_secrets(sub, keyring).inspect_err(|_| hookline_core::seal::drop_secrets(sub))
+            }
         }
     }
 
@@ -595,10 +595,8 @@ impl EndpointStates {
     pub fn update<R>(&self, id: &str, partition: i32, f: impl FnOnce(&mut EndpointState) -> R) -> R {
         let epoch = self.epoch(partition);
         let mut states = self.map.write().expect("endpoint state lock");
-        let state = states
-            .by_id
-            .entry(id.to_owned())
-            .or_insert_with(|| EndpointState { subscription_id: id.to_owned(), ..Default::default() });
+        let state =
+            states.by_id.entry(id.to_owned()).or_insert_with(|| EndpointState { subscription_id: id.to_owned(), ..Default::default() });
         state.owner_epoch = epoch;
         f(state)
     }

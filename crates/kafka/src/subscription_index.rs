@@ -23,7 +23,10 @@ use crate::state::SubscriptionEntry;
 enum Bucket {
     #[default]
     Empty,
-    One { entry: Arc<SubscriptionEntry>, pattern: u32 },
+    One {
+        entry: Arc<SubscriptionEntry>,
+        pattern: u32,
+    },
     Many(Box<Many>),
 }
 
@@ -243,9 +246,8 @@ impl SubscriptionIndex {
     /// The subscriptions of `tenant` whose filter matches `event_type`, each once, ordered by id.
     pub fn matching(&self, tenant: &str, event_type: &str) -> Vec<Arc<SubscriptionEntry>> {
         let Some(t) = self.tenants.get(tenant) else { return Vec::new() };
-        let buckets = std::iter::once(&t.all)
-            .chain(t.exact.get(event_type))
-            .chain(filter::dot_prefixes(event_type).filter_map(|p| t.prefix.get(p)));
+        let buckets =
+            std::iter::once(&t.all).chain(t.exact.get(event_type)).chain(filter::dot_prefixes(event_type).filter_map(|p| t.prefix.get(p)));
         let mut out = Vec::new();
         let mut sources = 0usize;
         for b in buckets.filter(|b| !b.is_empty()) {

@@ -241,8 +241,7 @@ where
 
     let (caught_tx, caught_rx) = watch::channel(false);
     let positions = Arc::new(Positions::default());
-    let handle =
-        TableHandle { topic: topic.clone(), consumer: consumer.clone(), caught_up: caught_rx, positions: positions.clone() };
+    let handle = TableHandle { topic: topic.clone(), consumer: consumer.clone(), caught_up: caught_rx, positions: positions.clone() };
 
     tokio::spawn(async move {
         let mut at_end: HashSet<i32> = HashSet::new();

@@ -212,6 +212,17 @@ mod tests {
         let all = t.all();
         assert!(all.iter().all(|s| s.name.starts_with("acme.")));
         let compacted: Vec<_> = all.iter().filter(|s| s.cleanup == Cleanup::Compact).map(|s| s.name.as_str()).collect();
-        assert_eq!(compacted, ["acme.parked", "acme.subscriptions", "acme.endpoint-state", "acme.inflight", "acme.tenants", "acme.api-keys", "acme.event-types"]);
+        assert_eq!(
+            compacted,
+            [
+                "acme.parked",
+                "acme.subscriptions",
+                "acme.endpoint-state",
+                "acme.inflight",
+                "acme.tenants",
+                "acme.api-keys",
+                "acme.event-types"
+            ]
+        );
     }
 }

@@ -301,7 +301,12 @@ pub struct Worker {
 impl Worker {
     /// Creates the group consumer and subscribes. With `revoke`, revoked partitions of the first topic are
     /// drained and committed before they go (see [`RevokeDrain`]).
-    pub fn subscribe(kafka: &KafkaSettings, settings: Settings, liveness: Arc<Liveness>, revoke: Option<Revoke>) -> Result<Self, KafkaError> {
+    pub fn subscribe(
+        kafka: &KafkaSettings,
+        settings: Settings,
+        liveness: Arc<Liveness>,
+        revoke: Option<Revoke>,
+    ) -> Result<Self, KafkaError> {
         let marks = Arc::new(SharedWatermarks::default());
         let (context, rebalances) = match revoke {
             Some(r) => RebalanceContext::with_revoke_drain(

@@ -10,9 +10,8 @@ use prost::Message;
 
 const TENANTS: &[&str] = &["", "a", "b", "acme:eu"];
 /// Every pattern shape, including ones the API refuses but a stored record may hold.
-const PATTERNS: &[&str] = &[
-    "*", "a", "a.b", "a.b.c", "a.*", "a.b.*", "b.*", ".*", "a*", "a.**", "*.b", "a.*.c", "**", "", "a.", "x", "a..*",
-];
+const PATTERNS: &[&str] =
+    &["*", "a", "a.b", "a.b.c", "a.*", "a.b.*", "b.*", ".*", "a*", "a.**", "*.b", "a.*.c", "**", "", "a.", "x", "a..*"];
 const EVENT_TYPES: &[&str] = &["a", "a.b", "a.b.c", "a.bc", "a.", ".", "..", "a..b", "b", "b.x", "x", "a.*.c", "*.b", "*", "", "a.b.c.d"];
 
 fn ids(v: &[std::sync::Arc<hookline_kafka::state::SubscriptionEntry>]) -> Vec<String> {
@@ -86,7 +85,11 @@ fn a_bucket_past_its_position_map_size_removes_exactly() {
     for step in 0..n {
         let i = left.remove((step * 37) % left.len());
         t.apply(format!("s{i:03}").as_bytes(), None);
-        let want: Vec<String> = { let mut v: Vec<_> = left.iter().map(|j| format!("s{j:03}")).collect(); v.sort(); v };
+        let want: Vec<String> = {
+            let mut v: Vec<_> = left.iter().map(|j| format!("s{j:03}")).collect();
+            v.sort();
+            v
+        };
         assert_eq!(ids(&t.matching("a", "x")), want);
         assert_eq!(ids(&t.matching("a", "y")), want);
     }

@@ -76,4 +76,3 @@ fn a_subscription_held_costs_well_under_a_kibibyte_of_heap() {
     // copied per subscription ~2,700, index or listing keys copying the names ~200.
     assert!(held <= 850.0, "the table keeps {held:.0} bytes of heap per subscription");
 }
-

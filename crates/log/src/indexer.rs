@@ -310,7 +310,8 @@ mod tests {
 
     #[test]
     fn events_are_read_from_json_and_protobuf() {
-        let ev = decode_event(br#"{"id":"e1","type":"t.x","tenant":"acme","occurred_at":"2026-01-01T00:00:01.5Z","data":{"b":1,"a":2}}"#).unwrap();
+        let ev = decode_event(br#"{"id":"e1","type":"t.x","tenant":"acme","occurred_at":"2026-01-01T00:00:01.5Z","data":{"b":1,"a":2}}"#)
+            .unwrap();
         assert_eq!((ev.id.as_str(), ev.r#type.as_str(), ev.tenant.as_str()), ("e1", "t.x", "acme"));
         assert_eq!(ev.occurred_at_ms, 1_767_225_601_500);
         assert_eq!(&ev.data_json[..], br#"{"b":1,"a":2}"#, "the data is kept byte for byte");

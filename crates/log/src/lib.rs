@@ -20,7 +20,8 @@ use hookline_service::config::{LogSettings, LogStoreKind};
 use prost::Message as _;
 
 pub use model::{
-    AttemptPoint, AttemptRow, Batch, Cursor, DeliveryDetail, InvalidCursor, MAX_ATTEMPT_POINTS, DeliveryRow, DeliveryState, IndexSummary, ListQuery, Page, Scope, Stats, UnknownState,
+    AttemptPoint, AttemptRow, Batch, Cursor, DeliveryDetail, DeliveryRow, DeliveryState, IndexSummary, InvalidCursor, ListQuery, Page,
+    Scope, Stats, UnknownState, MAX_ATTEMPT_POINTS,
 };
 
 #[derive(Debug, thiserror::Error)]
@@ -85,9 +86,7 @@ impl Target {
             return Ok(Self::Sqlite(PathBuf::from(path)));
         }
         if url.contains("://") {
-            return Err(StoreError::Target(format!(
-                "{url:?}: not a store URL (postgres://…, postgresql://…, sqlite:PATH or a file path)"
-            )));
+            return Err(StoreError::Target(format!("{url:?}: not a store URL (postgres://…, postgresql://…, sqlite:PATH or a file path)")));
         }
         Ok(Self::Sqlite(PathBuf::from(url)))
     }
@@ -295,9 +294,9 @@ impl LogStore {
             Self::Postgres(s) => s.attempt_rows(q).await?,
         };
         for row in rows {
-            let newer = out
-                .get(&row.delivery_id)
-                .is_none_or(|o: &model::AttemptRow| (row.attempt, row.try_no, row.concludes_attempt) >= (o.attempt, o.try_no, o.concludes_attempt));
+            let newer = out.get(&row.delivery_id).is_none_or(|o: &model::AttemptRow| {
+                (row.attempt, row.try_no, row.concludes_attempt) >= (o.attempt, o.try_no, o.concludes_attempt)
+            });
             if newer {
                 out.insert(row.delivery_id.clone(), row);
             }

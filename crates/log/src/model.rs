@@ -24,8 +24,7 @@ pub enum DeliveryState {
 }
 
 impl DeliveryState {
-    pub const ALL: [DeliveryState; 6] =
-        [Self::Pending, Self::Succeeded, Self::Failed, Self::Dead, Self::Cancelled, Self::Skipped];
+    pub const ALL: [DeliveryState; 6] = [Self::Pending, Self::Succeeded, Self::Failed, Self::Dead, Self::Cancelled, Self::Skipped];
 
     pub fn as_str(self) -> &'static str {
         match self {
@@ -458,7 +457,13 @@ pub fn fold(batch: Batch, cutoff_ms: i64) -> Folded {
     // A stable order: rows are locked in the same order by concurrent writers (no deadlock between indexers).
     out.events.sort_by(|a, b| (&a.tenant, &a.event_id, a.at_ms).cmp(&(&b.tenant, &b.event_id, b.at_ms)));
     out.attempts.sort_by(|a, b| {
-        (&a.delivery_id, &a.run_id, a.attempt, a.try_no, a.started_at_ms).cmp(&(&b.delivery_id, &b.run_id, b.attempt, b.try_no, b.started_at_ms))
+        (&a.delivery_id, &a.run_id, a.attempt, a.try_no, a.started_at_ms).cmp(&(
+            &b.delivery_id,
+            &b.run_id,
+            b.attempt,
+            b.try_no,
+            b.started_at_ms,
+        ))
     });
     out.deliveries.sort_by(|a, b| a.delivery_id.cmp(&b.delivery_id));
     out
@@ -475,13 +480,7 @@ fn upsert(map: &mut HashMap<String, DeliveryRow>, row: DeliveryRow) {
 
 fn event_row(ev: &Event, at_ms: i64) -> EventRow {
     use prost::Message as _;
-    EventRow {
-        event_id: ev.id.clone(),
-        event_type: ev.r#type.clone(),
-        tenant: ev.tenant.clone(),
-        at_ms,
-        payload: ev.encode_to_vec(),
-    }
+    EventRow { event_id: ev.id.clone(), event_type: ev.r#type.clone(), tenant: ev.tenant.clone(), at_ms, payload: ev.encode_to_vec() }
 }
 
 /// Headers as the stored JSON text: `[["name","value"],...]` (order and repeats kept).
@@ -589,7 +588,12 @@ mod tests {
     /// own record names, whatever the batch holds of the other's.
     #[test]
     fn the_same_event_id_from_two_tenants_is_two_events() {
-        let ev = |tenant: &str, card: &str| Event { id: "order-2000".into(), tenant: tenant.into(), data_json: card.as_bytes().to_vec().into(), ..Default::default() };
+        let ev = |tenant: &str, card: &str| Event {
+            id: "order-2000".into(),
+            tenant: tenant.into(),
+            data_json: card.as_bytes().to_vec().into(),
+            ..Default::default()
+        };
         let mut a = rec("dA", 1, 1, 10, "succeeded");
         a.event_id = "order-2000".into();
         a.tenant = "A".into();
@@ -613,7 +617,10 @@ mod tests {
     #[test]
     fn an_older_record_read_late_does_not_roll_the_state_back() {
         let mut d = DeliveryRow { last_at_ms: 50, state: DeliveryState::Dead, attempts_made: 5, ..Default::default() };
-        merge(&mut d, DeliveryRow { last_at_ms: 10, state: DeliveryState::Pending, attempts_made: 1, first_at_ms: 10, ..Default::default() });
+        merge(
+            &mut d,
+            DeliveryRow { last_at_ms: 10, state: DeliveryState::Pending, attempts_made: 1, first_at_ms: 10, ..Default::default() },
+        );
         assert_eq!((d.state, d.attempts_made, d.first_at_ms), (DeliveryState::Dead, 5, 0));
     }
 }

@@ -172,13 +172,8 @@ impl PgStore {
 
     pub async fn index(&self, f: &Folded) -> Result<IndexSummary, StoreError> {
         let mut w = self.writer().await?;
-        let days: BTreeSet<i64> = f
-            .attempts
-            .iter()
-            .map(|a| a.started_at_ms)
-            .chain(f.events.iter().map(|e| e.at_ms))
-            .map(|ms| ms.div_euclid(DAY_MS))
-            .collect();
+        let days: BTreeSet<i64> =
+            f.attempts.iter().map(|a| a.started_at_ms).chain(f.events.iter().map(|e| e.at_ms)).map(|ms| ms.div_euclid(DAY_MS)).collect();
         self.ensure_days(&mut w, days).await?;
         let tx = w.transaction().await?;
         if !f.events.is_empty() {
@@ -313,11 +308,17 @@ impl PgStore {
         let limit = limit as i64;
         let rows = match tenant {
             Some(t) => {
-                let q = format!("SELECT {} FROM deliveries WHERE event_id = $1 AND tenant = $2 ORDER BY first_at_ms DESC, delivery_id DESC LIMIT $3", sql::DELIVERY_COLS);
+                let q = format!(
+                    "SELECT {} FROM deliveries WHERE event_id = $1 AND tenant = $2 ORDER BY first_at_ms DESC, delivery_id DESC LIMIT $3",
+                    sql::DELIVERY_COLS
+                );
                 r.query(&q, &[&event_id, &t, &limit]).await?
             }
             None => {
-                let q = format!("SELECT {} FROM deliveries WHERE event_id = $1 ORDER BY first_at_ms DESC, delivery_id DESC LIMIT $2", sql::DELIVERY_COLS);
+                let q = format!(
+                    "SELECT {} FROM deliveries WHERE event_id = $1 ORDER BY first_at_ms DESC, delivery_id DESC LIMIT $2",
+                    sql::DELIVERY_COLS
+                );
                 r.query(&q, &[&event_id, &limit]).await?
             }
         };
@@ -496,9 +497,8 @@ mod tests {
 /// connect to, e.g. `…/postgres`), dropping one of that name first; returns the new database's URL. For scratch
 /// stores: tests and `hookline bench log`. `name` must be a plain identifier (it is not quoted).
 pub async fn create_database(server_url: &str, name: &str) -> Result<String, StoreError> {
-    let (base, _) = server_url
-        .rsplit_once('/')
-        .ok_or_else(|| StoreError::Target(format!("{server_url:?} names no database (…/postgres)")))?;
+    let (base, _) =
+        server_url.rsplit_once('/').ok_or_else(|| StoreError::Target(format!("{server_url:?} names no database (…/postgres)")))?;
     let (client, connection) = tokio_postgres::connect(server_url, NoTls).await.map_err(|e| StoreError::Open(crate::pg_message(&e)))?;
     let task = tokio::spawn(connection);
     client.batch_execute(&format!("DROP DATABASE IF EXISTS {name}")).await?;

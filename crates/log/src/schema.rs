@@ -6,10 +6,10 @@
 pub type Migration = (u32, &'static str, &'static str);
 
 pub const SQLITE: &[Migration] = &[
-(
-    1,
-    "delivery log: deliveries, attempts, events",
-    r#"
+    (
+        1,
+        "delivery log: deliveries, attempts, events",
+        r#"
 CREATE TABLE deliveries (
     delivery_id TEXT PRIMARY KEY,
     subscription_id TEXT NOT NULL,
@@ -70,28 +70,28 @@ CREATE TABLE events (
 ) WITHOUT ROWID;
 CREATE INDEX events_by_time ON events (at_ms);
 "#,
-),
-(2, "attempts by subscription and time (the API's per-minute stats)", ATTEMPTS_BY_SUBSCRIPTION),
-(
-    3,
-    "store_meta: the store's own id",
-    "CREATE TABLE store_meta (key TEXT PRIMARY KEY, value TEXT NOT NULL) WITHOUT ROWID; \
+    ),
+    (2, "attempts by subscription and time (the API's per-minute stats)", ATTEMPTS_BY_SUBSCRIPTION),
+    (
+        3,
+        "store_meta: the store's own id",
+        "CREATE TABLE store_meta (key TEXT PRIMARY KEY, value TEXT NOT NULL) WITHOUT ROWID; \
      INSERT INTO store_meta (key, value) VALUES ('store_id', lower(hex(randomblob(8))));",
-),
-(
-    4,
-    "attempts: the policy's reasoning (decided_by, rule, rule_when)",
-    "ALTER TABLE attempts ADD COLUMN decided_by TEXT NOT NULL DEFAULT ''; \
+    ),
+    (
+        4,
+        "attempts: the policy's reasoning (decided_by, rule, rule_when)",
+        "ALTER TABLE attempts ADD COLUMN decided_by TEXT NOT NULL DEFAULT ''; \
      ALTER TABLE attempts ADD COLUMN rule INTEGER NOT NULL DEFAULT 0; \
      ALTER TABLE attempts ADD COLUMN rule_when TEXT NOT NULL DEFAULT '';",
-),
-(5, "deliveries, attempts, events: rowid tables, keys in narrow unique indexes", SQLITE_ROWID_TABLES),
-(
-    6,
-    "events: keyed by (tenant, event id, time), so two tenants' events of one id are two events",
-    // The old key (event_id, at_ms) is unique, so every stored row is unique under the wider one too.
-    "DROP INDEX events_key; CREATE UNIQUE INDEX events_key ON events (tenant, event_id, at_ms);",
-),
+    ),
+    (5, "deliveries, attempts, events: rowid tables, keys in narrow unique indexes", SQLITE_ROWID_TABLES),
+    (
+        6,
+        "events: keyed by (tenant, event id, time), so two tenants' events of one id are two events",
+        // The old key (event_id, at_ms) is unique, so every stored row is unique under the wider one too.
+        "DROP INDEX events_key; CREATE UNIQUE INDEX events_key ON events (tenant, event_id, at_ms);",
+    ),
 ];
 
 /// Migration 5 (SQLite): the three tables become rowid tables; their keys move to unique indexes. Keyed by hashes
@@ -180,10 +180,10 @@ CREATE INDEX events_by_time ON events (at_ms);
 /// PostgreSQL: `attempts` and `events` are range-partitioned by time (one partition per UTC day, created ahead by
 /// the store), so retention drops whole partitions. `deliveries` is one table (a row is updated over its life).
 pub const POSTGRES: &[Migration] = &[
-(
-    1,
-    "delivery log: deliveries, attempts and events partitioned by day",
-    r#"
+    (
+        1,
+        "delivery log: deliveries, attempts and events partitioned by day",
+        r#"
 CREATE TABLE deliveries (
     delivery_id TEXT PRIMARY KEY,
     subscription_id TEXT NOT NULL,
@@ -242,32 +242,32 @@ CREATE TABLE events (
     PRIMARY KEY (event_id, at_ms)
 ) PARTITION BY RANGE (at_ms);
 "#,
-),
-(2, "attempts by subscription and time (the API's per-minute stats)", ATTEMPTS_BY_SUBSCRIPTION),
-(
-    3,
-    "store_meta: the store's own id",
-    "CREATE TABLE store_meta (key TEXT PRIMARY KEY, value TEXT NOT NULL); \
+    ),
+    (2, "attempts by subscription and time (the API's per-minute stats)", ATTEMPTS_BY_SUBSCRIPTION),
+    (
+        3,
+        "store_meta: the store's own id",
+        "CREATE TABLE store_meta (key TEXT PRIMARY KEY, value TEXT NOT NULL); \
      INSERT INTO store_meta (key, value) VALUES ('store_id', md5(random()::text || clock_timestamp()::text));",
-),
-(
-    4,
-    "attempts: the policy's reasoning (decided_by, rule, rule_when)",
-    // On the partitioned parent: every partition, present and future, gets the columns. A constant default is
-    // metadata only (PostgreSQL 11+): no rewrite of the stored rows.
-    "ALTER TABLE attempts ADD COLUMN decided_by TEXT NOT NULL DEFAULT '', \
+    ),
+    (
+        4,
+        "attempts: the policy's reasoning (decided_by, rule, rule_when)",
+        // On the partitioned parent: every partition, present and future, gets the columns. A constant default is
+        // metadata only (PostgreSQL 11+): no rewrite of the stored rows.
+        "ALTER TABLE attempts ADD COLUMN decided_by TEXT NOT NULL DEFAULT '', \
      ADD COLUMN rule BIGINT NOT NULL DEFAULT 0, \
      ADD COLUMN rule_when TEXT NOT NULL DEFAULT '';",
-),
-// PostgreSQL's tables are heaps already (rows appended, keys in their own B-trees): nothing to change. The version
-// is recorded so both lists keep one numbering.
-(5, "nothing (SQLite's tables became rowid tables)", "SELECT 1"),
-(
-    6,
-    "events: keyed by (tenant, event id, time), so two tenants' events of one id are two events",
-    // On the partitioned parent: every partition's key is rebuilt (the partition column stays in the key).
-    "ALTER TABLE events DROP CONSTRAINT events_pkey; ALTER TABLE events ADD PRIMARY KEY (tenant, event_id, at_ms);",
-),
+    ),
+    // PostgreSQL's tables are heaps already (rows appended, keys in their own B-trees): nothing to change. The version
+    // is recorded so both lists keep one numbering.
+    (5, "nothing (SQLite's tables became rowid tables)", "SELECT 1"),
+    (
+        6,
+        "events: keyed by (tenant, event id, time), so two tenants' events of one id are two events",
+        // On the partitioned parent: every partition's key is rebuilt (the partition column stays in the key).
+        "ALTER TABLE events DROP CONSTRAINT events_pkey; ALTER TABLE events ADD PRIMARY KEY (tenant, event_id, at_ms);",
+    ),
 ];
 
 /// The same in both dialects (PostgreSQL creates it on every partition, present and future).

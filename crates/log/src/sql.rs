@@ -60,9 +60,7 @@ pub fn delivery_merge(d: Dialect) -> String {
     let newer = "excluded.last_at_ms >= d.last_at_ms";
     let mut sets = Vec::new();
     for f in ["subscription_id", "tenant", "event_id", "event_type", "dead_letter_reason"] {
-        sets.push(format!(
-            "{f} = CASE WHEN excluded.{f} <> '' AND (d.{f} = '' OR {newer}) THEN excluded.{f} ELSE d.{f} END"
-        ));
+        sets.push(format!("{f} = CASE WHEN excluded.{f} <> '' AND (d.{f} = '' OR {newer}) THEN excluded.{f} ELSE d.{f} END"));
     }
     for f in ["state", "status_word", "last_http_status", "last_outcome", "run_id"] {
         sets.push(format!("{f} = CASE WHEN {newer} THEN excluded.{f} ELSE d.{f} END"));

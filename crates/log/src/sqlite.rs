@@ -11,7 +11,8 @@ use rusqlite::types::Value;
 use rusqlite::{params, Connection, OpenFlags, OptionalExtension, TransactionBehavior};
 
 use crate::model::{
-    headers_to_json, AttemptRow, DeliveryDetail, DeliveryRow, EventRow, Folded, IndexSummary, ListQuery, Page, Scope, Stats, MAX_ATTEMPTS_RETURNED,
+    headers_to_json, AttemptRow, DeliveryDetail, DeliveryRow, EventRow, Folded, IndexSummary, ListQuery, Page, Scope, Stats,
+    MAX_ATTEMPTS_RETURNED,
 };
 use crate::schema;
 use crate::sql::{self, Dialect, Param, RowGet};
@@ -312,19 +313,13 @@ fn event(c: &Connection, tenant: &str, event_id: &str) -> Result<Option<hookline
     if event_id.is_empty() {
         return Ok(None);
     }
-    let payload: Option<Vec<u8>> = c
-        .prepare_cached(q::EVENT)?
-        .query_row([tenant, event_id], |r| r.get(0))
-        .optional()?;
+    let payload: Option<Vec<u8>> = c.prepare_cached(q::EVENT)?.query_row([tenant, event_id], |r| r.get(0)).optional()?;
     payload.map(|p| crate::decode_event(&p)).transpose()
 }
 
 fn current_version(c: &Connection) -> Result<u32, StoreError> {
-    let exists: bool = c.query_row(
-        "SELECT count(*) > 0 FROM sqlite_master WHERE type = 'table' AND name = 'schema_migrations'",
-        [],
-        |r| r.get(0),
-    )?;
+    let exists: bool =
+        c.query_row("SELECT count(*) > 0 FROM sqlite_master WHERE type = 'table' AND name = 'schema_migrations'", [], |r| r.get(0))?;
     if !exists {
         return Ok(0);
     }
@@ -416,55 +411,41 @@ const DELIVERY_WIDTH: usize = 14;
 fn index(c: &mut Connection, f: &Folded) -> Result<IndexSummary, StoreError> {
     let tx = c.transaction_with_behavior(TransactionBehavior::Immediate)?;
     let events: Vec<&EventRow> = f.events.iter().collect();
-    insert_all(
-        &tx,
-        q::insert_events,
-        EVENT_WIDTH,
-        q::EVENT_ROWS,
-        &events,
-        |s, b, e| {
-            s.raw_bind_parameter(b + 1, &e.event_id)?;
-            s.raw_bind_parameter(b + 2, e.at_ms)?;
-            s.raw_bind_parameter(b + 3, &e.event_type)?;
-            s.raw_bind_parameter(b + 4, &e.tenant)?;
-            s.raw_bind_parameter(b + 5, &e.payload)
-        },
-    )?;
+    insert_all(&tx, q::insert_events, EVENT_WIDTH, q::EVENT_ROWS, &events, |s, b, e| {
+        s.raw_bind_parameter(b + 1, &e.event_id)?;
+        s.raw_bind_parameter(b + 2, e.at_ms)?;
+        s.raw_bind_parameter(b + 3, &e.event_type)?;
+        s.raw_bind_parameter(b + 4, &e.tenant)?;
+        s.raw_bind_parameter(b + 5, &e.payload)
+    })?;
     let attempts: Vec<&AttemptRow> = f.attempts.iter().collect();
-    insert_all(
-        &tx,
-        q::upsert_attempts,
-        ATTEMPT_WIDTH,
-        q::ATTEMPT_ROWS,
-        &attempts,
-        |s, b, a| {
-            s.raw_bind_parameter(b + 1, &a.delivery_id)?;
-            s.raw_bind_parameter(b + 2, &a.run_id)?;
-            s.raw_bind_parameter(b + 3, a.attempt)?;
-            s.raw_bind_parameter(b + 4, a.try_no)?;
-            s.raw_bind_parameter(b + 5, a.started_at_ms)?;
-            s.raw_bind_parameter(b + 6, &a.subscription_id)?;
-            s.raw_bind_parameter(b + 7, a.duration_ms)?;
-            s.raw_bind_parameter(b + 8, &a.outcome)?;
-            s.raw_bind_parameter(b + 9, a.http_status)?;
-            s.raw_bind_parameter(b + 10, &a.reason)?;
-            s.raw_bind_parameter(b + 11, headers_to_json(&a.request_headers))?;
-            s.raw_bind_parameter(b + 12, &a.body_ref)?;
-            s.raw_bind_parameter(b + 13, headers_to_json(&a.response_headers))?;
-            s.raw_bind_parameter(b + 14, &a.response_excerpt)?;
-            s.raw_bind_parameter(b + 15, &a.verdict)?;
-            s.raw_bind_parameter(b + 16, a.counts_toward_disable)?;
-            s.raw_bind_parameter(b + 17, a.next_due_at_ms)?;
-            s.raw_bind_parameter(b + 18, &a.final_state)?;
-            s.raw_bind_parameter(b + 19, &a.status_word)?;
-            s.raw_bind_parameter(b + 20, &a.policy)?;
-            s.raw_bind_parameter(b + 21, a.concludes_attempt)?;
-            s.raw_bind_parameter(b + 22, &a.traceparent)?;
-            s.raw_bind_parameter(b + 23, a.decided_by.map_or("", |d| d.as_str()))?;
-            s.raw_bind_parameter(b + 24, a.rule)?;
-            s.raw_bind_parameter(b + 25, &a.rule_when)
-        },
-    )?;
+    insert_all(&tx, q::upsert_attempts, ATTEMPT_WIDTH, q::ATTEMPT_ROWS, &attempts, |s, b, a| {
+        s.raw_bind_parameter(b + 1, &a.delivery_id)?;
+        s.raw_bind_parameter(b + 2, &a.run_id)?;
+        s.raw_bind_parameter(b + 3, a.attempt)?;
+        s.raw_bind_parameter(b + 4, a.try_no)?;
+        s.raw_bind_parameter(b + 5, a.started_at_ms)?;
+        s.raw_bind_parameter(b + 6, &a.subscription_id)?;
+        s.raw_bind_parameter(b + 7, a.duration_ms)?;
+        s.raw_bind_parameter(b + 8, &a.outcome)?;
+        s.raw_bind_parameter(b + 9, a.http_status)?;
+        s.raw_bind_parameter(b + 10, &a.reason)?;
+        s.raw_bind_parameter(b + 11, headers_to_json(&a.request_headers))?;
+        s.raw_bind_parameter(b + 12, &a.body_ref)?;
+        s.raw_bind_parameter(b + 13, headers_to_json(&a.response_headers))?;
+        s.raw_bind_parameter(b + 14, &a.response_excerpt)?;
+        s.raw_bind_parameter(b + 15, &a.verdict)?;
+        s.raw_bind_parameter(b + 16, a.counts_toward_disable)?;
+        s.raw_bind_parameter(b + 17, a.next_due_at_ms)?;
+        s.raw_bind_parameter(b + 18, &a.final_state)?;
+        s.raw_bind_parameter(b + 19, &a.status_word)?;
+        s.raw_bind_parameter(b + 20, &a.policy)?;
+        s.raw_bind_parameter(b + 21, a.concludes_attempt)?;
+        s.raw_bind_parameter(b + 22, &a.traceparent)?;
+        s.raw_bind_parameter(b + 23, a.decided_by.map_or("", |d| d.as_str()))?;
+        s.raw_bind_parameter(b + 24, a.rule)?;
+        s.raw_bind_parameter(b + 25, &a.rule_when)
+    })?;
     let deliveries: Vec<&DeliveryRow> = f.deliveries.iter().collect();
     let bind = |s: &mut rusqlite::CachedStatement<'_>, b: usize, d: &DeliveryRow| {
         s.raw_bind_parameter(b + 1, &d.delivery_id)?;
@@ -490,7 +471,7 @@ fn index(c: &mut Connection, f: &Folded) -> Result<IndexSummary, StoreError> {
 /// The statements written out here (the list and stats queries are `sql`'s), named so the plan test reads the
 /// same text the store runs.
 mod q {
-    use super::{multi_row, tuple, DELIVERY_WIDTH, EVENT_COLS, EVENT_WIDTH, ATTEMPT_WIDTH};
+    use super::{multi_row, tuple, ATTEMPT_WIDTH, DELIVERY_WIDTH, EVENT_COLS, EVENT_WIDTH};
     use crate::sql;
 
     /// Rows per multi-row `INSERT` of events: one statement writes this many rows (its table and index cursors opened
@@ -586,8 +567,14 @@ mod tests {
             (q::by_event_in_tenant(), "deliveries_by_event"),
             (q::EVENT.into(), "events_key"),
             (sql::list(Dialect::Sqlite, &ListQuery::new(sub())).text, "deliveries_by_subscription"),
-            (sql::list(Dialect::Sqlite, &ListQuery { state: Some(crate::DeliveryState::Dead), ..ListQuery::new(sub()) }).text, "deliveries_by_subscription_state"),
-            (sql::list(Dialect::Sqlite, &ListQuery { event_type: Some("t".into()), ..ListQuery::new(sub()) }).text, "deliveries_by_subscription_type"),
+            (
+                sql::list(Dialect::Sqlite, &ListQuery { state: Some(crate::DeliveryState::Dead), ..ListQuery::new(sub()) }).text,
+                "deliveries_by_subscription_state",
+            ),
+            (
+                sql::list(Dialect::Sqlite, &ListQuery { event_type: Some("t".into()), ..ListQuery::new(sub()) }).text,
+                "deliveries_by_subscription_type",
+            ),
             (sql::list(Dialect::Sqlite, &ListQuery::new(Scope::Tenant("acme".into()))).text, "deliveries_by_tenant"),
             (sql::list(Dialect::Sqlite, &full).text, "deliveries_by_subscription"),
             (sql::stats(Dialect::Sqlite, &sub(), 1, 2).text, "deliveries_by_subscription"),

@@ -229,7 +229,10 @@ async fn records_read_out_of_order_make_the_same_delivery(target: Target) {
     index(&store, Batch { attempts: vec![globex(3, T0 + 250, 503, "failed")], ..Default::default() }).await;
     index(&store, Batch { attempts: vec![globex(1, T0 + 100, 503, "")], ..Default::default() }).await;
     let d = store.delivery("dlv_9").await.unwrap().unwrap();
-    assert_eq!((d.delivery.state, d.delivery.attempts_made, d.delivery.first_at_ms, d.delivery.last_at_ms), (DeliveryState::Failed, 3, T0 + 100, T0 + 300));
+    assert_eq!(
+        (d.delivery.state, d.delivery.attempts_made, d.delivery.first_at_ms, d.delivery.last_at_ms),
+        (DeliveryState::Failed, 3, T0 + 100, T0 + 300)
+    );
     assert_eq!((d.delivery.event_id.as_str(), d.delivery.tenant.as_str()), ("evt_9", "globex"));
     assert!(d.event.is_none(), "not indexed yet");
     index(&store, Batch { events: vec![(event("evt_9", "globex", "order.created"), T0 + 50)], ..Default::default() }).await;
@@ -244,13 +247,28 @@ async fn records_read_out_of_order_make_the_same_delivery(target: Target) {
 /// its own tenant's event, and a search within one tenant finds only that tenant's deliveries.
 async fn the_same_event_id_from_two_tenants_is_two_events(target: Target) {
     let store = open(&target).await;
-    let ev = |tenant: &str, card: &str| Event { data_json: format!("{{\"card_last4\":\"{card}\",\"tenant\":\"{tenant}\"}}").into_bytes().into(), ..event("order-2000", tenant, "order.paid") };
-    let of = |tenant: &str, d: &str, sub: &str, at: i64| AttemptRecord { tenant: tenant.into(), ..attempt(d, sub, "order-2000", 1, at, 200, "succeeded") };
+    let ev = |tenant: &str, card: &str| Event {
+        data_json: format!("{{\"card_last4\":\"{card}\",\"tenant\":\"{tenant}\"}}").into_bytes().into(),
+        ..event("order-2000", tenant, "order.paid")
+    };
+    let of = |tenant: &str, d: &str, sub: &str, at: i64| AttemptRecord {
+        tenant: tenant.into(),
+        ..attempt(d, sub, "order-2000", 1, at, 200, "succeeded")
+    };
     // A first, then B a moment later; then, for another pair, B first and A after (and in one batch: the same ms).
-    index(&store, Batch { events: vec![(ev("A", "1111"), T0)], attempts: vec![of("A", "dlv_a1", "sub_a", T0 + 5)], ..Default::default() }).await;
-    index(&store, Batch { events: vec![(ev("B", "4242"), T0 + 1)], attempts: vec![of("B", "dlv_b1", "sub_b", T0 + 6)], ..Default::default() }).await;
+    index(&store, Batch { events: vec![(ev("A", "1111"), T0)], attempts: vec![of("A", "dlv_a1", "sub_a", T0 + 5)], ..Default::default() })
+        .await;
+    index(
+        &store,
+        Batch { events: vec![(ev("B", "4242"), T0 + 1)], attempts: vec![of("B", "dlv_b1", "sub_b", T0 + 6)], ..Default::default() },
+    )
+    .await;
     index(&store, Batch { events: vec![(ev("B", "4242"), T0 + 100), (ev("A", "1111"), T0 + 100)], ..Default::default() }).await;
-    index(&store, Batch { attempts: vec![of("B", "dlv_b2", "sub_b", T0 + 105), of("A", "dlv_a2", "sub_a", T0 + 106)], ..Default::default() }).await;
+    index(
+        &store,
+        Batch { attempts: vec![of("B", "dlv_b2", "sub_b", T0 + 105), of("A", "dlv_a2", "sub_a", T0 + 106)], ..Default::default() },
+    )
+    .await;
     for (d, tenant, card) in [("dlv_a1", "A", "1111"), ("dlv_b1", "B", "4242"), ("dlv_a2", "A", "1111"), ("dlv_b2", "B", "4242")] {
         let got = store.delivery(d).await.unwrap().unwrap();
         assert_eq!(got.delivery.tenant, tenant, "{d}");
@@ -311,7 +329,14 @@ async fn seed_many(store: &LogStore) {
         b.tenant = tenant.into();
         attempts.extend([a, b]);
     }
-    let events = (0..25).map(|i| (event(&format!("evt_{i}"), if i < 10 { "acme" } else { "globex" }, if i % 2 == 0 { "order.created" } else { "order.paid" }), T0)).collect();
+    let events = (0..25)
+        .map(|i| {
+            (
+                event(&format!("evt_{i}"), if i < 10 { "acme" } else { "globex" }, if i % 2 == 0 { "order.created" } else { "order.paid" }),
+                T0,
+            )
+        })
+        .collect();
     index(store, Batch { attempts, events, dead_letters: vec![] }).await;
 }
 
@@ -492,7 +517,8 @@ async fn retention_skips_and_removes_old_history(target: Target) {
         )
         .await
         .unwrap();
-    index(&store, Batch { attempts: vec![attempt("dlv_new", "sub_a", "evt_new", 1, NOW - 1_000, 200, "succeeded")], ..Default::default() }).await;
+    index(&store, Batch { attempts: vec![attempt("dlv_new", "sub_a", "evt_new", 1, NOW - 1_000, 200, "succeeded")], ..Default::default() })
+        .await;
     assert!(store.delivery("dlv_aged").await.unwrap().is_some());
     let r = store.apply_retention(KEEP_DAYS, NOW).await.unwrap();
     assert_eq!(r.deliveries, 1);
@@ -539,10 +565,18 @@ async fn headers_and_the_policys_reasoning_come_back_redacted(target: Target) {
     let pairs = |v: &[(&str, &str)]| v.iter().map(|(a, b)| (a.to_string(), b.to_string())).collect::<Vec<_>>();
     assert_eq!(
         first.request_headers,
-        pairs(&[("content-type", "application/json"), ("webhook-id", "evt_h"), ("webhook-timestamp", "1767225600"), ("webhook-signature", "<redacted>")])
+        pairs(&[
+            ("content-type", "application/json"),
+            ("webhook-id", "evt_h"),
+            ("webhook-timestamp", "1767225600"),
+            ("webhook-signature", "<redacted>")
+        ])
     );
     assert_eq!(first.response_headers, pairs(&[("retry-after", "60"), ("set-cookie", "<redacted>")]));
-    assert_eq!((first.decided_by, first.rule, first.rule_when.as_str(), first.next_due_at_ms), (Some(hookline_core::DecidedBy::RetryAfter), 3, "429 503", T0 + 60_010));
+    assert_eq!(
+        (first.decided_by, first.rule, first.rule_when.as_str(), first.next_due_at_ms),
+        (Some(hookline_core::DecidedBy::RetryAfter), 3, "429 503", T0 + 60_010)
+    );
     assert_eq!((second.decided_by, second.rule, second.next_due_at_ms), (Some(hookline_core::DecidedBy::SuccessRule), 1, 0));
     // The list's latest try carries them too.
     let last = store.last_attempts(std::slice::from_ref(&d.delivery)).await.unwrap();
@@ -565,7 +599,10 @@ async fn rows_of_a_version_3_store_read_after_migration_4(target: Target) {
     match &target {
         Target::Sqlite(path) => {
             let c = rusqlite::Connection::open(path).unwrap();
-            c.execute_batch("CREATE TABLE schema_migrations (version INTEGER PRIMARY KEY, name TEXT NOT NULL, applied_at_ms INTEGER NOT NULL)").unwrap();
+            c.execute_batch(
+                "CREATE TABLE schema_migrations (version INTEGER PRIMARY KEY, name TEXT NOT NULL, applied_at_ms INTEGER NOT NULL)",
+            )
+            .unwrap();
             for (v, _, sql) in &hookline_log::schema::SQLITE[..3] {
                 c.execute_batch(sql).unwrap();
                 c.execute_batch(&record(*v)).unwrap();
@@ -575,7 +612,11 @@ async fn rows_of_a_version_3_store_read_after_migration_4(target: Target) {
         Target::Postgres(url) => {
             let (c, conn) = tokio_postgres::connect(url, tokio_postgres::NoTls).await.unwrap();
             tokio::spawn(conn);
-            c.batch_execute("CREATE TABLE schema_migrations (version BIGINT PRIMARY KEY, name TEXT NOT NULL, applied_at_ms BIGINT NOT NULL)").await.unwrap();
+            c.batch_execute(
+                "CREATE TABLE schema_migrations (version BIGINT PRIMARY KEY, name TEXT NOT NULL, applied_at_ms BIGINT NOT NULL)",
+            )
+            .await
+            .unwrap();
             for (v, _, sql) in &hookline_log::schema::POSTGRES[..3] {
                 c.batch_execute(sql).await.unwrap();
                 c.batch_execute(&record(*v)).await.unwrap();
@@ -632,7 +673,10 @@ async fn a_version_4_store_keeps_its_rows_through_migration_5(target: Target) {
     match &target {
         Target::Sqlite(path) => {
             let c = rusqlite::Connection::open(path).unwrap();
-            c.execute_batch("CREATE TABLE schema_migrations (version INTEGER PRIMARY KEY, name TEXT NOT NULL, applied_at_ms INTEGER NOT NULL)").unwrap();
+            c.execute_batch(
+                "CREATE TABLE schema_migrations (version INTEGER PRIMARY KEY, name TEXT NOT NULL, applied_at_ms INTEGER NOT NULL)",
+            )
+            .unwrap();
             for (v, _, sql) in &hookline_log::schema::SQLITE[..4] {
                 c.execute_batch(sql).unwrap();
                 c.execute_batch(&record(*v)).unwrap();
@@ -642,7 +686,11 @@ async fn a_version_4_store_keeps_its_rows_through_migration_5(target: Target) {
         Target::Postgres(url) => {
             let (c, conn) = tokio_postgres::connect(url, tokio_postgres::NoTls).await.unwrap();
             tokio::spawn(conn);
-            c.batch_execute("CREATE TABLE schema_migrations (version BIGINT PRIMARY KEY, name TEXT NOT NULL, applied_at_ms BIGINT NOT NULL)").await.unwrap();
+            c.batch_execute(
+                "CREATE TABLE schema_migrations (version BIGINT PRIMARY KEY, name TEXT NOT NULL, applied_at_ms BIGINT NOT NULL)",
+            )
+            .await
+            .unwrap();
             for (v, _, sql) in &hookline_log::schema::POSTGRES[..4] {
                 c.batch_execute(sql).await.unwrap();
                 c.batch_execute(&record(*v)).await.unwrap();
@@ -665,7 +713,10 @@ async fn a_version_4_store_keeps_its_rows_through_migration_5(target: Target) {
     assert_eq!(store.migrations_applied(), [5, 6]);
     assert_eq!(store.schema_version().await.unwrap(), 6);
     let before = store.delivery("dlv_m").await.unwrap().expect("the migrated delivery reads");
-    assert_eq!((before.delivery.state, before.delivery.tenant.as_str(), before.delivery.attempts_made), (DeliveryState::Succeeded, "acme", 2));
+    assert_eq!(
+        (before.delivery.state, before.delivery.tenant.as_str(), before.delivery.attempts_made),
+        (DeliveryState::Succeeded, "acme", 2)
+    );
     assert_eq!(before.attempts.iter().map(|a| a.http_status).collect::<Vec<_>>(), [503, 200], "oldest first");
     assert_eq!(before.attempts[0].request_headers, [("content-type".to_owned(), "application/json".to_owned())]);
     assert_eq!(before.attempts[0].decided_by, Some(hookline_core::DecidedBy::Schedule));

@@ -101,7 +101,9 @@ impl Notifier {
         };
         let ca_pem = match &settings.tls_ca_file {
             None => None,
-            Some(path) => Some(std::fs::read(path).map_err(|e| NotifyError::Config(format!("notify.tls_ca_file: reading {}: {e}", path.display())))?),
+            Some(path) => {
+                Some(std::fs::read(path).map_err(|e| NotifyError::Config(format!("notify.tls_ca_file: reading {}: {e}", path.display())))?)
+            }
         };
         let from = settings.from.parse::<Mailbox>().map_err(|e| NotifyError::Config(format!("notify.from: {e}")))?;
         Ok(Some(Notifier {
@@ -153,8 +155,12 @@ impl Notifier {
         let at = (ev.at_ms > 0).then(|| hookline_core::time::rfc3339_ms(ev.at_ms)).flatten().unwrap_or_else(|| "unknown".to_owned());
         let mut body = String::new();
         let intro = match action {
-            Action::Resume => format!("hookline paused the webhook endpoint of subscription {id}: it kept failing, and its policy switches it off.\n"),
-            Action::Enable => format!("hookline disabled the webhook endpoint of subscription {id}: it kept failing, and its policy switches it off.\n"),
+            Action::Resume => {
+                format!("hookline paused the webhook endpoint of subscription {id}: it kept failing, and its policy switches it off.\n")
+            }
+            Action::Enable => {
+                format!("hookline disabled the webhook endpoint of subscription {id}: it kept failing, and its policy switches it off.\n")
+            }
         };
         body.push_str(&intro);
         body.push('\n');
@@ -339,7 +345,9 @@ impl Handler for Mails {
                 metrics::counter!("hookline_notifications_total", "result" => "skipped").increment(1);
                 let key = m.key().map(String::from_utf8_lossy).unwrap_or_default();
                 match skip {
-                    Skip::NotNotifiable(_) => tracing::debug!(subscription = %key, partition = p, offset = o, %skip, "ops record: no e-mail"),
+                    Skip::NotNotifiable(_) => {
+                        tracing::debug!(subscription = %key, partition = p, offset = o, %skip, "ops record: no e-mail")
+                    }
                     Skip::NoOwnerEmail => tracing::info!(subscription = %key, partition = p, offset = o, %skip, "ops record: no e-mail"),
                     _ => tracing::warn!(subscription = %key, partition = p, offset = o, %skip, "ops record: no e-mail"),
                 }
@@ -390,13 +398,21 @@ pub fn one_line(s: &str) -> String {
 /// Letters, digits, `-` and `_` only, everything else `-` (a Message-ID part).
 fn atom(s: &str) -> String {
     let a: String = s.chars().map(|c| if c.is_ascii_alphanumeric() || matches!(c, '-' | '_') { c } else { '-' }).collect();
-    if a.is_empty() { "x".into() } else { a }
+    if a.is_empty() {
+        "x".into()
+    } else {
+        a
+    }
 }
 
 /// A domain for the Message-ID: dot-separated atoms.
 fn domain_atoms(s: &str) -> String {
     let d: Vec<String> = s.split('.').filter(|p| !p.is_empty()).map(atom).collect();
-    if d.is_empty() { "localhost".into() } else { d.join(".") }
+    if d.is_empty() {
+        "localhost".into()
+    } else {
+        d.join(".")
+    }
 }
 
 fn shorten(s: &str, max: usize) -> String {

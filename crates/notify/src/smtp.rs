@@ -41,7 +41,11 @@ pub struct SmtpSettings {
 
 impl SmtpSettings {
     pub fn addr(&self) -> String {
-        if self.host.contains(':') { format!("[{}]:{}", self.host, self.port) } else { format!("{}:{}", self.host, self.port) }
+        if self.host.contains(':') {
+            format!("[{}]:{}", self.host, self.port)
+        } else {
+            format!("{}:{}", self.host, self.port)
+        }
     }
 
     fn is_loopback(&self) -> bool {
@@ -51,7 +55,9 @@ impl SmtpSettings {
     fn tls_parameters(&self) -> Result<TlsParameters, SmtpError> {
         let mut b = TlsParameters::builder(self.host.clone());
         if let Some(pem) = &self.ca_pem {
-            b = b.certificate_store(CertificateStore::None).add_root_certificate(Certificate::from_pem(pem).map_err(SmtpError::TlsSettings)?);
+            b = b
+                .certificate_store(CertificateStore::None)
+                .add_root_certificate(Certificate::from_pem(pem).map_err(SmtpError::TlsSettings)?);
         }
         b.build().map_err(SmtpError::TlsSettings)
     }
@@ -135,7 +141,11 @@ fn address(addr: &str) -> Result<Address, SmtpError> {
 }
 
 /// Runs one step within the timeout.
-async fn step<T>(stage: Stage, timeout: Duration, f: impl std::future::Future<Output = Result<T, lettre::transport::smtp::Error>>) -> Result<T, SmtpError> {
+async fn step<T>(
+    stage: Stage,
+    timeout: Duration,
+    f: impl std::future::Future<Output = Result<T, lettre::transport::smtp::Error>>,
+) -> Result<T, SmtpError> {
     tokio::time::timeout(timeout, f)
         .await
         .map_err(|_| SmtpError::Timeout { stage, timeout })?
@@ -162,7 +172,10 @@ pub async fn send(settings: &SmtpSettings, from: &str, to: &[String], message: &
     let result = conversation(&mut conn, settings, &hello, sender, recipients, message).await;
     // The server said yes or no to a command: end the session politely (a failing QUIT changes nothing). After
     // a failed or interrupted STARTTLS, or a timeout, the stream is unusable: it is only dropped.
-    let answered = matches!(&result, Ok(()) | Err(SmtpError::Smtp { stage: Stage::Auth | Stage::MailFrom | Stage::RcptTo | Stage::Data | Stage::Message, .. }));
+    let answered = matches!(
+        &result,
+        Ok(()) | Err(SmtpError::Smtp { stage: Stage::Auth | Stage::MailFrom | Stage::RcptTo | Stage::Data | Stage::Message, .. })
+    );
     if answered && !conn.has_broken() {
         let _ = tokio::time::timeout(timeout, conn.quit()).await;
     }
@@ -212,7 +225,17 @@ mod tests {
     fn addresses_that_could_break_a_command_are_refused() {
         assert!(valid_address("owner@example.com"));
         assert!(valid_address("a+tag@sub.example.co"));
-        for bad in ["", "no-at", "@example.com", "a@", "a b@example.com", "a@example.com>\r\nRCPT TO:<x@y", "a@ex\nample", "\u{e9}@example.com", "<a@b>"] {
+        for bad in [
+            "",
+            "no-at",
+            "@example.com",
+            "a@",
+            "a b@example.com",
+            "a@example.com>\r\nRCPT TO:<x@y",
+            "a@ex\nample",
+            "\u{e9}@example.com",
+            "<a@b>",
+        ] {
             assert!(!valid_address(bad), "{bad:?}");
         }
     }

@@ -10,10 +10,10 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use hookline_core::model::OpsEvent;
-use hookline_notify::smtp::{self, Credentials, SmtpError, SmtpSettings, Stage};
-use hookline_notify::{Notifier, Skip};
 use hookline_kafka::mock::DevBroker;
 use hookline_kafka::Topics;
+use hookline_notify::smtp::{self, Credentials, SmtpError, SmtpSettings, Stage};
+use hookline_notify::{Notifier, Skip};
 use hookline_service::config::{NotifySettings, SmtpTls};
 use prost::Message as _;
 use rdkafka::consumer::{BaseConsumer, Consumer};
@@ -241,7 +241,23 @@ impl Pki {
         openssl(&dir, &args);
         openssl(
             &dir,
-            &["x509", "-req", "-in", "server.csr", "-CA", "ca.pem", "-CAkey", "ca.key", "-CAcreateserial", "-days", "2", "-out", "server.pem", "-extfile", "server.ext"],
+            &[
+                "x509",
+                "-req",
+                "-in",
+                "server.csr",
+                "-CA",
+                "ca.pem",
+                "-CAkey",
+                "ca.key",
+                "-CAcreateserial",
+                "-days",
+                "2",
+                "-out",
+                "server.pem",
+                "-extfile",
+                "server.ext",
+            ],
         );
         Pki { dir }
     }
@@ -252,7 +268,8 @@ impl Pki {
 
     fn acceptor(&self) -> TlsAcceptor {
         let provider = Arc::new(rustls::crypto::ring::default_provider());
-        let chain: Vec<CertificateDer<'static>> = CertificateDer::pem_file_iter(self.path("server.pem")).unwrap().map(Result::unwrap).collect();
+        let chain: Vec<CertificateDer<'static>> =
+            CertificateDer::pem_file_iter(self.path("server.pem")).unwrap().map(Result::unwrap).collect();
         let key = PrivateKeyDer::from_pem_file(self.path("server.key")).unwrap();
         let config = rustls::ServerConfig::builder_with_provider(provider)
             .with_safe_default_protocol_versions()
@@ -281,12 +298,7 @@ async fn wait_for(notify: &Notify, limit: Duration, what: &str, mut cond: impl F
 }
 
 fn settings(addr: SocketAddr) -> NotifySettings {
-    NotifySettings {
-        smtp_addr: Some(addr.to_string()),
-        from: "hookline@hooks.example.com".into(),
-        timeout_ms: 5_000,
-        ..Default::default()
-    }
+    NotifySettings { smtp_addr: Some(addr.to_string()), from: "hookline@hooks.example.com".into(), timeout_ms: 5_000, ..Default::default() }
 }
 
 fn event(kind: &str, id: &str, owner: &str) -> OpsEvent {
@@ -305,7 +317,14 @@ fn event(kind: &str, id: &str, owner: &str) -> OpsEvent {
 // The client.
 
 fn plain(addr: SocketAddr) -> SmtpSettings {
-    SmtpSettings { host: addr.ip().to_string(), port: addr.port(), tls: SmtpTls::None, ca_pem: None, credentials: None, timeout: Duration::from_secs(5) }
+    SmtpSettings {
+        host: addr.ip().to_string(),
+        port: addr.port(),
+        tls: SmtpTls::None,
+        ca_pem: None,
+        credentials: None,
+        timeout: Duration::from_secs(5),
+    }
 }
 
 fn alice() -> Option<Credentials> {
@@ -361,9 +380,14 @@ async fn starttls_encrypts_before_auth_and_the_message() {
     // The server's certificate must be trusted: with the public roots only, the handshake fails and nothing
     // (above all no password) is sent.
     let (addr, fake) = fake_smtp(Fake { starttls: Some(pki.acceptor()), ..Default::default() }).await;
-    let err = smtp::send(&SmtpSettings { tls: SmtpTls::Starttls, credentials: alice(), ..plain(addr) }, "a@b.example", &["c@d.example".into()], b"x\r\n")
-        .await
-        .unwrap_err();
+    let err = smtp::send(
+        &SmtpSettings { tls: SmtpTls::Starttls, credentials: alice(), ..plain(addr) },
+        "a@b.example",
+        &["c@d.example".into()],
+        b"x\r\n",
+    )
+    .await
+    .unwrap_err();
     assert!(matches!(err, SmtpError::Smtp { stage: Stage::StartTls, .. }), "{err:?}");
     assert!(fake.commands().iter().all(|c| !c.starts_with("AUTH")), "{:?}", fake.commands());
 }
@@ -419,9 +443,21 @@ async fn a_composed_mail_has_its_headers_and_user_text_cannot_add_one() {
     assert!(m.header("Bcc").is_none(), "a CR/LF in the URL must not start a header: {:?}", m.headers());
     let mut names: Vec<String> = m.headers().iter().map(|h| h.split(':').next().unwrap().to_ascii_lowercase()).collect();
     names.sort();
-    let mut want: Vec<String> = ["from", "to", "subject", "date", "message-id", "mime-version", "content-type", "content-transfer-encoding", "auto-submitted", "x-hookline-subscription", "x-hookline-event"]
-        .map(String::from)
-        .to_vec();
+    let mut want: Vec<String> = [
+        "from",
+        "to",
+        "subject",
+        "date",
+        "message-id",
+        "mime-version",
+        "content-type",
+        "content-transfer-encoding",
+        "auto-submitted",
+        "x-hookline-subscription",
+        "x-hookline-event",
+    ]
+    .map(String::from)
+    .to_vec();
     want.sort();
     assert_eq!(names, want);
     let body = m.body();
@@ -457,7 +493,10 @@ fn each_kind_says_what_to_do_and_others_are_skipped() {
     assert_eq!(subject, "[hookline] Endpoint disabled: https://hooks.customer.example/lucibook");
     assert!(msg.contains("PATCH /v1/subscriptions/sub-9\r\n    {\"enabled\": true}"), "{msg}");
     // A recovery is an ops event for automation, not a mail.
-    assert_eq!(n.compose(&event("endpoint_recovered", "s", "o@x.example"), 0).unwrap_err(), Skip::NotNotifiable("endpoint_recovered".into()));
+    assert_eq!(
+        n.compose(&event("endpoint_recovered", "s", "o@x.example"), 0).unwrap_err(),
+        Skip::NotNotifiable("endpoint_recovered".into())
+    );
     assert_eq!(text("endpoint_paused").0, "[hookline] Endpoint paused: https://hooks.customer.example/lucibook");
 
     assert_eq!(n.compose(&event("delivery_dead", "s", "o@x.example"), 0).unwrap_err(), Skip::NotNotifiable("delivery_dead".into()));
@@ -507,11 +546,10 @@ fn notify_settings_are_validated() {
 
 #[tokio::test]
 async fn an_error_reply_is_typed_and_names_its_code() {
-    let fake = Fake { rcpt_replies: Mutex::new(["550 5.1.1 <nobody@customer.example>: Recipient address rejected"].into()), ..Default::default() };
+    let fake =
+        Fake { rcpt_replies: Mutex::new(["550 5.1.1 <nobody@customer.example>: Recipient address rejected"].into()), ..Default::default() };
     let (addr, fake) = fake_smtp(fake).await;
-    let err = smtp::send(&plain(addr), "a@b.example", &["nobody@customer.example".into()], b"Subject: x\r\n\r\nhi\r\n")
-        .await
-        .unwrap_err();
+    let err = smtp::send(&plain(addr), "a@b.example", &["nobody@customer.example".into()], b"Subject: x\r\n\r\nhi\r\n").await.unwrap_err();
     match &err {
         SmtpError::Smtp { stage: Stage::RcptTo, .. } => assert!(err.to_string().contains("Recipient address rejected"), "{err}"),
         other => panic!("expected a refusal of RCPT TO, got {other:?}"),
@@ -559,8 +597,8 @@ async fn ops_events_become_owner_emails() {
 
     let producer = hookline_kafka::client::producer(&config.kafka, "notify-test").expect("producer");
     let records = [
-        event("endpoint_paused", "sub-a", ""),                        // no owner: skipped
-        event("delivery_dead", "sub-a", "owner-a@customer.example"),  // not mailed: skipped
+        event("endpoint_paused", "sub-a", ""),                         // no owner: skipped
+        event("delivery_dead", "sub-a", "owner-a@customer.example"),   // not mailed: skipped
         event("endpoint_paused", "sub-a", "owner-a@customer.example"), // mailed after one 451
         event("endpoint_disabled", "sub-b", "owner-b@customer.example"),
     ];
@@ -595,7 +633,8 @@ async fn ops_events_become_owner_emails() {
 
     // Every record, skipped or mailed, is committed: a restart sends nothing again.
     let group = format!("{}-notify", config.ingest.group_id);
-    let check: BaseConsumer = hookline_kafka::client::group_consumer_config(&config.kafka, &group, "notify-test-check").unwrap().create().unwrap();
+    let check: BaseConsumer =
+        hookline_kafka::client::group_consumer_config(&config.kafka, &group, "notify-test-check").unwrap().create().unwrap();
     let mut tpl = TopicPartitionList::new();
     for p in 0..2 {
         tpl.add_partition(topics.ops(), p);

@@ -12,8 +12,11 @@ use std::collections::{BinaryHeap, HashMap};
 use std::sync::Arc;
 use std::time::Duration;
 
+use futures::future::BoxFuture;
+use futures::stream::{FuturesUnordered, StreamExt as _};
 use hookline_core::model::{DeliveryTask, RetryEnvelope, TaskOrigin};
 use hookline_kafka::client::producer;
+use hookline_kafka::client::Producer as FutureProducer;
 use hookline_kafka::rebalance::RebalanceEvent;
 use hookline_kafka::state::{EndpointStates, StateTables, SubscriptionTable};
 use hookline_kafka::table::TableError;
@@ -24,11 +27,8 @@ use hookline_service::{health, telemetry, Config, Readiness};
 use prost::Message as _;
 use rdkafka::consumer::Consumer;
 use rdkafka::error::KafkaError;
-use hookline_kafka::client::Producer as FutureProducer;
 use rdkafka::message::BorrowedMessage;
 use rdkafka::{Message, TopicPartitionList};
-use futures::future::BoxFuture;
-use futures::stream::{FuturesUnordered, StreamExt as _};
 use tokio::sync::mpsc;
 use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
@@ -85,7 +85,14 @@ pub async fn run(config: Config, shutdown: CancellationToken, options: Options) 
     let metrics = telemetry::metrics_handle();
     let readiness = options.readiness.clone();
     if options.serve_health {
-        let addr = health::serve(config.retry_scheduler.health_addr, readiness.clone(), metrics, config.retry_scheduler.health_http, shutdown.clone()).await?;
+        let addr = health::serve(
+            config.retry_scheduler.health_addr,
+            readiness.clone(),
+            metrics,
+            config.retry_scheduler.health_http,
+            shutdown.clone(),
+        )
+        .await?;
         tracing::info!(%addr, "retry-scheduler health endpoints listening");
     }
     let topics = Topics::new(config.kafka.topic_prefix.clone());
@@ -303,7 +310,9 @@ impl Handler for Retries {
             Wake::Timer => {
                 let now = now_ms();
                 while let Some(Reverse((at, ..))) = sched.timers.peek() {
-                    if *at > now { break; }
+                    if *at > now {
+                        break;
+                    }
                     let Reverse((_, t, p, o)) = sched.timers.pop().expect("peeked");
                     if let Some(Waiting::Tier(env)) = sched.waiting.remove(&(t.clone(), p, o)) {
                         sched.release_tier(consumer, env, (t, p, o), done_tx, now);
@@ -444,7 +453,11 @@ impl Scheduler {
             Route::Tier(tier) => {
                 self.tracer.retry_hold(&task, env.enqueued_at_ms, env.tier_delay_ms, tier.name, now);
                 metrics::counter!("hookline_retry_rerouted_total", "tier" => tier.name).increment(1);
-                let env = RetryEnvelope { task: Some(task), enqueued_at_ms: now, tier_delay_ms: i64::try_from(tier.delay_ms).unwrap_or(i64::MAX) };
+                let env = RetryEnvelope {
+                    task: Some(task),
+                    enqueued_at_ms: now,
+                    tier_delay_ms: i64::try_from(tier.delay_ms).unwrap_or(i64::MAX),
+                };
                 (self.topics.retry(tier), env.encode_to_vec())
             }
         };
@@ -470,13 +483,21 @@ impl Scheduler {
             at_ms: now_ms(),
             ..Default::default()
         };
-        metrics::counter!("hookline_dead_lettered_total", "reason" => hookline_core::vocabulary::DeadLetterReason::InvalidTask.as_str()).increment(1);
+        metrics::counter!("hookline_dead_lettered_total", "reason" => hookline_core::vocabulary::DeadLetterReason::InvalidTask.as_str())
+            .increment(1);
         let (value, headers) = self.dlq.record(&dl);
         self.forward_with_headers(self.topics.dlq(), String::new(), value, Some(headers), key, done);
     }
 
     /// Produces in the background; the offset completes when the broker acknowledged it.
-    fn forward(&self, topic: &str, key: String, payload: Vec<u8>, at: (String, i32, i64), done: &mpsc::UnboundedSender<(String, i32, i64)>) {
+    fn forward(
+        &self,
+        topic: &str,
+        key: String,
+        payload: Vec<u8>,
+        at: (String, i32, i64),
+        done: &mpsc::UnboundedSender<(String, i32, i64)>,
+    ) {
         self.forward_with_headers(topic, key, payload, None, at, done);
     }
 

@@ -43,7 +43,10 @@ async fn serve() -> std::process::ExitCode {
     hookline_service::telemetry::init(&config.telemetry);
     hookline_service::telemetry::describe_metrics(&["retry-scheduler"]);
     let shutdown = hookline_service::shutdown::on_signals();
-    if let Err(e) = hookline_retry_scheduler::run(config, shutdown, hookline_retry_scheduler::Options { serve_health: true, ..Default::default() }).await {
+    if let Err(e) =
+        hookline_retry_scheduler::run(config, shutdown, hookline_retry_scheduler::Options { serve_health: true, ..Default::default() })
+            .await
+    {
         eprintln!("error: {e}");
         return std::process::ExitCode::FAILURE;
     }

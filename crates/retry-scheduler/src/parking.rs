@@ -20,6 +20,7 @@ use std::collections::{HashMap, HashSet};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
+use futures::future::BoxFuture;
 use hookline_core::model::{DeliveryTask, ParkedPosition, TaskOrigin};
 use hookline_kafka::client::Producer;
 use hookline_kafka::produce::ShutDown;
@@ -30,7 +31,6 @@ use hookline_service::now_ms;
 use hookline_service::traces::Tracer;
 use prost::Message as _;
 use rdkafka::Message as _;
-use futures::future::BoxFuture;
 use tokio::sync::{mpsc, oneshot, Semaphore};
 use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
@@ -285,7 +285,18 @@ impl Parking {
             .get(&partition)
             .map(|m| {
                 m.iter()
-                    .map(|(id, pos)| (id.clone(), Mark { from: pos.held_offset, parked_at_ms: pos.parked_at_ms, release: None, not_before: None, confirmed: false }))
+                    .map(|(id, pos)| {
+                        (
+                            id.clone(),
+                            Mark {
+                                from: pos.held_offset,
+                                parked_at_ms: pos.parked_at_ms,
+                                release: None,
+                                not_before: None,
+                                confirmed: false,
+                            },
+                        )
+                    })
                     .collect()
             })
             .unwrap_or_default();
@@ -326,7 +337,8 @@ impl Parking {
             None if releasable => Step::Release,
             None => {
                 let at = now_ms();
-                part.marks.insert(sub.to_owned(), Mark { from: offset, parked_at_ms: at, release: None, not_before: None, confirmed: true });
+                part.marks
+                    .insert(sub.to_owned(), Mark { from: offset, parked_at_ms: at, release: None, not_before: None, confirmed: true });
                 Step::Write(offset, at)
             }
             Some(m) => {
@@ -364,7 +376,8 @@ impl Parking {
             Step::Parked => Held::Parked,
             Step::Write(from, parked_at_ms) => {
                 let (tx, rx) = oneshot::channel();
-                let position = ParkedPosition { subscription_id: sub.to_owned(), held_partition: partition, held_offset: from, parked_at_ms };
+                let position =
+                    ParkedPosition { subscription_id: sub.to_owned(), held_partition: partition, held_offset: from, parked_at_ms };
                 let _ = part.writes.send(Write { sub: sub.to_owned(), position: Some(position), acked: Some(tx) });
                 Held::ParkedOnceWritten(rx)
             }
@@ -408,7 +421,12 @@ impl Parking {
                     let progress = (events.clone(), sub.clone());
                     let outcome = job
                         .run(|next| {
-                            let _ = progress.0.send(ReleaseEvent { partition, sub: progress.1.clone(), id, outcome: Outcome::Progress { next } });
+                            let _ = progress.0.send(ReleaseEvent {
+                                partition,
+                                sub: progress.1.clone(),
+                                id,
+                                outcome: Outcome::Progress { next },
+                            });
                         })
                         .await;
                     let _ = events.send(ReleaseEvent { partition, sub, id, outcome });
@@ -479,7 +497,13 @@ impl Parking {
 
 /// Writes positions of one partition in order, each until acknowledged, to that partition itself (where the
 /// partition's next owner reads them, whatever the key would hash to).
-async fn write_positions(producer: Producer, topic: String, partition: i32, mut rx: mpsc::UnboundedReceiver<Write>, cancel: CancellationToken) {
+async fn write_positions(
+    producer: Producer,
+    topic: String,
+    partition: i32,
+    mut rx: mpsc::UnboundedReceiver<Write>,
+    cancel: CancellationToken,
+) {
     loop {
         let w = tokio::select! {
             _ = cancel.cancelled() => return,
@@ -600,8 +624,8 @@ impl ReleaseJob {
 
 #[cfg(test)]
 mod tests {
-    use rdkafka::producer::FutureRecord;
     use hookline_kafka::mock::DevBroker;
+    use rdkafka::producer::FutureRecord;
 
     use super::*;
 
@@ -621,7 +645,15 @@ mod tests {
             let broker = DevBroker::start(&topics, 1, 1).expect("mock broker");
             let settings = hookline_service::Config::dev(&broker.bootstrap_servers(), 1, "t").kafka;
             let producer = hookline_kafka::client::producer(&settings, "parking-test").unwrap();
-            Self { _broker: broker, settings, topics, producer, active: Arc::default(), stop: CancellationToken::new(), written: Default::default() }
+            Self {
+                _broker: broker,
+                settings,
+                topics,
+                producer,
+                active: Arc::default(),
+                stop: CancellationToken::new(),
+                written: Default::default(),
+            }
         }
 
         async fn parking(&self) -> Parking {
@@ -654,7 +686,8 @@ mod tests {
                 let n = self.written.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
                 let task = DeliveryTask { subscription_id: (*s).into(), delivery_id: format!("{s}-{n}"), ..Default::default() };
                 let payload = task.encode_to_vec();
-                let record: FutureRecord<'_, str, [u8]> = FutureRecord::to(self.topics.held()).partition(0).key(*s).payload(payload.as_slice());
+                let record: FutureRecord<'_, str, [u8]> =
+                    FutureRecord::to(self.topics.held()).partition(0).key(*s).payload(payload.as_slice());
                 at.push(self.producer.send(record, Duration::from_secs(10)).await.unwrap().offset);
             }
             at

@@ -9,7 +9,11 @@ use hookline_kafka::topics::{tier_for, Tier};
 pub fn release_at_ms(env: &RetryEnvelope) -> i64 {
     let due = env.task.as_ref().map_or(0, |t| t.due_at_ms);
     let tier_end = env.enqueued_at_ms.saturating_add(env.tier_delay_ms);
-    if due > 0 { due.min(tier_end) } else { tier_end }
+    if due > 0 {
+        due.min(tier_end)
+    } else {
+        tier_end
+    }
 }
 
 /// Where a released record goes.

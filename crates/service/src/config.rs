@@ -63,9 +63,7 @@ impl SecretsSettings {
         if let Some(path) = &self.keys_file {
             let text = std::fs::read_to_string(path)
                 .map_err(|error| ConfigError::Read { path: format!("{} (secrets.keys_file)", path.display()), error })?;
-            entries.extend(
-                text.lines().map(|l| l.split('#').next().unwrap_or("").trim()).filter(|l| !l.is_empty()).map(str::to_owned),
-            );
+            entries.extend(text.lines().map(|l| l.split('#').next().unwrap_or("").trim()).filter(|l| !l.is_empty()).map(str::to_owned));
         }
         hookline_core::seal::Keyring::from_entries(entries.iter().map(String::as_str), self.write_key.as_deref()).map_err(|e| {
             let key = match e {
@@ -124,7 +122,8 @@ impl PortalSettings {
             return invalid(format!("ingest.portal.link_ttl_s: must be 60 to {MAX_PORTAL_LINK_TTL_S}, got {}", self.link_ttl_s));
         }
         if let Some(u) = &self.public_url {
-            let ok = (u.starts_with("https://") || u.starts_with("http://")) && u.parse::<http::Uri>().is_ok_and(|x| x.host().is_some() && x.query().is_none());
+            let ok = (u.starts_with("https://") || u.starts_with("http://"))
+                && u.parse::<http::Uri>().is_ok_and(|x| x.host().is_some() && x.query().is_none());
             if !ok {
                 return invalid(format!("ingest.portal.public_url: must be an http(s) URL such as https://hooks.example.com, got {u:?}"));
             }
@@ -189,9 +188,7 @@ impl TelemetrySettings {
         let invalid = |m: String| Err(ConfigError::Invalid(m));
         if let Some(endpoint) = &self.otlp_endpoint {
             // Only plain http: a collector is an in-cluster sidecar or agent; TLS to it is not supported.
-            let ok = endpoint
-                .strip_prefix("http://")
-                .is_some_and(|rest| !rest.is_empty() && !rest.starts_with('/'))
+            let ok = endpoint.strip_prefix("http://").is_some_and(|rest| !rest.is_empty() && !rest.starts_with('/'))
                 && endpoint.parse::<http::Uri>().is_ok_and(|u| u.query().is_none());
             if !ok {
                 return invalid(format!(
@@ -455,7 +452,8 @@ impl NotifySettings {
 
     /// Whether `smtp_addr` is on this machine (`localhost`, 127.0.0.0/8, `::1`).
     pub fn is_loopback(&self) -> bool {
-        self.host_port().is_some_and(|(h, _)| h.eq_ignore_ascii_case("localhost") || h.parse::<std::net::IpAddr>().is_ok_and(|ip| ip.is_loopback()))
+        self.host_port()
+            .is_some_and(|(h, _)| h.eq_ignore_ascii_case("localhost") || h.parse::<std::net::IpAddr>().is_ok_and(|ip| ip.is_loopback()))
     }
 
     /// `tls`, or its default for `smtp_addr`.
@@ -534,11 +532,7 @@ impl Config {
         Self::build(base, &text, &origin, env)
     }
 
-    pub fn from_toml_with_env(
-        text: &str,
-        origin: &str,
-        env: impl IntoIterator<Item = (String, String)>,
-    ) -> Result<Self, ConfigError> {
+    pub fn from_toml_with_env(text: &str, origin: &str, env: impl IntoIterator<Item = (String, String)>) -> Result<Self, ConfigError> {
         Self::build(None, text, origin, env)
     }
 
@@ -658,11 +652,7 @@ fn apply_override(table: &mut toml::Table, var: &str, value: &str) -> Result<(),
         let entry = cursor.entry(seg.clone()).or_insert_with(|| toml::Value::Table(toml::Table::new()));
         cursor = entry.as_table_mut().ok_or_else(|| err(format!("`{seg}` is not a table")))?;
     }
-    let key = if parents.len() == 2 && parents[0] == "kafka" && parents[1] == "properties" {
-        last.replace('_', ".")
-    } else {
-        last.clone()
-    };
+    let key = if parents.len() == 2 && parents[0] == "kafka" && parents[1] == "properties" { last.replace('_', ".") } else { last.clone() };
     cursor.insert(key, parse_env_value(value));
     Ok(())
 }
@@ -673,7 +663,8 @@ fn parse_env_value(value: &str) -> toml::Value {
         v: toml::Value,
     }
     // TOML reads `inf` and `nan` as floats; no setting wants those, and `inf` is a likely typo for `info`.
-    if value.trim_start_matches(['+', '-']).eq_ignore_ascii_case("inf") || value.trim_start_matches(['+', '-']).eq_ignore_ascii_case("nan") {
+    if value.trim_start_matches(['+', '-']).eq_ignore_ascii_case("inf") || value.trim_start_matches(['+', '-']).eq_ignore_ascii_case("nan")
+    {
         return toml::Value::String(value.to_owned());
     }
     match toml::from_str::<Wrapper>(&format!("v = {value}")) {
@@ -814,14 +805,28 @@ mod tests {
         let temp = std::env::temp_dir().join(format!("hookline-sweep-{}", std::process::id()));
         let _ = std::fs::remove_dir_all(&temp);
         let me = std::process::id();
-        for name in ["hookline-dev-4000000-0", "hookline-dev-4000000-7", format!("hookline-dev-{me}-0").as_str(), "hookline-dev-4000001-0", "hookline-dev-x-0", "hookline-dev-4000000-", "other"] {
+        for name in [
+            "hookline-dev-4000000-0",
+            "hookline-dev-4000000-7",
+            format!("hookline-dev-{me}-0").as_str(),
+            "hookline-dev-4000001-0",
+            "hookline-dev-x-0",
+            "hookline-dev-4000000-",
+            "other",
+        ] {
             std::fs::create_dir_all(temp.join(name).join("sub")).unwrap();
         }
         // 4000000 has exited, 4000001 is alive.
         assert_eq!(sweep_dev_log_dirs(&temp, |pid| pid == 4_000_001), 2);
         let mut left: Vec<String> = std::fs::read_dir(&temp).unwrap().map(|e| e.unwrap().file_name().into_string().unwrap()).collect();
         left.sort();
-        let mut want = vec![format!("hookline-dev-{me}-0"), "hookline-dev-4000000-".into(), "hookline-dev-4000001-0".into(), "hookline-dev-x-0".into(), "other".into()];
+        let mut want = vec![
+            format!("hookline-dev-{me}-0"),
+            "hookline-dev-4000000-".into(),
+            "hookline-dev-4000001-0".into(),
+            "hookline-dev-x-0".into(),
+            "other".into(),
+        ];
         want.sort();
         assert_eq!(left, want);
         std::fs::remove_dir_all(&temp).unwrap();

@@ -13,8 +13,7 @@ use hookline_core::model::{DeadLetter, DeliveryTask, Event};
 use hookline_core::trace::{TraceParent, MAX_TRACESTATE_LEN};
 use http_body_util::{BodyExt, Full, Limited};
 use opentelemetry::trace::{
-    Span as _, SpanContext, SpanId, SpanKind, Status, TraceContextExt, TraceFlags, TraceId, TraceState, Tracer as _,
-    TracerProvider as _,
+    Span as _, SpanContext, SpanId, SpanKind, Status, TraceContextExt, TraceFlags, TraceId, TraceState, Tracer as _, TracerProvider as _,
 };
 use opentelemetry::{Context, InstrumentationScope, KeyValue};
 use opentelemetry_http::{HttpClient, HttpError, Request, Response};
@@ -44,9 +43,7 @@ impl Tracer {
     pub fn new(settings: &TelemetrySettings, component: &'static str) -> Tracer {
         let Some(endpoint) = &settings.otlp_endpoint else { return Tracer(None) };
         let Some(provider) = provider(settings, endpoint) else { return Tracer(None) };
-        let scope = InstrumentationScope::builder(format!("hookline-{component}"))
-            .with_version(env!("CARGO_PKG_VERSION"))
-            .build();
+        let scope = InstrumentationScope::builder(format!("hookline-{component}")).with_version(env!("CARGO_PKG_VERSION")).build();
         Tracer(Some(On { tracer: provider.tracer_with_scope(scope), provider }))
     }
 
@@ -66,12 +63,7 @@ impl Tracer {
     /// header or the HTTP header) and the event's own field; with none, a new trace starts here. The event's trace
     /// fields are replaced by the span's context, so every delivery of it continues the trace; when tracing is off
     /// they are cleared (what reaches internal topics is only ever hookline's own formatting).
-    pub fn fanout(
-        &self,
-        event: &mut Event,
-        record_traceparent: Option<&[u8]>,
-        record_tracestate: Option<&[u8]>,
-    ) -> Option<Span> {
+    pub fn fanout(&self, event: &mut Event, record_traceparent: Option<&[u8]>, record_tracestate: Option<&[u8]>) -> Option<Span> {
         let Some(on) = &self.0 else {
             if !event.traceparent.is_empty() || !event.tracestate.is_empty() {
                 event.traceparent.clear();
@@ -79,9 +71,9 @@ impl Tracer {
             }
             return None;
         };
-        let from_record = record_traceparent.and_then(|tp| std::str::from_utf8(tp).ok()).and_then(|tp| {
-            remote_context(tp, record_tracestate.and_then(|ts| std::str::from_utf8(ts).ok()).unwrap_or(""))
-        });
+        let from_record = record_traceparent
+            .and_then(|tp| std::str::from_utf8(tp).ok())
+            .and_then(|tp| remote_context(tp, record_tracestate.and_then(|ts| std::str::from_utf8(ts).ok()).unwrap_or("")));
         let parent = from_record.or_else(|| remote_context(&event.traceparent, &event.tracestate)).unwrap_or_default();
         let span = on
             .tracer
@@ -188,12 +180,7 @@ impl Tracer {
 
     /// Ingest: a malformed event dead-lettered, in the publisher's trace when its record had a valid
     /// `traceparent` header (none: no span, there is nothing to follow).
-    pub fn dead_letter_of_record(
-        &self,
-        dl: &DeadLetter,
-        record_traceparent: Option<&[u8]>,
-        record_tracestate: Option<&[u8]>,
-    ) {
+    pub fn dead_letter_of_record(&self, dl: &DeadLetter, record_traceparent: Option<&[u8]>, record_tracestate: Option<&[u8]>) {
         let Some(on) = &self.0 else { return };
         let tp = record_traceparent.and_then(|v| std::str::from_utf8(v).ok()).unwrap_or("");
         let ts = record_tracestate.and_then(|v| std::str::from_utf8(v).ok()).unwrap_or("");
@@ -225,11 +212,7 @@ impl Span {
     /// `traceparent` and `tracestate` (possibly empty) naming this span as the parent.
     pub fn headers(&self) -> (String, String) {
         let sc = self.0.span_context();
-        let tp = TraceParent {
-            trace_id: sc.trace_id().to_bytes(),
-            span_id: sc.span_id().to_bytes(),
-            flags: sc.trace_flags().to_u8(),
-        };
+        let tp = TraceParent { trace_id: sc.trace_id().to_bytes(), span_id: sc.span_id().to_bytes(), flags: sc.trace_flags().to_u8() };
         (tp.to_string(), sc.trace_state().header())
     }
 
@@ -323,8 +306,7 @@ fn provider(settings: &TelemetrySettings, endpoint: &str) -> Option<SdkTracerPro
             return None;
         }
     };
-    let batch =
-        BatchConfigBuilder::default().with_scheduled_delay(Duration::from_millis(settings.export_interval_ms)).build();
+    let batch = BatchConfigBuilder::default().with_scheduled_delay(Duration::from_millis(settings.export_interval_ms)).build();
     let provider = SdkTracerProvider::builder()
         .with_span_processor(BatchSpanProcessor::builder(exporter).with_batch_config(batch).build())
         .with_sampler(Sampler::ParentBased(Box::new(Sampler::TraceIdRatioBased(settings.sample_ratio))))
@@ -379,9 +361,7 @@ impl HttpClient for ExportClient {
             Ok::<_, HttpError>(Response::from_parts(parts, body))
         };
         self.runtime
-            .spawn(async move {
-                tokio::time::timeout(timeout, exchange).await.map_err(|_| HttpError::from("OTLP export timed out"))?
-            })
+            .spawn(async move { tokio::time::timeout(timeout, exchange).await.map_err(|_| HttpError::from("OTLP export timed out"))? })
             .await
             .map_err(|e| HttpError::from(e.to_string()))?
     }

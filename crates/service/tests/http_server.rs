@@ -140,7 +140,12 @@ async fn a_kept_alive_connection_idles_until_the_idle_timeout() {
     // ...and closed once idle for the idle timeout.
     let t2 = Instant::now();
     assert!(closed_within(&mut s, LIMIT).await, "an idle keep-alive connection was never closed");
-    assert!(t2.elapsed() >= Duration::from_millis(1_100) && t2.elapsed() < Duration::from_secs(5), "closed after {:?} (since start {:?})", t2.elapsed(), t.elapsed());
+    assert!(
+        t2.elapsed() >= Duration::from_millis(1_100) && t2.elapsed() < Duration::from_secs(5),
+        "closed after {:?} (since start {:?})",
+        t2.elapsed(),
+        t.elapsed()
+    );
     shut(stop, task).await;
 }
 
@@ -253,7 +258,9 @@ async fn a_body_dribbled_below_the_minimum_rate_is_cut_short() {
     assert!(answer.starts_with("HTTP/1.1 4"), "{answer}");
     // A body at a normal pace is read whole.
     let mut ok = TcpStream::connect(addr).await.unwrap();
-    ok.write_all(b"POST /echo HTTP/1.1\r\nHost: t\r\nContent-Type: text/plain\r\nContent-Length: 2\r\nConnection: close\r\n\r\nhi").await.unwrap();
+    ok.write_all(b"POST /echo HTTP/1.1\r\nHost: t\r\nContent-Type: text/plain\r\nContent-Length: 2\r\nConnection: close\r\n\r\nhi")
+        .await
+        .unwrap();
     let mut answer = String::new();
     tokio::time::timeout(LIMIT, ok.read_to_string(&mut answer)).await.unwrap().unwrap();
     assert!(answer.starts_with("HTTP/1.1 200 OK") && answer.ends_with("hi"), "{answer}");
@@ -271,7 +278,9 @@ async fn a_stalled_body_is_closed_after_the_idle_timeout() {
     assert!(t.elapsed() >= Duration::from_millis(350) && t.elapsed() < Duration::from_secs(4), "closed after {:?}", t.elapsed());
     // A complete body within the timeout is answered.
     let mut ok = TcpStream::connect(addr).await.unwrap();
-    ok.write_all(b"POST /echo HTTP/1.1\r\nHost: t\r\nContent-Type: text/plain\r\nContent-Length: 2\r\nConnection: close\r\n\r\nhi").await.unwrap();
+    ok.write_all(b"POST /echo HTTP/1.1\r\nHost: t\r\nContent-Type: text/plain\r\nContent-Length: 2\r\nConnection: close\r\n\r\nhi")
+        .await
+        .unwrap();
     let mut answer = String::new();
     tokio::time::timeout(LIMIT, ok.read_to_string(&mut answer)).await.unwrap().unwrap();
     assert!(answer.starts_with("HTTP/1.1 200 OK") && answer.ends_with("hi"), "{answer}");

@@ -60,8 +60,7 @@ fn every_emitted_metric_is_catalogued_and_every_catalogued_metric_is_emitted() {
     let code = emitted();
     let doc = catalogued();
     assert!(code.len() >= 10, "the source scan found only {code:?}");
-    let missing: Vec<String> =
-        code.iter().filter(|(n, _)| !doc.contains(n)).map(|(n, f)| format!("{n} (emitted in {f})")).collect();
+    let missing: Vec<String> = code.iter().filter(|(n, _)| !doc.contains(n)).map(|(n, f)| format!("{n} (emitted in {f})")).collect();
     let stale: Vec<&String> = doc.iter().filter(|n| !code.contains_key(*n)).collect();
     assert!(missing.is_empty(), "metrics emitted but not listed in docs/metrics.md: {missing:?}");
     assert!(stale.is_empty(), "metrics listed in docs/metrics.md but emitted nowhere in crates/*/src: {stale:?}");

@@ -62,9 +62,6 @@ fn histogram_samples_are_folded_without_a_scrape() {
 
     // Folding lost nothing: every sample is in the histogram's count.
     let text = handle.render();
-    let count = text
-        .lines()
-        .find_map(|l| l.strip_prefix("hookline_upkeep_test_ms_count "))
-        .expect("the histogram is rendered");
+    let count = text.lines().find_map(|l| l.strip_prefix("hookline_upkeep_test_ms_count ")).expect("the histogram is rendered");
     assert_eq!(count.trim().parse::<u64>().unwrap(), SAMPLES + 1, "{text}");
 }

@@ -70,7 +70,8 @@ pub fn run(args: DevArgs) -> anyhow::Result<ExitCode> {
         config.validate()?;
     }
     // The delivery log's own temp file (unless the config file names one): removed with the broker below.
-    let temp_log = (config.log.sqlite_path == base.log.sqlite_path).then(|| base.log.sqlite_path.parent().map(std::path::Path::to_path_buf)).flatten();
+    let temp_log =
+        (config.log.sqlite_path == base.log.sqlite_path).then(|| base.log.sqlite_path.parent().map(std::path::Path::to_path_buf)).flatten();
     let rt = tokio::runtime::Builder::new_multi_thread().enable_all().build()?;
     let broker = match &args.brokers {
         None => {
@@ -133,10 +134,7 @@ async fn create_topics(config: &mut hookline_service::Config, dev_replication: i
         let md = tokio::task::block_in_place(|| admin.inner().fetch_metadata(None, Duration::from_secs(10)))?;
         let ready = names.iter().all(|name| {
             md.topics().iter().any(|t| {
-                t.name() == name
-                    && t.error().is_none()
-                    && !t.partitions().is_empty()
-                    && t.partitions().iter().all(|p| p.leader() >= 0)
+                t.name() == name && t.error().is_none() && !t.partitions().is_empty() && t.partitions().iter().all(|p| p.leader() >= 0)
             })
         });
         if ready {
@@ -209,9 +207,8 @@ async fn start_failure(name: &str, handle: Service) -> anyhow::Error {
 }
 
 async fn dev(args: DevArgs, mut config: hookline_service::Config) -> anyhow::Result<ExitCode> {
-    let warnings = hookline_core::egress::EgressGuard::new(&config.egress, &Default::default())
-        .map(|g| g.startup_warnings())
-        .unwrap_or_default();
+    let warnings =
+        hookline_core::egress::EgressGuard::new(&config.egress, &Default::default()).map(|g| g.startup_warnings()).unwrap_or_default();
     let cluster = args.brokers.is_some().then_some((config.kafka.bootstrap_servers.as_str(), config.kafka.topic_prefix.as_str()));
     eprint!("{}", banner(&warnings, cluster));
     eprintln!();
@@ -333,12 +330,16 @@ fn print_welcome(w: &Welcome<'_>) {
     println!("export HL=http://{api} AUTH='Authorization: Bearer {token}' JSON='Content-Type: application/json' RECEIVER=http://{receiver} SECRET={DEV_SECRET}");
     println!("export SUB={sub} GONE={gone} DEAD={dead}");
     println!("# a subscription (its endpoint answers 204), and an event for it");
-    println!(r#"curl -s -X POST $HL/v1/subscriptions -H "$AUTH" -H "$JSON" -H 'Idempotency-Key: dev-tour-ok' -d '{{"url":"'$RECEIVER'/ok","event_types":["order.*"],"policy":"standard","secret":"'$SECRET'"}}'"#);
+    println!(
+        r#"curl -s -X POST $HL/v1/subscriptions -H "$AUTH" -H "$JSON" -H 'Idempotency-Key: dev-tour-ok' -d '{{"url":"'$RECEIVER'/ok","event_types":["order.*"],"policy":"standard","secret":"'$SECRET'"}}'"#
+    );
     println!(r#"curl -s -X POST $HL/v1/events -H "$AUTH" -H "$JSON" -d '{{"id":"evt_1","type":"order.created","data":{{"total":42}}}}'"#);
     println!("# its delivery log (the log trails Kafka by ~200 ms: wait_ms waits up to 5 s for the delivery to be in it)");
     println!(r#"curl -s "$HL/v1/subscriptions/$SUB/deliveries?wait_ms=5000" -H "$AUTH""#);
     println!("# a subscription whose endpoint answers 410 (fynapse: dead at once), an event for it, that delivery, replay it");
-    println!(r#"curl -s -X POST $HL/v1/subscriptions -H "$AUTH" -H "$JSON" -H 'Idempotency-Key: dev-tour-gone' -d '{{"url":"'$RECEIVER'/gone","event_types":["invoice.*"],"policy":"fynapse","secret":"'$SECRET'"}}'"#);
+    println!(
+        r#"curl -s -X POST $HL/v1/subscriptions -H "$AUTH" -H "$JSON" -H 'Idempotency-Key: dev-tour-gone' -d '{{"url":"'$RECEIVER'/gone","event_types":["invoice.*"],"policy":"fynapse","secret":"'$SECRET'"}}'"#
+    );
     println!(r#"curl -s -X POST $HL/v1/events -H "$AUTH" -H "$JSON" -d '{{"id":"evt_2","type":"invoice.created","data":{{"total":7}}}}'"#);
     println!(r#"curl -s "$HL/v1/deliveries/$DEAD?wait_ms=5000" -H "$AUTH""#);
     println!(r#"curl -s -X POST "$HL/v1/deliveries/$DEAD/replay?wait_ms=5000" -H "$AUTH""#);
@@ -380,12 +381,7 @@ impl Receiver {
 }
 
 async fn receive(State(s): State<Arc<ReceiverState>>, Path(b): Path<String>, headers: HeaderMap, body: Bytes) -> axum::response::Response {
-    let id = headers
-        .get("webhook-id")
-        .or_else(|| headers.get("gauge-event-id"))
-        .and_then(|v| v.to_str().ok())
-        .unwrap_or("")
-        .to_owned();
+    let id = headers.get("webhook-id").or_else(|| headers.get("gauge-event-id")).and_then(|v| v.to_str().ok()).unwrap_or("").to_owned();
     let first = s.seen.lock().expect("receiver lock").insert((b.clone(), id.clone()));
     let response = match b.as_str() {
         "ok" => StatusCode::NO_CONTENT.into_response(),
@@ -448,7 +444,14 @@ struct Totals {
     retried: HashSet<String>,
 }
 
-async fn demo(n: u32, api: SocketAddr, token: &str, receiver: &Receiver, config: &hookline_service::Config, timeout: Duration) -> anyhow::Result<ExitCode> {
+async fn demo(
+    n: u32,
+    api: SocketAddr,
+    token: &str,
+    receiver: &Receiver,
+    config: &hookline_service::Config,
+    timeout: Duration,
+) -> anyhow::Result<ExitCode> {
     let client: Client<HttpConnector, Full<Bytes>> = Client::builder(TokioExecutor::new()).build_http();
     let r = receiver.addr;
     // A policy with one-second waits, so the demo's failing endpoint reaches its final state quickly.
@@ -547,7 +550,13 @@ async fn demo(n: u32, api: SocketAddr, token: &str, receiver: &Receiver, config:
     Ok(if lost == 0 { ExitCode::SUCCESS } else { ExitCode::FAILURE })
 }
 
-async fn call(client: &Client<HttpConnector, Full<Bytes>>, api: SocketAddr, token: &str, path: &str, body: &Value) -> anyhow::Result<(u16, Value)> {
+async fn call(
+    client: &Client<HttpConnector, Full<Bytes>>,
+    api: SocketAddr,
+    token: &str,
+    path: &str,
+    body: &Value,
+) -> anyhow::Result<(u16, Value)> {
     let req = http::Request::post(format!("http://{api}{path}"))
         .header("authorization", format!("Bearer {token}"))
         .header("content-type", "application/json")

@@ -3,8 +3,8 @@
 use std::process::ExitCode;
 
 use hookline_kafka::mock::DevBroker;
-use rdkafka::types::{RDKafkaApiKey, RDKafkaRespErr};
 use hookline_kafka::Topics;
+use rdkafka::types::{RDKafkaApiKey, RDKafkaRespErr};
 
 #[derive(clap::Args)]
 pub struct DevBrokerArgs {

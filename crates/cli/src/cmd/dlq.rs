@@ -109,7 +109,8 @@ async fn tail(config: &hookline_service::Config, args: &TailArgs) -> anyhow::Res
         let (from_beginning, filtered) = (args.from_beginning, args.filtered());
         tokio::task::spawn_blocking(move || -> anyhow::Result<Vec<(i32, i64, i64)>> {
             let md = c.fetch_metadata(Some(&t), METADATA_TIMEOUT).with_context(|| format!("reading the metadata of {t}"))?;
-            let parts: Vec<i32> = md.topics().iter().filter(|x| x.name() == t).flat_map(|x| x.partitions().iter().map(|p| p.id())).collect();
+            let parts: Vec<i32> =
+                md.topics().iter().filter(|x| x.name() == t).flat_map(|x| x.partitions().iter().map(|p| p.id())).collect();
             if parts.is_empty() {
                 anyhow::bail!("topic {t} does not exist (kafka.topic_prefix = {:?}?)", t.strip_suffix("dlq").unwrap_or(""));
             }
@@ -275,7 +276,13 @@ mod tests {
         };
         let line = human(&Read { timestamp_ms: 0, partition: 0, offset: 0, dl });
         assert_eq!(line, "2026-01-01T00:01:00.123Z  retries_exhausted  sub=sub_1  tenant=acme  type=order.paid  event=evt_1  attempts=3  last=503  HTTP 503  forged");
-        let input = DeadLetter { reason: "invalid_json".into(), source_topic: "hookline.events".into(), source_partition: 1, source_offset: 7, ..Default::default() };
+        let input = DeadLetter {
+            reason: "invalid_json".into(),
+            source_topic: "hookline.events".into(),
+            source_partition: 1,
+            source_offset: 7,
+            ..Default::default()
+        };
         let line = human(&Read { timestamp_ms: 1_767_225_600_000, partition: 0, offset: 0, dl: input });
         assert_eq!(line, "2026-01-01T00:00:00.000Z  invalid_json  source=hookline.events/1@7");
     }

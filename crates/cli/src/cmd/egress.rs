@@ -175,7 +175,8 @@ async fn judge<'a>(guard: &EgressGuard, url: &'a str, timeout: Duration) -> Verd
         Err(mut r) => {
             // A refused scheme is checked first; say too whether the address would be refused under https, so
             // that `http://169.254.169.254/` is not taken for "only the scheme is wrong".
-            let Some(https) = url.strip_prefix("http://").map(|rest| format!("https://{rest}")).filter(|_| r.reason.starts_with("scheme ")) else {
+            let Some(https) = url.strip_prefix("http://").map(|rest| format!("https://{rest}")).filter(|_| r.reason.starts_with("scheme "))
+            else {
                 return refused(r, Vec::new());
             };
             let (also, addresses) = match guard.check_url(&https) {

@@ -77,7 +77,9 @@ fn test(args: TestArgs) -> anyhow::Result<ExitCode> {
     let filter = Filter::parse_str(&filter_text).map_err(|e| anyhow::anyhow!("--filter: {e}"))?;
     let event_text = text_of("event", &args.event, MAX_EVENT_BYTES)?;
     let event: Value = serde_json::from_str(&event_text).map_err(|e| anyhow::anyhow!("--event: not JSON: {e}"))?;
-    let Value::Object(obj) = &event else { bail!("--event: expected a JSON object such as {{\"type\":\"order.created\",\"data\":{{...}}}}") };
+    let Value::Object(obj) = &event else {
+        bail!("--event: expected a JSON object such as {{\"type\":\"order.created\",\"data\":{{...}}}}")
+    };
     let string = |key: &str| -> anyhow::Result<&str> {
         match obj.get(key) {
             None | Some(Value::Null) => Ok(""),
@@ -89,7 +91,13 @@ fn test(args: TestArgs) -> anyhow::Result<ExitCode> {
         None | Some(Value::Null) => Data::Absent,
         Some(v) => Data::Json(v.clone()),
     };
-    let fields = EventFields { id: string("id")?, event_type: string("type")?, tenant: string("tenant")?, entity_id: string("entity_id")?, data: &data };
+    let fields = EventFields {
+        id: string("id")?,
+        event_type: string("type")?,
+        tenant: string("tenant")?,
+        entity_id: string("entity_id")?,
+        data: &data,
+    };
     let why = filter.explain(&fields);
     let stdout = std::io::stdout();
     let mut out = stdout.lock();

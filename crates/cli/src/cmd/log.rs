@@ -53,9 +53,13 @@ fn index(config: Option<PathBuf>, health_addr: std::net::SocketAddr) -> anyhow::
             .with_context(|| format!("--health-addr {health_addr}"))?;
         eprintln!("hookline log index: health and metrics on http://{addr}");
         // Ready once the store is open and the consumer starts (run_with_store opens nothing else that can fail late).
-        let store = std::sync::Arc::new(hookline_log::LogStore::open(&Target::from_settings(&config.log)?).await.context("opening the delivery log store")?);
+        let store = std::sync::Arc::new(
+            hookline_log::LogStore::open(&Target::from_settings(&config.log)?).await.context("opening the delivery log store")?,
+        );
         readiness.set(true);
-        hookline_log::indexer::run_with_store(&config, store, "hookline-log-indexer", shutdown).await.context("the delivery log indexer")?;
+        hookline_log::indexer::run_with_store(&config, store, "hookline-log-indexer", shutdown)
+            .await
+            .context("the delivery log indexer")?;
         anyhow::Ok(ExitCode::SUCCESS)
     })
 }

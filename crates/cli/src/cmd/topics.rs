@@ -129,7 +129,13 @@ pub(crate) async fn create_each(
         .map(|(s, r)| {
             let partitions = if s.co_partitioned { config.kafka.partitions } else { config.kafka.event_partitions };
             let mut t = NewTopic::new(&s.name, partitions, TopicReplication::Fixed(config.kafka.replication_factor));
-            t = t.set("cleanup.policy", match s.cleanup { Cleanup::Compact => "compact", Cleanup::Delete => "delete" });
+            t = t.set(
+                "cleanup.policy",
+                match s.cleanup {
+                    Cleanup::Compact => "compact",
+                    Cleanup::Delete => "delete",
+                },
+            );
             if let Some(r) = r {
                 t = t.set("retention.ms", r);
             }

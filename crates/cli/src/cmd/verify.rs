@@ -34,13 +34,7 @@ Examples:
 pub struct VerifyArgs {
     /// The signing secret (`whsec_...`). Repeat it to try several (secret rotation); also read from
     /// HOOKLINE_VERIFY_SECRET, which keeps it out of your shell history.
-    #[arg(
-        long = "secret",
-        value_name = "SECRET",
-        required = true,
-        env = "HOOKLINE_VERIFY_SECRET",
-        hide_env_values = true
-    )]
+    #[arg(long = "secret", value_name = "SECRET", required = true, env = "HOOKLINE_VERIFY_SECRET", hide_env_values = true)]
     secrets: Vec<String>,
 
     /// Which signature scheme to check.

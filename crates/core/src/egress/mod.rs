@@ -109,7 +109,10 @@ impl EgressSettings {
             return bad("egress.dns_cache_ttl_s", format!("{} is more than a day ({MAX_DNS_CACHE_TTL_S} s)", self.dns_cache_ttl_s));
         }
         if self.dns_negative_ttl_s > MAX_DNS_NEGATIVE_TTL_S {
-            return bad("egress.dns_negative_ttl_s", format!("{} is more than an hour ({MAX_DNS_NEGATIVE_TTL_S} s)", self.dns_negative_ttl_s));
+            return bad(
+                "egress.dns_negative_ttl_s",
+                format!("{} is more than an hour ({MAX_DNS_NEGATIVE_TTL_S} s)", self.dns_negative_ttl_s),
+            );
         }
         if self.dns_cache_max_entries == 0 || self.dns_cache_max_entries > MAX_DNS_CACHE_MAX_ENTRIES {
             return bad(
@@ -125,10 +128,7 @@ impl EgressSettings {
                 });
             }
             if let Some(i) = ports.iter().position(|p| *p == 0) {
-                return Err(EgressConfigError {
-                    key: format!("egress.allowed_ports[{i}]"),
-                    message: "0 is not a destination port".into(),
-                });
+                return Err(EgressConfigError { key: format!("egress.allowed_ports[{i}]"), message: "0 is not a destination port".into() });
             }
         }
         Ok(())
@@ -187,9 +187,7 @@ impl HostPattern {
         match self {
             HostPattern::Exact(n) => name == n,
             HostPattern::Below(suffix) => {
-                name.len() > suffix.len() + 1
-                    && name.ends_with(suffix.as_str())
-                    && name.as_bytes()[name.len() - suffix.len() - 1] == b'.'
+                name.len() > suffix.len() + 1 && name.ends_with(suffix.as_str()) && name.as_bytes()[name.len() - suffix.len() - 1] == b'.'
             }
         }
     }
@@ -323,14 +321,10 @@ impl EgressGuard {
     /// Parses and judges a URL without resolving it: scheme, user info, port, host name or IP literal.
     /// The returned [`Target`] carries the parsed URL; send to `target.url`, never to the raw string.
     pub fn check_url(&self, url: &str) -> Result<Target, Refusal> {
-        let parsed =
-            url::Url::parse(url.trim()).map_err(|e| Refusal::invalid(format!("the URL cannot be parsed: {e}")))?;
+        let parsed = url::Url::parse(url.trim()).map_err(|e| Refusal::invalid(format!("the URL cannot be parsed: {e}")))?;
         let scheme = parsed.scheme();
         if !self.schemes.iter().any(|s| s == scheme) {
-            return Err(Refusal::refused(format!(
-                "scheme {scheme} is not allowed (allowed: {})",
-                self.schemes.join(", ")
-            )));
+            return Err(Refusal::refused(format!("scheme {scheme} is not allowed (allowed: {})", self.schemes.join(", "))));
         }
         if !parsed.username().is_empty() || parsed.password().is_some() {
             return Err(Refusal::refused("URLs with user info are refused"));
@@ -350,8 +344,7 @@ impl EgressGuard {
             Some(url::Host::Ipv4(v4)) => TargetHost::Ip(IpAddr::V4(v4)),
             Some(url::Host::Ipv6(v6)) => TargetHost::Ip(IpAddr::V6(v6)),
             Some(url::Host::Domain(d)) => TargetHost::Name(
-                target::normalise_name(d)
-                    .map_err(|why| Refusal::invalid(format!("host {d:?} is not a valid DNS name: {why}")))?,
+                target::normalise_name(d).map_err(|why| Refusal::invalid(format!("host {d:?} is not a valid DNS name: {why}")))?,
             ),
         };
         match &host {
@@ -413,8 +406,7 @@ impl EgressGuard {
                     return Err(Refusal::refused(format!("{name} resolved to no addresses")));
                 }
                 for a in addrs {
-                    self.check_ip(*a)
-                        .map_err(|r| Refusal::refused(format!("{name} resolves to a refused address: {}", r.reason)))?;
+                    self.check_ip(*a).map_err(|r| Refusal::refused(format!("{name} resolves to a refused address: {}", r.reason)))?;
                 }
                 Ok(())
             }

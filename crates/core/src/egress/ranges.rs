@@ -207,11 +207,9 @@ impl Embedded {
     /// The IPv4 addresses this embedding carries.
     pub fn v4s(&self) -> impl Iterator<Item = Ipv4Addr> {
         let (a, b) = match *self {
-            Embedded::Mapped(v)
-            | Embedded::Compatible(v)
-            | Embedded::Nat64(v)
-            | Embedded::Nat64Local(v)
-            | Embedded::SixToFour(v) => (v, None),
+            Embedded::Mapped(v) | Embedded::Compatible(v) | Embedded::Nat64(v) | Embedded::Nat64Local(v) | Embedded::SixToFour(v) => {
+                (v, None)
+            }
             Embedded::Teredo { server, client } => (server, Some(client)),
         };
         std::iter::once(a).chain(b)
@@ -330,10 +328,7 @@ pub fn metadata(ip: IpAddr) -> Option<NonPublic> {
         return Some(NonPublic::Range(METADATA));
     }
     let IpAddr::V6(v6) = ip else { return None };
-    embedded(v6)?
-        .v4s()
-        .find(|v4| METADATA_ADDRS.contains(&IpAddr::V4(*v4)))
-        .map(|v4| NonPublic::Embeds { v4, category: METADATA })
+    embedded(v6)?.v4s().find(|v4| METADATA_ADDRS.contains(&IpAddr::V4(*v4))).map(|v4| NonPublic::Embeds { v4, category: METADATA })
 }
 
 #[cfg(test)]
@@ -388,15 +383,9 @@ mod tests {
 
     #[test]
     fn public_addresses_are_public() {
-        for ip in [
-            "8.8.8.8",
-            "93.184.216.34",
-            "1.1.1.1",
-            "2606:4700::1111",
-            "2a00:1450:4001:80b::200e",
-            "64:ff9b::808:808",
-            "::ffff:8.8.8.8",
-        ] {
+        for ip in
+            ["8.8.8.8", "93.184.216.34", "1.1.1.1", "2606:4700::1111", "2a00:1450:4001:80b::200e", "64:ff9b::808:808", "::ffff:8.8.8.8"]
+        {
             assert_eq!(classify(ip.parse().unwrap()), None, "{ip}");
         }
     }

@@ -96,8 +96,7 @@ fn join_issues(issues: &[Issue]) -> String {
 
 /// Parses a policy document and validates it.
 pub fn parse(toml_text: &str) -> Result<Policy, PolicyError> {
-    let policy: Policy =
-        toml::from_str(toml_text).map_err(|e| PolicyError::Syntax(crate::words::reword(e.to_string().trim_end())))?;
+    let policy: Policy = toml::from_str(toml_text).map_err(|e| PolicyError::Syntax(crate::words::reword(e.to_string().trim_end())))?;
     validate(&policy)?;
     Ok(policy)
 }
@@ -135,8 +134,8 @@ pub fn resolve(name: &str, inline_toml: &str) -> Result<Policy, PolicyError> {
 /// A built-in profile, parsed once per process and shared: every subscription on it holds this one copy.
 pub fn builtin_shared(name: &str) -> Option<std::sync::Arc<Policy>> {
     static SHARED: OnceLock<Vec<(&'static str, std::sync::Arc<Policy>)>> = OnceLock::new();
-    let shared = SHARED
-        .get_or_init(|| BUILTIN_SOURCES.iter().filter_map(|(n, _)| builtin(n).map(|p| (*n, std::sync::Arc::new(p)))).collect());
+    let shared =
+        SHARED.get_or_init(|| BUILTIN_SOURCES.iter().filter_map(|(n, _)| builtin(n).map(|p| (*n, std::sync::Arc::new(p)))).collect());
     shared.iter().find(|(n, _)| *n == name).map(|(_, p)| p.clone())
 }
 
@@ -184,9 +183,9 @@ impl Policy {
     /// Total attempts allowed, the first included: explicit, or implied by an explicit list of waits. `None` for
     /// an exponential schedule bounded only by its window.
     pub fn max_attempts(&self) -> Option<u32> {
-        self.schedule.max_attempts.or_else(|| {
-            self.schedule.waits_s.as_ref().map(|w| u32::try_from(w.len()).unwrap_or(u32::MAX).saturating_add(1))
-        })
+        self.schedule
+            .max_attempts
+            .or_else(|| self.schedule.waits_s.as_ref().map(|w| u32::try_from(w.len()).unwrap_or(u32::MAX).saturating_add(1)))
     }
 
     /// The scheduled wait after attempt `after_attempt` ends, before jitter and Retry-After: `ms` is the base

@@ -270,10 +270,7 @@ fn fynapse_non_retryable_list_is_dead_letter_and_everything_else_retries() {
 #[test]
 fn fynapse_backoff_starts_at_30_s_triples_and_caps_at_4_h_with_20_percent_jitter() {
     let p = profile("fynapse");
-    let bases = [
-        30, 90, 270, 810, 2430, 7290, 14400, 14400, 14400, 14400, 14400, 14400, 14400, 14400, 14400, 14400, 14400,
-        14400, 14400,
-    ];
+    let bases = [30, 90, 270, 810, 2430, 7290, 14400, 14400, 14400, 14400, 14400, 14400, 14400, 14400, 14400, 14400, 14400, 14400, 14400];
     for (i, base) in bases.into_iter().enumerate() {
         let attempt = i as u32 + 1;
         let w = wait_after(&p, attempt, &http(500));
@@ -408,16 +405,7 @@ fn relay_result_table() {
         assert_eq!(decide_at(&p, 1, &http(s)).next, Next::Final(FinalState::Succeeded), "{s}");
     }
     // "HTTP 429 — Retry", "HTTP 5xx — Retry", "Response timeout — Retry", "Temporary connection or network failure"
-    for o in [
-        http(429),
-        http(500),
-        http(502),
-        http(503),
-        http(599),
-        Outcome::Timeout,
-        Outcome::ConnectError,
-        Outcome::TlsError,
-    ] {
+    for o in [http(429), http(500), http(502), http(503), http(599), Outcome::Timeout, Outcome::ConnectError, Outcome::TlsError] {
         assert!(retry(&o), "{o}");
     }
     // "Invalid URL or unsafe destination — Terminal", "HTTP 3xx — Terminal", "Any other HTTP response — Terminal"
@@ -434,10 +422,7 @@ fn relay_result_table() {
 #[test]
 fn relay_dead_message_received_emits_message_failed() {
     let p = profile("relay");
-    assert_eq!(
-        p.follow_ups,
-        [FollowUp { on_event_type: "message.received".into(), emit_event_type: "message.failed".into() }]
-    );
+    assert_eq!(p.follow_ups, [FollowUp { on_event_type: "message.received".into(), emit_event_type: "message.failed".into() }]);
     assert!(p.disable.is_none());
     assert_eq!(p.exhausted, FinalKind::Dead);
     assert_eq!(p.inactive, InactiveAction::Skip);
@@ -515,16 +500,7 @@ fn standard_classification() {
     assert_eq!(decide_at(&p, 1, &http(410)).next, Next::Final(FinalState::Dead));
     assert_eq!(decide_at(&p, 1, &Outcome::EgressRefused).next, Next::Final(FinalState::Dead));
     assert_eq!(decide_at(&p, 1, &Outcome::InvalidUrl).next, Next::Final(FinalState::Dead));
-    for o in [
-        http(301),
-        http(400),
-        http(404),
-        http(429),
-        http(500),
-        Outcome::Timeout,
-        Outcome::ConnectError,
-        Outcome::TlsError,
-    ] {
+    for o in [http(301), http(400), http(404), http(429), http(500), Outcome::Timeout, Outcome::ConnectError, Outcome::TlsError] {
         let d = decide_at(&p, 1, &o);
         assert_eq!((d.verdict, d.counts_toward_disable), (Verdict::Retry, true), "{o}");
     }
@@ -593,7 +569,10 @@ fn validation_errors_name_the_key() {
     type Mutation = fn(&mut Policy);
     let cases: Vec<(Mutation, &str)> = vec![
         (|p| p.name.clear(), "name: must not be empty"),
-        (|p| p.schedule.exponential = Some(Exponential { initial_s: 1.0, multiplier: 2.0, max_s: 10.0 }), "schedule: give either waits_s or exponential, not both"),
+        (
+            |p| p.schedule.exponential = Some(Exponential { initial_s: 1.0, multiplier: 2.0, max_s: 10.0 }),
+            "schedule: give either waits_s or exponential, not both",
+        ),
         (|p| p.schedule.waits_s = None, "schedule: give the waits"),
         (|p| p.schedule.waits_s = Some(vec![]), "schedule.waits_s: must list at least one wait"),
         (|p| p.schedule.waits_s = Some(vec![1.0, -2.0]), "schedule.waits_s[1]: must be a number of seconds"),
@@ -607,25 +586,85 @@ fn validation_errors_name_the_key() {
         (|p| p.attempt.timeout_ms = 0, "attempt.timeout_ms: must be greater than 0"),
         (|p| p.classify[1].when = vec!["5xxx".into()], "classify[1].when[0]: unknown matcher \"5xxx\""),
         (|p| p.classify[1].when.clear(), "classify[1].when: must list at least one matcher"),
-        (|p| p.classify[1].when = vec!["5xx".into()], "classify: no rule matches statuses 100-199, statuses 300-499, timeout, connect_error, tls_error, egress_refused, invalid_url"),
+        (
+            |p| p.classify[1].when = vec!["5xx".into()],
+            "classify: no rule matches statuses 100-199, statuses 300-499, timeout, connect_error, tls_error, egress_refused, invalid_url",
+        ),
         (|p| p.classify.insert(1, p.classify[0].clone()), "classify[1]: never applies"),
         (|p| p.classify[0].counts_toward_disable = true, "classify[0].counts_toward_disable: a success cannot count"),
         (|p| p.classify[1].micro_retry = true, "classify[1].micro_retry: needs a [micro_retries] table"),
-        (|p| p.classify[0].retry_after = RetryAfterUse::Clamp { max_s: 10.0 }, "classify[0].retry_after: only a retry rule can use Retry-After"),
+        (
+            |p| p.classify[0].retry_after = RetryAfterUse::Clamp { max_s: 10.0 },
+            "classify[0].retry_after: only a retry rule can use Retry-After",
+        ),
         (|p| p.classify[1].retry_after = RetryAfterUse::Clamp { max_s: -1.0 }, "classify[1].retry_after.max_s: must be a positive number"),
         (|p| p.classify[1].terminal_state = Some(FinalKind::Dead), "classify[1].terminal_state: only a terminal rule"),
         (|p| p.classify.clear(), "classify: must have at least one rule"),
-        (|p| p.micro_retries = Some(MicroRetries { max_tries: 2, delay_min_ms: 500, delay_max_ms: 100 }), "micro_retries.delay_min_ms: must not exceed delay_max_ms"),
+        (
+            |p| p.micro_retries = Some(MicroRetries { max_tries: 2, delay_min_ms: 500, delay_max_ms: 100 }),
+            "micro_retries.delay_min_ms: must not exceed delay_max_ms",
+        ),
         (|p| p.micro_retries = Some(MicroRetries { max_tries: 0, delay_min_ms: 1, delay_max_ms: 1 }), "micro_retries.max_tries"),
-        (|p| p.disable = Some(DisableRule { after_consecutive_failures: None, after_failing_for_s: None, action: DisableAction::Pause, reason: "x".into(), notify: true }), "disable: give after_consecutive_failures, after_failing_for_s, or both"),
-        (|p| p.disable = Some(DisableRule { after_consecutive_failures: Some(0), after_failing_for_s: None, action: DisableAction::Pause, reason: "x".into(), notify: true }), "disable.after_consecutive_failures: must be at least 1"),
-        (|p| p.disable = Some(DisableRule { after_consecutive_failures: Some(3), after_failing_for_s: None, action: DisableAction::Pause, reason: "".into(), notify: true }), "disable.reason: must not be empty"),
-        (|p| p.request.oversize = OversizeAction::Truncate { pointer: "data/text".into(), fetch_url_template: "https://x.example/{event_id}".into() }, "request.oversize.pointer: \"data/text\" is not a JSON pointer"),
-        (|p| p.request.oversize = OversizeAction::Truncate { pointer: "/a~2b".into(), fetch_url_template: "https://x.example/{event_id}".into() }, "request.oversize.pointer"),
-        (|p| p.request.oversize = OversizeAction::Truncate { pointer: "/text".into(), fetch_url_template: "https://x.example/".into() }, "request.oversize.fetch_url_template: must contain {event_id}"),
+        (
+            |p| {
+                p.disable = Some(DisableRule {
+                    after_consecutive_failures: None,
+                    after_failing_for_s: None,
+                    action: DisableAction::Pause,
+                    reason: "x".into(),
+                    notify: true,
+                })
+            },
+            "disable: give after_consecutive_failures, after_failing_for_s, or both",
+        ),
+        (
+            |p| {
+                p.disable = Some(DisableRule {
+                    after_consecutive_failures: Some(0),
+                    after_failing_for_s: None,
+                    action: DisableAction::Pause,
+                    reason: "x".into(),
+                    notify: true,
+                })
+            },
+            "disable.after_consecutive_failures: must be at least 1",
+        ),
+        (
+            |p| {
+                p.disable = Some(DisableRule {
+                    after_consecutive_failures: Some(3),
+                    after_failing_for_s: None,
+                    action: DisableAction::Pause,
+                    reason: "".into(),
+                    notify: true,
+                })
+            },
+            "disable.reason: must not be empty",
+        ),
+        (
+            |p| {
+                p.request.oversize =
+                    OversizeAction::Truncate { pointer: "data/text".into(), fetch_url_template: "https://x.example/{event_id}".into() }
+            },
+            "request.oversize.pointer: \"data/text\" is not a JSON pointer",
+        ),
+        (
+            |p| {
+                p.request.oversize =
+                    OversizeAction::Truncate { pointer: "/a~2b".into(), fetch_url_template: "https://x.example/{event_id}".into() }
+            },
+            "request.oversize.pointer",
+        ),
+        (
+            |p| p.request.oversize = OversizeAction::Truncate { pointer: "/text".into(), fetch_url_template: "https://x.example/".into() },
+            "request.oversize.fetch_url_template: must contain {event_id}",
+        ),
         (|p| p.request.event_id_header = Some("Event Id".into()), "request.event_id_header: \"Event Id\" is not a valid HTTP header name"),
         (|p| p.request.body_limit_bytes = 0, "request.body_limit_bytes: must be greater than 0"),
-        (|p| p.egress.deny_ranges = vec!["10.0.0.0/8".into(), "10.0.0.0/33".into()], "egress.deny_ranges[1]: \"10.0.0.0/33\" is not a CIDR range"),
+        (
+            |p| p.egress.deny_ranges = vec!["10.0.0.0/8".into(), "10.0.0.0/33".into()],
+            "egress.deny_ranges[1]: \"10.0.0.0/33\" is not a CIDR range",
+        ),
         (|p| p.egress.deny_ranges = vec!["fd00::".into()], "egress.deny_ranges[0]"),
         (|p| p.egress.deny_ranges = vec!["example.com/8".into()], "egress.deny_ranges[0]"),
         (|p| p.egress.allowed_schemes = vec!["ftp".into()], "egress.allowed_schemes[0]"),
@@ -649,22 +688,38 @@ fn waits_timeouts_and_windows_are_capped() {
         (with("waits_s = [1e16]"), "schedule.waits_s[0]: must be at most 2592000 seconds"),
         (with("waits_s = [1e308, 1]"), "schedule.waits_s[0]: must be at most 2592000"),
         (with("waits_s = [1, 2592000.5]"), "schedule.waits_s[1]: must be at most"),
-        (with("exponential = { initial_s = 3e6, multiplier = 2, max_s = 3e6 }\nmax_attempts = 3"), "schedule.exponential.initial_s: must be at most"),
-        (with("exponential = { initial_s = 1, multiplier = 2, max_s = 1e300 }\nmax_attempts = 3"), "schedule.exponential.max_s: must be at most 2592000"),
+        (
+            with("exponential = { initial_s = 3e6, multiplier = 2, max_s = 3e6 }\nmax_attempts = 3"),
+            "schedule.exponential.initial_s: must be at most",
+        ),
+        (
+            with("exponential = { initial_s = 1, multiplier = 2, max_s = 1e300 }\nmax_attempts = 3"),
+            "schedule.exponential.max_s: must be at most 2592000",
+        ),
         (with("waits_s = [1, 2]\nmax_window_s = 34560001"), "schedule.max_window_s: must be at most 34560000"),
         (MINIMAL.replace("timeout_ms = 1000", "timeout_ms = 600001"), "attempt.timeout_ms: must be at most 600000"),
-        (MINIMAL.replace("counts_toward_disable = true", "counts_toward_disable = true\nretry_after = { mode = \"clamp\", max_s = 1e16 }"), "classify[1].retry_after.max_s: must be at most"),
-        (MINIMAL.replace("oversize = { action = \"dead\" }", "oversize = { action = \"dead\" }\nsignature_tolerance_s = 9223372036854775807"), "request.signature_tolerance_s: must be at most"),
-        (format!("{MINIMAL}\n[disable]\nafter_failing_for_s = 1e20\naction = \"pause\"\nreason = \"r\"\n"), "disable.after_failing_for_s: must be at most 34560000"),
+        (
+            MINIMAL
+                .replace("counts_toward_disable = true", "counts_toward_disable = true\nretry_after = { mode = \"clamp\", max_s = 1e16 }"),
+            "classify[1].retry_after.max_s: must be at most",
+        ),
+        (
+            MINIMAL.replace(
+                "oversize = { action = \"dead\" }",
+                "oversize = { action = \"dead\" }\nsignature_tolerance_s = 9223372036854775807",
+            ),
+            "request.signature_tolerance_s: must be at most",
+        ),
+        (
+            format!("{MINIMAL}\n[disable]\nafter_failing_for_s = 1e20\naction = \"pause\"\nreason = \"r\"\n"),
+            "disable.after_failing_for_s: must be at most 34560000",
+        ),
     ] {
         let err = parse(&doc).expect_err(&doc).to_string();
         assert!(err.contains(want), "want {want:?} in {err:?}");
     }
     // The caps themselves are accepted.
-    for doc in [
-        with("waits_s = [2592000]\nmax_window_s = 34560000"),
-        MINIMAL.replace("timeout_ms = 1000", "timeout_ms = 600000"),
-    ] {
+    for doc in [with("waits_s = [2592000]\nmax_window_s = 34560000"), MINIMAL.replace("timeout_ms = 1000", "timeout_ms = 600000")] {
         parse(&doc).unwrap_or_else(|e| panic!("{e}\n{doc}"));
     }
 }
@@ -770,9 +825,7 @@ mod props {
         let mut seen = 0;
         for line in src.lines() {
             match line.split_once('=') {
-                Some((key, rhs))
-                    if !line.trim_start().starts_with('#') && rhs.trim().starts_with(|c: char| c.is_ascii_digit()) =>
-                {
+                Some((key, rhs)) if !line.trim_start().starts_with('#') && rhs.trim().starts_with(|c: char| c.is_ascii_digit()) => {
                     if seen == nth {
                         out.push_str(&format!("{key}= {value}"));
                     } else {

@@ -4,8 +4,8 @@ use std::net::IpAddr;
 
 use super::matcher::{Matcher, OutcomeKey};
 use super::{
-    Issue, JitterMode, OversizeAction, Policy, PolicyError, RetryAfterUse, Rule, VerdictKind, MAX_ATTEMPTS_LIMIT,
-    MAX_TIMEOUT_MS, MAX_WAIT_S, MAX_WINDOW_S,
+    Issue, JitterMode, OversizeAction, Policy, PolicyError, RetryAfterUse, Rule, VerdictKind, MAX_ATTEMPTS_LIMIT, MAX_TIMEOUT_MS,
+    MAX_WAIT_S, MAX_WINDOW_S,
 };
 
 /// Micro-retries happen inside one execution; anything longer belongs on the schedule.
@@ -84,17 +84,18 @@ pub fn validate(p: &Policy) -> Result<(), PolicyError> {
         if !(1..=super::document::MAX_VERIFICATION_TIMEOUT_MS).contains(&ver.timeout_ms) {
             v.push(
                 "verification.timeout_ms",
-                format!("must be from 1 to {} (the API waits for the challenge), got {}", super::document::MAX_VERIFICATION_TIMEOUT_MS, ver.timeout_ms),
+                format!(
+                    "must be from 1 to {} (the API waits for the challenge), got {}",
+                    super::document::MAX_VERIFICATION_TIMEOUT_MS,
+                    ver.timeout_ms
+                ),
             );
         }
     }
     if p.attempt.timeout_ms == 0 {
         v.push("attempt.timeout_ms", "must be greater than 0");
     } else if p.attempt.timeout_ms > MAX_TIMEOUT_MS {
-        v.push(
-            "attempt.timeout_ms",
-            format!("must be at most {MAX_TIMEOUT_MS} (10 minutes), got {}", p.attempt.timeout_ms),
-        );
+        v.push("attempt.timeout_ms", format!("must be at most {MAX_TIMEOUT_MS} (10 minutes), got {}", p.attempt.timeout_ms));
     }
     if p.attempt.response_cap_bytes == 0 {
         v.push("attempt.response_cap_bytes", "must be greater than 0");
@@ -103,23 +104,14 @@ pub fn validate(p: &Policy) -> Result<(), PolicyError> {
         if !(1..=MICRO_TRIES_LIMIT).contains(&m.max_tries) {
             v.push(
                 "micro_retries.max_tries",
-                format!(
-                    "must be from 1 to {MICRO_TRIES_LIMIT} (tries in one attempt, the first included), got {}",
-                    m.max_tries
-                ),
+                format!("must be from 1 to {MICRO_TRIES_LIMIT} (tries in one attempt, the first included), got {}", m.max_tries),
             );
         }
         if m.delay_min_ms > m.delay_max_ms {
-            v.push(
-                "micro_retries.delay_min_ms",
-                format!("must not exceed delay_max_ms ({} > {})", m.delay_min_ms, m.delay_max_ms),
-            );
+            v.push("micro_retries.delay_min_ms", format!("must not exceed delay_max_ms ({} > {})", m.delay_min_ms, m.delay_max_ms));
         }
         if m.delay_max_ms > MICRO_DELAY_LIMIT_MS {
-            v.push(
-                "micro_retries.delay_max_ms",
-                format!("must be at most {MICRO_DELAY_LIMIT_MS} ms; longer waits belong on the schedule"),
-            );
+            v.push("micro_retries.delay_max_ms", format!("must be at most {MICRO_DELAY_LIMIT_MS} ms; longer waits belong on the schedule"));
         }
     }
     classify(p, &mut v);
@@ -225,16 +217,13 @@ fn schedule(p: &Policy, v: &mut Issues) {
     // Something must end the retries. An explicit list ends by itself; exponential needs a count or a window.
     if s.waits_s.is_none() && s.max_attempts.is_none() {
         match (s.max_window_s, &s.exponential) {
-            (None, _) => {
-                v.push("schedule", "set max_attempts or max_window_s, or a failing delivery would be retried forever")
-            }
+            (None, _) => v.push("schedule", "set max_attempts or max_window_s, or a failing delivery would be retried forever"),
             // Window only: the shortest possible waits must still fill the window within the attempt limit.
             (Some(window), Some(e))
                 if window.is_finite()
                     && e.initial_s >= MIN_WAIT_S
                     && e.multiplier >= 1.0
-                    && attempts_fitting(window, e.initial_s, e.multiplier, e.max_s, jitter_down.clamp(0.0, 0.999))
-                        > MAX_ATTEMPTS_LIMIT =>
+                    && attempts_fitting(window, e.initial_s, e.multiplier, e.max_s, jitter_down.clamp(0.0, 0.999)) > MAX_ATTEMPTS_LIMIT =>
             {
                 v.push(
                     "schedule.max_window_s",
@@ -337,10 +326,7 @@ fn rule_fields(p: &Policy, rule: &Rule, at: &str, v: &mut Issues) {
         }
     }
     if rule.verdict != VerdictKind::Terminal && rule.terminal_state.is_some() {
-        v.push(
-            format!("{at}.terminal_state"),
-            "only a terminal rule has a final state (retries end as `exhausted` says)",
-        );
+        v.push(format!("{at}.terminal_state"), "only a terminal rule has a final state (retries end as `exhausted` says)");
     }
     if rule.micro_retry && p.micro_retries.is_none() {
         v.push(format!("{at}.micro_retry"), "needs a [micro_retries] table (max_tries, delay_min_ms, delay_max_ms)");
@@ -353,10 +339,7 @@ fn rule_fields(p: &Policy, rule: &Rule, at: &str, v: &mut Issues) {
         RetryAfterUse::BasePlusJitter { jitter_ratio, max_s } => {
             v.seconds_at_most(&format!("{at}.retry_after.max_s"), *max_s, MAX_WAIT_S, "30 days, the longest wait");
             if !(jitter_ratio.is_finite() && (0.0..=1.0).contains(jitter_ratio)) {
-                v.push(
-                    format!("{at}.retry_after.jitter_ratio"),
-                    format!("must be from 0 to 1 (0.1 = +10%), got {jitter_ratio}"),
-                );
+                v.push(format!("{at}.retry_after.jitter_ratio"), format!("must be from 0 to 1 (0.1 = +10%), got {jitter_ratio}"));
             }
             // The receiver picks these waits (Retry-After: 0 included), so only a count can end the retries.
             if p.max_attempts().is_none() {
@@ -419,10 +402,7 @@ fn request(p: &Policy, v: &mut Issues) {
     if r.signature_tolerance_s == 0 {
         v.push("request.signature_tolerance_s", "must be greater than 0");
     } else if r.signature_tolerance_s as f64 > MAX_WAIT_S {
-        v.push(
-            "request.signature_tolerance_s",
-            format!("must be at most {MAX_WAIT_S} (30 days), got {}", r.signature_tolerance_s),
-        );
+        v.push("request.signature_tolerance_s", format!("must be at most {MAX_WAIT_S} (30 days), got {}", r.signature_tolerance_s));
     }
     for (key, value) in [
         ("idempotency_key_header", &r.idempotency_key_header),
@@ -478,10 +458,7 @@ fn egress(p: &Policy, v: &mut Issues) {
     }
     for (i, s) in e.allowed_schemes.iter().enumerate() {
         if s != "https" && s != "http" {
-            v.push(
-                format!("egress.allowed_schemes[{i}]"),
-                format!("{s:?} is not a scheme webhooks are sent over (https, http)"),
-            );
+            v.push(format!("egress.allowed_schemes[{i}]"), format!("{s:?} is not a scheme webhooks are sent over (https, http)"));
         }
     }
     for (i, h) in e.blocked_hostnames.iter().enumerate() {
@@ -502,7 +479,6 @@ pub(crate) fn parse_cidr(text: &str) -> Result<(IpAddr, u8), String> {
     let (addr, len) = text.trim().split_once('/').ok_or_else(|| bad("no /prefix length"))?;
     let addr: IpAddr = addr.parse().map_err(|_| bad("not an IP address"))?;
     let max = if addr.is_ipv4() { 32 } else { 128 };
-    let len: u8 =
-        len.parse().ok().filter(|l| *l <= max).ok_or_else(|| bad(&format!("prefix length must be 0-{max}")))?;
+    let len: u8 = len.parse().ok().filter(|l| *l <= max).ok_or_else(|| bad(&format!("prefix length must be 0-{max}")))?;
     Ok((addr, len))
 }

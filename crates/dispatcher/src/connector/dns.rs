@@ -23,7 +23,10 @@ use crate::connector::Resolve;
 type Answer = Result<Arc<[IpAddr]>, (io::ErrorKind, Arc<str>)>;
 
 enum Entry {
-    Ready { answer: Answer, expires: Instant },
+    Ready {
+        answer: Answer,
+        expires: Instant,
+    },
     /// Being asked: later questions wait for the same answer.
     Asking(Shared<BoxFuture<'static, Answer>>),
 }

@@ -117,7 +117,12 @@ impl Pool {
     /// connection to its authority, or a new one, and reads the response head.
     ///
     /// Not an `async fn`: the head is encoded before the future is made, so the future does not hold the map.
-    pub fn send<'a>(&'a self, uri: &'a Uri, headers: HeaderMap, body: Bytes) -> impl std::future::Future<Output = Result<Response, SendError>> + 'a {
+    pub fn send<'a>(
+        &'a self,
+        uri: &'a Uri,
+        headers: HeaderMap,
+        body: Bytes,
+    ) -> impl std::future::Future<Output = Result<Response, SendError>> + 'a {
         let prepared = key(uri).map(|key| {
             let target = uri.path_and_query().map_or("/", |p| p.as_str());
             let head = h1::encode_head(target, key.authority.as_str(), &headers, body.len());
@@ -234,7 +239,8 @@ mod tests {
     fn a_plain_stream_is_small() {
         use hyper_rustls::MaybeHttpsStream;
         use hyper_util::rt::TokioIo;
-        let (plain, maybe_tls) = (std::mem::size_of::<h1::Stream>(), std::mem::size_of::<MaybeHttpsStream<TokioIo<tokio::net::TcpStream>>>());
+        let (plain, maybe_tls) =
+            (std::mem::size_of::<h1::Stream>(), std::mem::size_of::<MaybeHttpsStream<TokioIo<tokio::net::TcpStream>>>());
         assert!(plain <= 40 && maybe_tls > 256, "plain {plain} bytes, with room for TLS {maybe_tls}");
     }
 
@@ -264,7 +270,8 @@ mod tests {
                 });
             }
         });
-        let settings = hookline_core::egress::EgressSettings { allow_ranges: vec!["127.0.0.1/32".into()], allow_http: true, ..Default::default() };
+        let settings =
+            hookline_core::egress::EgressSettings { allow_ranges: vec!["127.0.0.1/32".into()], allow_http: true, ..Default::default() };
         let guard = Arc::new(hookline_core::egress::EgressGuard::new(&settings, &Default::default()).unwrap());
         let connector = GuardedConnector::new(guard, Arc::new(crate::connector::SystemResolver));
         let pool = Pool::with_idle_timeout(crate::connector::https_connector(connector), Duration::from_millis(200));
@@ -317,7 +324,8 @@ mod tests {
             let _ = sock.write_all(b"HTTP/1.1 200 OK\r\ncontent-length: 0\r\n\r\n").await;
             let _ = sock.read(&mut chunk).await;
         });
-        let settings = hookline_core::egress::EgressSettings { allow_ranges: vec!["127.0.0.1/32".into()], allow_http: true, ..Default::default() };
+        let settings =
+            hookline_core::egress::EgressSettings { allow_ranges: vec!["127.0.0.1/32".into()], allow_http: true, ..Default::default() };
         let guard = Arc::new(hookline_core::egress::EgressGuard::new(&settings, &Default::default()).unwrap());
         let pool = Pool::new(crate::connector::https_connector(GuardedConnector::new(guard, Arc::new(crate::connector::SystemResolver))));
         let uri: Uri = format!("http://{addr}/").parse().unwrap();
@@ -346,11 +354,31 @@ mod tests {
         ca.extend(ec);
         ca.extend(["-addext", "basicConstraints=critical,CA:TRUE", "-addext", "keyUsage=critical,keyCertSign,cRLSign"]);
         run(&ca);
-        std::fs::write(dir.join("leaf.ext"), "basicConstraints=CA:FALSE\nkeyUsage=critical,digitalSignature\nextendedKeyUsage=serverAuth\nsubjectAltName=IP:127.0.0.1\n").unwrap();
+        std::fs::write(
+            dir.join("leaf.ext"),
+            "basicConstraints=CA:FALSE\nkeyUsage=critical,digitalSignature\nextendedKeyUsage=serverAuth\nsubjectAltName=IP:127.0.0.1\n",
+        )
+        .unwrap();
         let mut leaf = vec!["req", "-keyout", "leaf.key", "-out", "leaf.csr", "-subj", "/CN=leaf"];
         leaf.extend(ec);
         run(&leaf);
-        run(&["x509", "-req", "-in", "leaf.csr", "-CA", "ca.pem", "-CAkey", "ca.key", "-CAcreateserial", "-days", "2", "-out", "leaf.pem", "-extfile", "leaf.ext"]);
+        run(&[
+            "x509",
+            "-req",
+            "-in",
+            "leaf.csr",
+            "-CA",
+            "ca.pem",
+            "-CAkey",
+            "ca.key",
+            "-CAcreateserial",
+            "-days",
+            "2",
+            "-out",
+            "leaf.pem",
+            "-extfile",
+            "leaf.ext",
+        ]);
         let read = |f: &str| std::fs::read(dir.join(f)).unwrap();
         let pki = (read("ca.pem"), read("leaf.pem"), read("leaf.key"));
         let _ = std::fs::remove_dir_all(&dir);
@@ -417,7 +445,8 @@ mod tests {
         let settings = hookline_core::egress::EgressSettings { allow_ranges: vec!["127.0.0.1/32".into()], ..Default::default() };
         let guard = Arc::new(hookline_core::egress::EgressGuard::new(&settings, &Default::default()).unwrap());
         let connector = GuardedConnector::new(guard, Arc::new(crate::connector::SystemResolver));
-        let https = hyper_rustls::HttpsConnectorBuilder::new().with_tls_config(client).https_only().enable_http1().wrap_connector(connector);
+        let https =
+            hyper_rustls::HttpsConnectorBuilder::new().with_tls_config(client).https_only().enable_http1().wrap_connector(connector);
         let pool = Pool::new(https);
         let uri: Uri = format!("https://{addr}/hook").parse().unwrap();
         for body in ["hello", "again"] {

@@ -198,7 +198,10 @@ async fn a_head_over_64_kib_fails_the_try() {
 #[tokio::test]
 async fn conflicting_framing_fails_the_try_with_its_reason() {
     for (raw, why) in [
-        ("HTTP/1.1 200 OK\r\ncontent-length: 2\r\ntransfer-encoding: chunked\r\n\r\n2\r\nok\r\n0\r\n\r\n", "both content-length and transfer-encoding"),
+        (
+            "HTTP/1.1 200 OK\r\ncontent-length: 2\r\ntransfer-encoding: chunked\r\n\r\n2\r\nok\r\n0\r\n\r\n",
+            "both content-length and transfer-encoding",
+        ),
         ("HTTP/1.1 200 OK\r\ncontent-length: 2\r\ncontent-length: 3\r\n\r\nok", "differing content-length values"),
         ("HTTP/1.1 200 OK\r\ncontent-length: 1e3\r\n\r\nok", "invalid content-length \"1e3\""),
         ("HTTP/1.1 101 Switching Protocols\r\nupgrade: websocket\r\n\r\n", "unexpected 101 Switching Protocols"),
@@ -206,13 +209,21 @@ async fn conflicting_framing_fails_the_try_with_its_reason() {
     ] {
         let s = server(vec![reply(raw, After::Keep)]).await;
         let r = post(&loopback_sender(), &s.url).await;
-        assert_eq!((&r.outcome, r.reason.as_str()), (&Outcome::ConnectError, format!("connection failed: request failed: {why}").as_str()), "{raw:?}");
+        assert_eq!(
+            (&r.outcome, r.reason.as_str()),
+            (&Outcome::ConnectError, format!("connection failed: request failed: {why}").as_str()),
+            "{raw:?}"
+        );
     }
 }
 
 #[tokio::test]
 async fn a_broken_chunked_body_keeps_the_status_but_not_the_connection() {
-    let s = server(vec![reply("HTTP/1.1 500 Oops\r\ntransfer-encoding: chunked\r\n\r\n2\r\nokXX0\r\n\r\n", After::Keep), reply(OK, After::Keep)]).await;
+    let s = server(vec![
+        reply("HTTP/1.1 500 Oops\r\ntransfer-encoding: chunked\r\n\r\n2\r\nokXX0\r\n\r\n", After::Keep),
+        reply(OK, After::Keep),
+    ])
+    .await;
     let sender = loopback_sender();
     let r = post(&sender, &s.url).await;
     assert_eq!((&r.outcome, r.response_excerpt.as_str()), (&Outcome::http(500), "ok"), "the status decides: {}", r.reason);
@@ -225,7 +236,9 @@ async fn a_body_over_the_cap_is_cut_and_its_connection_not_reused() {
     let policy = hookline_core::policy::builtin("standard").unwrap();
     let cap = policy.attempt.response_cap_bytes as usize;
     let big = "y".repeat(cap + 10_000);
-    let s = server(vec![reply(format!("HTTP/1.1 200 OK\r\ncontent-length: {}\r\n\r\n{big}", big.len()), After::Keep), reply(OK, After::Keep)]).await;
+    let s =
+        server(vec![reply(format!("HTTP/1.1 200 OK\r\ncontent-length: {}\r\n\r\n{big}", big.len()), After::Keep), reply(OK, After::Keep)])
+            .await;
     let sender = loopback_sender();
     let r = post(&sender, &s.url).await;
     assert_eq!(r.outcome, Outcome::http(200));

@@ -47,7 +47,10 @@ impl Lossy {
     }
 
     /// Starts the broker, the store and an indexer, and waits until the indexer has stored attempt 0.
-    pub async fn started(tag: &str, metrics: &metrics_exporter_prometheus::PrometheusHandle) -> (Self, CancellationToken, tokio::task::JoinHandle<()>) {
+    pub async fn started(
+        tag: &str,
+        metrics: &metrics_exporter_prometheus::PrometheusHandle,
+    ) -> (Self, CancellationToken, tokio::task::JoinHandle<()>) {
         let log = Self::start(tag).await;
         let (stop, indexer) = log.indexer();
         log.attempt(0, 10).await;
@@ -59,7 +62,8 @@ impl Lossy {
     pub fn indexer(&self) -> (CancellationToken, tokio::task::JoinHandle<()>) {
         let stop = CancellationToken::new();
         let (c, s, st) = (self.config.clone(), self.store.clone(), stop.clone());
-        let task = tokio::spawn(async move { hookline_log::indexer::run_with_store(&c, s, "indexer-lost", st).await.expect("indexer runs") });
+        let task =
+            tokio::spawn(async move { hookline_log::indexer::run_with_store(&c, s, "indexer-lost", st).await.expect("indexer runs") });
         (stop, task)
     }
 
@@ -117,7 +121,6 @@ impl Lossy {
         kept
     }
 }
-
 
 /// Hex of a xorshift stream: what lz4 cannot shrink, so the broker holds every byte.
 pub fn noise(seed: usize, len: usize) -> String {

@@ -106,9 +106,7 @@ impl LogSettings {
             }
             LogStoreKind::Postgres => match (&self.postgres_url, &self.postgres_url_file) {
                 (Some(_), Some(_)) => invalid("log.postgres_url, log.postgres_url_file: set one, not both".into()),
-                (None, None) => {
-                    invalid("log.postgres_url: required with log.store = \"postgres\" (or set log.postgres_url_file)".into())
-                }
+                (None, None) => invalid("log.postgres_url: required with log.store = \"postgres\" (or set log.postgres_url_file)".into()),
                 (Some(url), None) if url.trim().is_empty() => invalid("log.postgres_url: must not be empty".into()),
                 _ => Ok(()),
             },
@@ -125,9 +123,8 @@ impl LogSettings {
         let Some(path) = &self.postgres_url_file else {
             return Err(ConfigError::Invalid("log.postgres_url: not set (nor log.postgres_url_file)".into()));
         };
-        let text = std::fs::read_to_string(path).map_err(|e| {
-            ConfigError::Invalid(format!("log.postgres_url_file: reading {}: {e}", path.display()))
-        })?;
+        let text = std::fs::read_to_string(path)
+            .map_err(|e| ConfigError::Invalid(format!("log.postgres_url_file: reading {}: {e}", path.display())))?;
         let url = text.trim();
         if url.is_empty() {
             return Err(ConfigError::Invalid(format!("log.postgres_url_file: {} is empty", path.display())));
@@ -197,7 +194,8 @@ mod tests {
         assert_eq!(c.log.sqlite_writer_nice, 0, "the environment can turn it off");
         let e = load("", &[("HOOKLINE_LOG__SQLITE_WRITER_NICE", "20")]).unwrap_err();
         assert!(e.to_string().contains("log.sqlite_writer_nice"), "{e}");
-        let e = load("[log]\nstore = \"postgres\"\npostgres_url_file = \"/nonexistent/url\"\n", &[]).unwrap().log.postgres_url().unwrap_err();
+        let e =
+            load("[log]\nstore = \"postgres\"\npostgres_url_file = \"/nonexistent/url\"\n", &[]).unwrap().log.postgres_url().unwrap_err();
         assert!(e.to_string().contains("log.postgres_url_file"), "{e}");
     }
 }

@@ -14,6 +14,7 @@ use std::time::{Duration, Instant};
 
 use anyhow::Context;
 use bytes::Bytes;
+use hookline_kafka::client::Producer as FutureProducer;
 use hookline_kafka::mock::DevBroker;
 use hookline_kafka::topics::Cleanup;
 use hookline_kafka::Topics;
@@ -21,7 +22,6 @@ use hookline_service::Config;
 use http_body_util::{BodyExt, Full};
 use hyper_util::client::legacy::{connect::HttpConnector, Client};
 use hyper_util::rt::TokioExecutor;
-use hookline_kafka::client::Producer as FutureProducer;
 use serde_json::{json, Value};
 use tokio_util::sync::CancellationToken;
 
@@ -148,7 +148,13 @@ impl Proc {
     }
 
     /// [`Proc::spawn_from`] with more variables in the child's environment.
-    fn spawn_from_env(exe: &Path, role: &'static str, config: &Config, capture_stdout: bool, env: &[(&str, String)]) -> anyhow::Result<Self> {
+    fn spawn_from_env(
+        exe: &Path,
+        role: &'static str,
+        config: &Config,
+        capture_stdout: bool,
+        env: &[(&str, String)],
+    ) -> anyhow::Result<Self> {
         let toml = toml_beside_defaults(config)?;
         let wrapper = match role {
             "dispatcher" => std::env::var(DISPATCHER_WRAPPER_ENV).ok(),
@@ -393,7 +399,8 @@ impl Cluster {
             }
             // A child that exited (e.g. another build refusing this build's config: its error is on stderr above).
             let indexer = cluster.log_indexer.as_mut().map(|(p, _)| ("log-indexer", p));
-            let children = [("ingest", &mut cluster.ingest), ("dispatcher", &mut cluster.dispatcher), ("retry-scheduler", &mut cluster.scheduler)];
+            let children =
+                [("ingest", &mut cluster.ingest), ("dispatcher", &mut cluster.dispatcher), ("retry-scheduler", &mut cluster.scheduler)];
             for (role, p) in children.into_iter().chain(indexer) {
                 if let Some(status) = p.exited() {
                     anyhow::bail!("the {role} child ({}) exited before the pipeline was ready: {status}", cluster.exe.display());
@@ -473,7 +480,11 @@ impl Cluster {
         let t = Instant::now();
         let mut n = 0;
         while receiver.state.warm_count() < subs {
-            anyhow::ensure!(t.elapsed() < Duration::from_secs(90), "warm-up: only {} of {subs} subscriptions reached", receiver.state.warm_count());
+            anyhow::ensure!(
+                t.elapsed() < Duration::from_secs(90),
+                "warm-up: only {} of {subs} subscriptions reached",
+                receiver.state.warm_count()
+            );
             let id = format!("warm-{n}");
             let body = format!(r#"{{"id":"{id}","type":"bench.warm","data":{{}}}}"#);
             publisher.send(&id, body.as_bytes());

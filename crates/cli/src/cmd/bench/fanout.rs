@@ -116,7 +116,8 @@ fn measure(large: usize, tenants: usize) -> (Map<String, Value>, bool) {
     let start = thread_cpu();
     for (tenant, ty) in large_ev.iter().take(1_000) {
         let linear = large_t.matching_linear(tenant, ty);
-        let ids = |v: &[std::sync::Arc<hookline_kafka::state::SubscriptionEntry>]| v.iter().map(|e| e.sub.id.to_string()).collect::<Vec<_>>();
+        let ids =
+            |v: &[std::sync::Arc<hookline_kafka::state::SubscriptionEntry>]| v.iter().map(|e| e.sub.id.to_string()).collect::<Vec<_>>();
         if ids(&linear) != ids(&large_t.matching(tenant, ty)) {
             disagree = disagree.saturating_add(1);
         }

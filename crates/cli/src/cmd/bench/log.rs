@@ -20,8 +20,16 @@ use super::{print_table, round, row, BenchArgs, LogIds};
 const SUBSCRIPTIONS: u64 = 1_000;
 const TENANTS: u64 = 100;
 const TYPES: [&str; 10] = [
-    "order.created", "order.paid", "order.shipped", "order.cancelled", "invoice.created",
-    "invoice.paid", "customer.created", "customer.updated", "refund.created", "message.received",
+    "order.created",
+    "order.paid",
+    "order.shipped",
+    "order.cancelled",
+    "invoice.created",
+    "invoice.paid",
+    "customer.created",
+    "customer.updated",
+    "refund.created",
+    "message.received",
 ];
 const SPREAD_MS: i64 = 7 * 86_400_000;
 const BATCH: u64 = 2_000;
@@ -78,7 +86,14 @@ fn delivery(i: u64, of: u64, now: i64, spread: LogIds) -> (Event, [AttemptRecord
         http_status: status,
         reason: format!("HTTP {status}"),
         response_excerpt: "{\"ok\":false,\"error\":\"temporarily unavailable, try again later\"}".into(),
-        verdict: if fin == "succeeded" { "success" } else if fin.is_empty() { "retry" } else { "terminal" }.into(),
+        verdict: if fin == "succeeded" {
+            "success"
+        } else if fin.is_empty() {
+            "retry"
+        } else {
+            "terminal"
+        }
+        .into(),
         counts_toward_disable: status != 200,
         next_due_at_ms: if fin.is_empty() { started + 30_000 } else { 0 },
         final_state: fin.into(),

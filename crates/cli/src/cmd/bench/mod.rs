@@ -14,13 +14,13 @@ mod latency;
 mod list;
 mod log;
 mod memory;
+mod policies;
+mod quota;
 mod receiver;
 mod repeat;
 mod retry_precision;
 mod scale;
 mod split;
-mod policies;
-mod quota;
 mod stats;
 mod steady;
 mod subscriptions;
@@ -242,11 +242,7 @@ pub fn run(args: BenchArgs) -> anyhow::Result<ExitCode> {
     cluster::apply_sets(&mut hookline_service::Config::default(), &args.set)?;
     // Before anything starts: the other build must exist and answer as hookline.
     let other = args.against.as_deref().map(repeat::check_against).transpose()?;
-    let rt = tokio::runtime::Builder::new_multi_thread()
-        .worker_threads(2)
-        .thread_name("bench-main")
-        .enable_all()
-        .build()?;
+    let rt = tokio::runtime::Builder::new_multi_thread().worker_threads(2).thread_name("bench-main").enable_all().build()?;
     let started = Instant::now();
     let result = rt.block_on(async {
         let machine = machine(&args);

@@ -96,7 +96,12 @@ async fn phase(http: &Http, api: std::net::SocketAddr, quiet: &str, loud: Option
     for f in flood {
         let _ = f.await;
     }
-    Ok(Phase { quiet_ms: sorted(quiet_ms), quiet_refused, loud_accepted: accepted.load(Ordering::Relaxed), loud_refused: refused.load(Ordering::Relaxed) })
+    Ok(Phase {
+        quiet_ms: sorted(quiet_ms),
+        quiet_refused,
+        loud_accepted: accepted.load(Ordering::Relaxed),
+        loud_refused: refused.load(Ordering::Relaxed),
+    })
 }
 
 pub async fn run(args: &BenchArgs) -> anyhow::Result<(Map<String, Value>, bool)> {
@@ -109,12 +114,18 @@ pub async fn run(args: &BenchArgs) -> anyhow::Result<(Map<String, Value>, bool)>
     let loud = tenant(&http, api, "loud").await?;
     // Each tenant's events are delivered too (to the bench's receiver), as a deployment's would be.
     for (t, key) in [("quiet", &quiet), ("loud", &loud)] {
-        let (status, v) = call(&http, api, key, "POST", "/v1/subscriptions", json!({"url": recv.url(&format!("ok/{t}")), "event_types": ["quota.*"]})).await?;
+        let (status, v) =
+            call(&http, api, key, "POST", "/v1/subscriptions", json!({"url": recv.url(&format!("ok/{t}")), "event_types": ["quota.*"]}))
+                .await?;
         anyhow::ensure!(status == 201, "subscribing {t}: {status} {v}");
     }
-    eprintln!("  quiet tenant: {QUIET_PER_S} publishes/s, one at a time; loud tenant: {FLOODERS} connections flooding; {seconds} s per phase");
+    eprintln!(
+        "  quiet tenant: {QUIET_PER_S} publishes/s, one at a time; loud tenant: {FLOODERS} connections flooding; {seconds} s per phase"
+    );
     let alone = phase(&http, api, &quiet, None, seconds, "a").await?;
-    let (status, v) = call(&http, api, TOKEN, "PATCH", "/v1/tenants/loud", json!({"publish_rate_per_s": LOUD_QUOTA, "publish_burst": LOUD_QUOTA})).await?;
+    let (status, v) =
+        call(&http, api, TOKEN, "PATCH", "/v1/tenants/loud", json!({"publish_rate_per_s": LOUD_QUOTA, "publish_burst": LOUD_QUOTA}))
+            .await?;
     anyhow::ensure!(status == 200, "setting the loud tenant's quota: {status} {v}");
     let quota = phase(&http, api, &quiet, Some(&loud), seconds, "q").await?;
     let (status, v) = call(&http, api, TOKEN, "PATCH", "/v1/tenants/loud", json!({"publish_rate_per_s": 0})).await?;
@@ -131,11 +142,21 @@ pub async fn run(args: &BenchArgs) -> anyhow::Result<(Map<String, Value>, bool)>
         "publish quota (the quiet tenant's POST /v1/events → 202, ms: p50 / p99 / max)",
         &[
             row("quiet tenant alone", lat(&alone), "", None),
-            row("loud tenant flooding, its quota 200/s", lat(&quota), format!("p99 ≤ {TARGET_P99_MS}"), Some(ms(&quota, 99.0) <= TARGET_P99_MS)),
+            row(
+                "loud tenant flooding, its quota 200/s",
+                lat(&quota),
+                format!("p99 ≤ {TARGET_P99_MS}"),
+                Some(ms(&quota, 99.0) <= TARGET_P99_MS),
+            ),
             row("  loud: accepted / refused per s", format!("{} / {}", per_s(quota.loud_accepted), per_s(quota.loud_refused)), "", None),
             row("loud tenant flooding, no quota", lat(&open), "", None),
             row("  loud: accepted / refused per s", format!("{} / {}", per_s(open.loud_accepted), per_s(open.loud_refused)), "", None),
-            row("quiet publishes refused", quota.quiet_refused + open.quiet_refused + alone.quiet_refused, "0", Some(quota.quiet_refused == 0)),
+            row(
+                "quiet publishes refused",
+                quota.quiet_refused + open.quiet_refused + alone.quiet_refused,
+                "0",
+                Some(quota.quiet_refused == 0),
+            ),
         ],
     );
     let mut o = Map::new();

@@ -82,11 +82,7 @@ pub struct Receiver {
 
 impl Receiver {
     pub fn start(t0: Instant) -> anyhow::Result<Self> {
-        let rt = tokio::runtime::Builder::new_multi_thread()
-            .worker_threads(2)
-            .thread_name("bench-recv")
-            .enable_all()
-            .build()?;
+        let rt = tokio::runtime::Builder::new_multi_thread().worker_threads(2).thread_name("bench-recv").enable_all().build()?;
         let (release_tx, release_rx) = watch::channel(false);
         let state = Arc::new(RecvState {
             t0,
@@ -124,9 +120,7 @@ impl Receiver {
                     let st = st.clone();
                     tokio::spawn(async move {
                         let svc = service_fn(move |req| handle(st.clone(), healthy, req));
-                        let _ = hyper::server::conn::http1::Builder::new()
-                            .serve_connection(TokioIo::new(stream), svc)
-                            .await;
+                        let _ = hyper::server::conn::http1::Builder::new().serve_connection(TokioIo::new(stream), svc).await;
                     });
                 }
             });
@@ -170,11 +164,7 @@ async fn handle(st: Arc<RecvState>, healthy: bool, req: Request<Incoming>) -> Re
     let id = parts.headers.get("webhook-id").and_then(|v| v.to_str().ok()).unwrap_or("");
     let mut seg = parts.uri.path().trim_start_matches('/').split('/');
     let kind = seg.next().unwrap_or("");
-    let (ra, sub) = if kind == "ra" {
-        (seg.next().unwrap_or("1").to_owned(), seg.next())
-    } else {
-        (String::new(), seg.next())
-    };
+    let (ra, sub) = if kind == "ra" { (seg.next().unwrap_or("1").to_owned(), seg.next()) } else { (String::new(), seg.next()) };
     let sub: u32 = sub.and_then(|s| s.parse().ok()).unwrap_or(u32::MAX);
     if id.starts_with("warm-") {
         st.warm.lock().expect("warm lock").insert(sub);

@@ -215,7 +215,12 @@ fn summarise_repeats(runs: Vec<Map<String, Value>>, met: &[bool]) -> (Map<String
 
 /// N pairs: this build's first run's object, plus `against`, `repeat`, `repeats_met` (this build's), `ab` (per
 /// figure: each build's spread, the ratio this ÷ other per pair, its min and median) and every run's object.
-fn summarise_pairs(this: Vec<Map<String, Value>>, that: Vec<Map<String, Value>>, met: &[bool], other: &Other) -> (Map<String, Value>, bool) {
+fn summarise_pairs(
+    this: Vec<Map<String, Value>>,
+    that: Vec<Map<String, Value>>,
+    met: &[bool],
+    other: &Other,
+) -> (Map<String, Value>, bool) {
     let n = this.len().min(that.len());
     let (ft, fo): (Vec<_>, Vec<_>) = (this.iter().map(figures).collect(), that.iter().map(figures).collect());
     let mut ab = Map::new();
@@ -224,7 +229,8 @@ fn summarise_pairs(this: Vec<Map<String, Value>>, that: Vec<Map<String, Value>>,
     eprintln!("  {}", "─".repeat(108));
     for (key, _) in ft.first().map(Vec::as_slice).unwrap_or_default() {
         let (t, o) = (column(&ft, key), column(&fo, key));
-        let ratios: Vec<f64> = t.iter().zip(&o).map(|(t, o)| if *o != 0.0 && o.is_finite() && t.is_finite() { t / o } else { f64::NAN }).collect();
+        let ratios: Vec<f64> =
+            t.iter().zip(&o).map(|(t, o)| if *o != 0.0 && o.is_finite() && t.is_finite() { t / o } else { f64::NAN }).collect();
         let (rmin, rmed) = spread(&ratios).map_or((f64::NAN, f64::NAN), |(a, b, _)| (a, b));
         eprintln!("  {key:<44} {:>22} {:>22} {:>16}", spread_text(&t), spread_text(&o), format!("{} / {}", num(rmin), num(rmed)));
         ab.insert(

@@ -39,12 +39,11 @@ pub async fn run(args: &BenchArgs) -> anyhow::Result<(Map<String, Value>, bool)>
         .filter(|w| **w <= max_wait)
         .map(|w| Case { label: format!("503, wait {w} s"), wait_s: *w, retry_after: false })
         .collect();
-    cases.extend(
-        RETRY_AFTERS
-            .iter()
-            .filter(|w| **w <= max_wait)
-            .map(|w| Case { label: format!("429, Retry-After {w}"), wait_s: *w, retry_after: true }),
-    );
+    cases.extend(RETRY_AFTERS.iter().filter(|w| **w <= max_wait).map(|w| Case {
+        label: format!("429, Retry-After {w}"),
+        wait_s: *w,
+        retry_after: true,
+    }));
     let cluster = Arc::new(Cluster::start(args, |_| {}).await?);
     let recv = Receiver::start(Instant::now())?;
     let mut bodies = Vec::new();
@@ -111,7 +110,10 @@ pub async fn run(args: &BenchArgs) -> anyhow::Result<(Map<String, Value>, bool)>
         }
         progress.tick(|_| {
             let firsts = recv.state.arrivals.lock().expect("arrivals lock").iter().filter(|a| a.first).count();
-            format!("first attempts {firsts:>5}/{total} · retries arrived {retried:>5}/{total} · due times read {}", dues.lock().expect("dues lock").len())
+            format!(
+                "first attempts {firsts:>5}/{total} · retries arrived {retried:>5}/{total} · due times read {}",
+                dues.lock().expect("dues lock").len()
+            )
         });
         tokio::time::sleep(Duration::from_millis(100)).await;
     }
@@ -168,7 +170,8 @@ pub async fn run(args: &BenchArgs) -> anyhow::Result<(Map<String, Value>, bool)>
             c.label.clone(),
             json!({"n": v.len(), "p50_ms": round(pct(&v, 50.0), 1), "p99_ms": round(pct(&v, 99.0), 1), "max_ms": round(v.last().copied().unwrap_or(f64::NAN), 1)}),
         );
-        case_rows.push((c.label.clone(), format!("{:.1} / {:.1} / {:.1}", pct(&v, 50.0), pct(&v, 99.0), v.last().copied().unwrap_or(f64::NAN))));
+        case_rows
+            .push((c.label.clone(), format!("{:.1} / {:.1} / {:.1}", pct(&v, 50.0), pct(&v, 99.0), v.last().copied().unwrap_or(f64::NAN))));
     }
     rows.push(row("per case: p50 / p99 / max ms", "", "", None));
     print_table("retry precision", &rows);

@@ -156,7 +156,10 @@ pub async fn run(args: &BenchArgs) -> anyhow::Result<(Map<String, Value>, bool)>
     out.insert("join_below_half_s".into(), json!(join_low_s));
     out.insert("leave_min_throughput_ratio".into(), json!(round(leave_min, 2)));
     out.insert("leave_below_half_s".into(), json!(leave_low_s));
-    out.insert("deliveries_per_s_timeline".into(), json!(per[..end_b.saturating_add(4).min(per.len())].iter().map(|&n| per_s(n as f64)).collect::<Vec<_>>()));
+    out.insert(
+        "deliveries_per_s_timeline".into(),
+        json!(per[..end_b.saturating_add(4).min(per.len())].iter().map(|&n| per_s(n as f64)).collect::<Vec<_>>()),
+    );
     let met = lost == 0;
     print_table(
         "scale-out (one dispatcher joins, then one leaves)",

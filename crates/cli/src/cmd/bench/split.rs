@@ -44,15 +44,8 @@ impl Stamps {
 }
 
 /// The hops, in the order of [`HOPS`].
-pub const HOPS: [&str; 7] = [
-    "events_broker_ms",
-    "ingest_hookline_ms",
-    "deliveries_broker_ms",
-    "dispatcher_hookline_ms",
-    "http_ms",
-    "broker_ms",
-    "hookline_ms",
-];
+pub const HOPS: [&str; 7] =
+    ["events_broker_ms", "ingest_hookline_ms", "deliveries_broker_ms", "dispatcher_hookline_ms", "http_ms", "broker_ms", "hookline_ms"];
 
 /// One event's hops (µs), in the order of [`HOPS`]: the two broker waits, ingest's and the dispatcher's own time,
 /// the HTTP hop, then the broker's and hookline's sums. `None` when a stamp is missing (a service that does not
@@ -160,7 +153,11 @@ impl Reader {
                         }
                         Kind::Attempts => {
                             let Ok(rec) = AttemptRecord::decode(payload) else { continue };
-                            if rec.attempt != 1 || rec.r#try != 1 || rec.phase != AttemptPhase::Finished as i32 || !rec.event_id.starts_with(prefix) {
+                            if rec.attempt != 1
+                                || rec.r#try != 1
+                                || rec.phase != AttemptPhase::Finished as i32
+                                || !rec.event_id.starts_with(prefix)
+                            {
                                 continue;
                             }
                             let mut seen = seen.lock().expect("split lock");
@@ -212,7 +209,8 @@ pub fn now_unix_us() -> i64 {
 mod tests {
     use super::*;
 
-    const STAMPS: Stamps = Stamps { fanout_received_us: 1_500, fanout_produced_us: 1_620, dispatcher_received_us: 4_000, started_us: 4_250 };
+    const STAMPS: Stamps =
+        Stamps { fanout_received_us: 1_500, fanout_produced_us: 1_620, dispatcher_received_us: 4_000, started_us: 4_250 };
 
     #[test]
     fn each_hop_is_the_difference_of_its_stamps() {
@@ -249,7 +247,8 @@ mod tests {
         let h = hops(1, &far, 2).expect("complete");
         assert_eq!(h[3], i64::MAX - 4_000);
         assert_eq!(h[4], 0);
-        let huge = Stamps { fanout_received_us: i64::MAX, fanout_produced_us: i64::MAX, dispatcher_received_us: i64::MAX, started_us: i64::MAX };
+        let huge =
+            Stamps { fanout_received_us: i64::MAX, fanout_produced_us: i64::MAX, dispatcher_received_us: i64::MAX, started_us: i64::MAX };
         let h = hops(1, &huge, i64::MAX).expect("complete");
         assert_eq!(h[5], i64::MAX - 1, "the broker's sum stays in range");
     }

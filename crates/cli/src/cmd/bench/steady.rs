@@ -127,7 +127,12 @@ pub async fn run(args: &BenchArgs) -> anyhow::Result<(Map<String, Value>, bool)>
                    "growth_pct": round(growth, 1), "second_half_growth_pct": round(second_half, 1),
                    "rss_mb_max": round(samples.iter().map(|s| s.1[i]).fold(0.0, f64::max), 1)}),
         );
-        rows.push(row(name, format!("{mid:.1} → {to:.1} MB ({second_half:+.1} %; {growth:+.1} % from {from:.1})"), format!("≤ +{FLAT_PCT:.0} %"), Some(flat)));
+        rows.push(row(
+            name,
+            format!("{mid:.1} → {to:.1} MB ({second_half:+.1} %; {growth:+.1} % from {from:.1})"),
+            format!("≤ +{FLAT_PCT:.0} %"),
+            Some(flat),
+        ));
     }
     print_table(&format!("steady: RSS from {:.0} s to {:.0} s (from {:.0} s), no scrape", half.0, end.0, quarter.0), &rows);
     Ok((out, met))

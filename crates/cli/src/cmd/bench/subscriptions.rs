@@ -285,7 +285,10 @@ pub async fn run(args: &BenchArgs) -> anyhow::Result<(Map<String, Value>, bool)>
     round_cpu(&cluster, &publisher, &recv, SMALL, tenants, per_round.min(2_000), rate, "w1", &mut rng).await?;
     for r in 0..ROUNDS {
         let c = round_cpu(&cluster, &publisher, &recv, SMALL, tenants, per_round, rate, &format!("s{r}"), &mut rng).await?;
-        eprintln!("  16 subscriptions, round {r}: ingest {:.1} µs CPU per event, {:.1} without the log's writes ({:.0} events/s)", c.all, c.fanout, c.events_per_s);
+        eprintln!(
+            "  16 subscriptions, round {r}: ingest {:.1} µs CPU per event, {:.1} without the log's writes ({:.0} events/s)",
+            c.all, c.fanout, c.events_per_s
+        );
         small.push(c);
     }
     tokio::time::sleep(Duration::from_secs(1)).await;
@@ -309,7 +312,10 @@ pub async fn run(args: &BenchArgs) -> anyhow::Result<(Map<String, Value>, bool)>
     round_cpu(&cluster, &publisher, &recv, large, tenants, per_round.min(2_000), rate, "w2", &mut rng).await?;
     for r in 0..ROUNDS {
         let c = round_cpu(&cluster, &publisher, &recv, large, tenants, per_round, rate, &format!("l{r}"), &mut rng).await?;
-        eprintln!("  {large} subscriptions, round {r}: ingest {:.1} µs CPU per event, {:.1} without the log's writes ({:.0} events/s)", c.all, c.fanout, c.events_per_s);
+        eprintln!(
+            "  {large} subscriptions, round {r}: ingest {:.1} µs CPU per event, {:.1} without the log's writes ({:.0} events/s)",
+            c.all, c.fanout, c.events_per_s
+        );
         large_rounds.push(c);
     }
     // After traffic to ~`ROUNDS × --events` distinct subscriptions: what the services keep per subscription that
@@ -323,7 +329,10 @@ pub async fn run(args: &BenchArgs) -> anyhow::Result<(Map<String, Value>, bool)>
     let mut after: Vec<RoundCpu> = Vec::new();
     for r in 0..ROUNDS {
         let c = round_cpu(&cluster, &publisher, &recv, SMALL, tenants, per_round, rate, &format!("a{r}"), &mut rng).await?;
-        eprintln!("  16 subscriptions again, round {r}: ingest {:.1} µs CPU per event, {:.1} without the log's writes ({:.0} events/s)", c.all, c.fanout, c.events_per_s);
+        eprintln!(
+            "  16 subscriptions again, round {r}: ingest {:.1} µs CPU per event, {:.1} without the log's writes ({:.0} events/s)",
+            c.all, c.fanout, c.events_per_s
+        );
         after.push(c);
     }
     let failures = publisher.failed.load(Ordering::Relaxed);
@@ -336,8 +345,7 @@ pub async fn run(args: &BenchArgs) -> anyhow::Result<(Map<String, Value>, bool)>
     // The ratio of one part: the large rounds' median ÷ the median of both 16 sets; and per round, ÷ the first 16.
     let ratio_of = |f: fn(&RoundCpu) -> f64| {
         let both: Vec<f64> = part(&small, f).into_iter().chain(part(&after, f)).collect();
-        let per_round: Vec<f64> =
-            small.iter().zip(&large_rounds).map(|(s, l)| if f(s) > 0.0 { f(l) / f(s) } else { f64::NAN }).collect();
+        let per_round: Vec<f64> = small.iter().zip(&large_rounds).map(|(s, l)| if f(s) > 0.0 { f(l) / f(s) } else { f64::NAN }).collect();
         (median(&part(&large_rounds, f)) / median(&both).max(f64::MIN_POSITIVE), per_round, median(&both))
     };
     let (ratio, ratios, fanout_small) = ratio_of(|c| c.fanout);
@@ -368,9 +376,8 @@ pub async fn run(args: &BenchArgs) -> anyhow::Result<(Map<String, Value>, bool)>
         row("fan-out CPU/event less idle, large (median)", format!("{:.1} µs", median(&part(&large_rounds, |c| c.fanout_net))), "", None),
         row("fanout_net_cpu_ratio (idle subtracted)", format!("{net_ratio:.2}"), "", None),
     ];
-    for (k, name) in ["RSS/subscription, ingest (B)", "RSS/subscription, dispatcher (B)", "RSS/subscription, retry-sch. (B)"]
-        .into_iter()
-        .enumerate()
+    for (k, name) in
+        ["RSS/subscription, ingest (B)", "RSS/subscription, dispatcher (B)", "RSS/subscription, retry-sch. (B)"].into_iter().enumerate()
     {
         let bytes = (rss_large[k] - rss_small[k]) * 1024.0 * 1024.0 / added;
         rows.push(row(name, format!("{bytes:.0}"), format!("≤ {BYTES_TARGET:.0}"), Some(bytes <= BYTES_TARGET)));
@@ -390,9 +397,7 @@ pub async fn run(args: &BenchArgs) -> anyhow::Result<(Map<String, Value>, bool)>
     o.insert("ingest_cpu_ratio".into(), json!(round(ingest_ratio, 3)));
     o.insert("ingest_cpu_ratios".into(), json!(ingest_ratios.iter().map(|v| round(*v, 3)).collect::<Vec<_>>()));
     o.insert("log_writer_cpu_ratio".into(), json!(round(log_ratio, 3)));
-    let by_size = |f: fn(&RoundCpu) -> f64| {
-        json!({"small": r1(&part(&small, f)), "large": r1(&part(&large_rounds, f)), "small_again": r1(&part(&after, f))})
-    };
+    let by_size = |f: fn(&RoundCpu) -> f64| json!({"small": r1(&part(&small, f)), "large": r1(&part(&large_rounds, f)), "small_again": r1(&part(&after, f))});
     o.insert("fanout_cpu_us_per_event".into(), by_size(|c| c.fanout));
     o.insert("fanout_net_cpu_ratio".into(), json!(round(net_ratio, 3)));
     o.insert("fanout_net_cpu_ratios".into(), json!(net_ratios.iter().map(|v| round(*v, 3)).collect::<Vec<_>>()));

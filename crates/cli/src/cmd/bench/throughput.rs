@@ -266,7 +266,10 @@ pub async fn run(args: &BenchArgs) -> anyhow::Result<(Map<String, Value>, bool)>
         // Per delivery the dispatcher does at least the floor's Kafka work (consume a task, produce an attempt
         // record, store the offset), at the same pace: what is above it is hookline's.
         out.insert("dispatcher_over_kafka_floor".into(), json!(round(c("dispatcher") / fc(paced, "total"), 2)));
-        out.insert("dispatcher_librdkafka_over_kafka_floor_librdkafka".into(), json!(round(c("dispatcher_librdkafka") / fc(paced, "librdkafka"), 2)));
+        out.insert(
+            "dispatcher_librdkafka_over_kafka_floor_librdkafka".into(),
+            json!(round(c("dispatcher_librdkafka") / fc(paced, "librdkafka"), 2)),
+        );
     }
     // The CPU figures: each service's CPU per delivery over the raw client's per request, and the least each could
     // be with this Kafka client. Per delivery the dispatcher makes the raw client's request and does the floor's
@@ -350,12 +353,7 @@ pub async fn run(args: &BenchArgs) -> anyhow::Result<(Map<String, Value>, bool)>
             ),
             row("  of which the delivery log", format!("{log_over_raw:.2}"), "", None),
             row("  the delivery path without the log", format!("{delivery_path_over_raw:.2}"), "", None),
-            row(
-                "raw cpu s/1k: receiver",
-                format!("{:.3}", raw.cpu.get("receiver").and_then(Value::as_f64).unwrap_or(f64::NAN)),
-                "",
-                None,
-            ),
+            row("raw cpu s/1k: receiver", format!("{:.3}", raw.cpu.get("receiver").and_then(Value::as_f64).unwrap_or(f64::NAN)), "", None),
         ]
         .into_iter()
         .chain(floor_rows.into_iter().filter(|_| floors.is_some()))
@@ -428,10 +426,8 @@ pub fn raw_baseline(urls: Vec<String>, body: Bytes, concurrency: usize, duration
     let rt = tokio::runtime::Builder::new_multi_thread().worker_threads(2).thread_name("bench-raw").enable_all().build()?;
     let mut connector = HttpConnector::new();
     connector.set_nodelay(true);
-    let client: Client<HttpConnector, Full<Bytes>> = Client::builder(TokioExecutor::new())
-        .pool_idle_timeout(Duration::from_secs(30))
-        .pool_max_idle_per_host(64)
-        .build(connector);
+    let client: Client<HttpConnector, Full<Bytes>> =
+        Client::builder(TokioExecutor::new()).pool_idle_timeout(Duration::from_secs(30)).pool_max_idle_per_host(64).build(connector);
     let stop = Arc::new(AtomicBool::new(false));
     let count = Arc::new(AtomicU64::new(0));
     let urls = Arc::new(urls);
@@ -490,7 +486,8 @@ async fn run_floor(args: &BenchArgs, cluster: &Cluster, rate: f64) -> anyhow::Re
     if args.brokers.is_some() {
         use rdkafka::admin::{AdminOptions, NewTopic, TopicReplication};
         let admin = hookline_kafka::client::admin(&kafka, "hookline-bench-admin")?;
-        let new: Vec<_> = topics.iter().map(|t| NewTopic::new(t, kafka.partitions, TopicReplication::Fixed(kafka.replication_factor))).collect();
+        let new: Vec<_> =
+            topics.iter().map(|t| NewTopic::new(t, kafka.partitions, TopicReplication::Fixed(kafka.replication_factor))).collect();
         for r in admin.create_topics(&new, &AdminOptions::new().operation_timeout(Some(Duration::from_secs(30)))).await? {
             if let Err((name, code)) = r {
                 anyhow::bail!("creating topic {name}: {code}");
@@ -648,7 +645,13 @@ fn floor_cpu(before: &std::collections::HashSet<u32>, broker_pid: Option<u32>) -
 /// delivery costs in librdkafka and the broker with no hookline logic at all. The topic is filled first (not
 /// measured); the CPU is measured from creating the clients to the last acknowledgement, the rate from the first
 /// record received.
-pub fn kafka_floor(kafka: hookline_kafka::KafkaSettings, topics: [String; 2], records: u64, rate: Option<f64>, broker_pid: Option<u32>) -> anyhow::Result<Floor> {
+pub fn kafka_floor(
+    kafka: hookline_kafka::KafkaSettings,
+    topics: [String; 2],
+    records: u64,
+    rate: Option<f64>,
+    broker_pid: Option<u32>,
+) -> anyhow::Result<Floor> {
     std::thread::Builder::new()
         .name("bench-kfloor".into())
         .spawn(move || {
@@ -659,7 +662,13 @@ pub fn kafka_floor(kafka: hookline_kafka::KafkaSettings, topics: [String; 2], re
         .map_err(|_| anyhow::anyhow!("the Kafka floor's thread panicked"))?
 }
 
-async fn floor_loop(kafka: hookline_kafka::KafkaSettings, [input, output]: [String; 2], records: u64, rate: Option<f64>, broker_pid: Option<u32>) -> anyhow::Result<Floor> {
+async fn floor_loop(
+    kafka: hookline_kafka::KafkaSettings,
+    [input, output]: [String; 2],
+    records: u64,
+    rate: Option<f64>,
+    broker_pid: Option<u32>,
+) -> anyhow::Result<Floor> {
     use futures::stream::{FuturesUnordered, StreamExt};
     use rdkafka::consumer::{Consumer, StreamConsumer};
     use rdkafka::producer::FutureRecord;
@@ -692,7 +701,8 @@ async fn floor_loop(kafka: hookline_kafka::KafkaSettings, [input, output]: [Stri
     let mut cpu0 = floor_cpu(&before, broker_pid);
     let mut t0 = std::time::Instant::now();
     let mut go = Some(go_tx);
-    let consumer: StreamConsumer = hookline_kafka::client::group_consumer_config(&kafka, "hookline-bench-kfloor", "hookline-bench-kfloor")?.create()?;
+    let consumer: StreamConsumer =
+        hookline_kafka::client::group_consumer_config(&kafka, "hookline-bench-kfloor", "hookline-bench-kfloor")?.create()?;
     consumer.subscribe(&[input.as_str()])?;
     let producer = hookline_kafka::client::producer(&kafka, "hookline-bench-kfloor")?;
     // As the dispatcher's loop: a bound on records in flight, the contiguous completed offset stored per partition.

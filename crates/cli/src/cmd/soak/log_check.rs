@@ -26,7 +26,8 @@ pub async fn check(settings: &LogSettings, expected: Vec<(String, Vec<String>)>,
         let mut still = Vec::new();
         for (id, finals) in left {
             let stored = store.delivery(&id).await?;
-            let ok = stored.is_some_and(|d| d.delivery.state != DeliveryState::Pending && finals.iter().any(|f| f == d.delivery.state.as_str()));
+            let ok =
+                stored.is_some_and(|d| d.delivery.state != DeliveryState::Pending && finals.iter().any(|f| f == d.delivery.state.as_str()));
             if !ok {
                 still.push((id, finals));
             }

@@ -131,11 +131,8 @@ fn free_port() -> anyhow::Result<u16> {
 }
 
 async fn soak(args: SoakArgs) -> anyhow::Result<Value> {
-    let faults: Vec<FaultKind> = if args.all_faults {
-        <FaultKind as clap::ValueEnum>::value_variants().to_vec()
-    } else {
-        args.faults.clone()
-    };
+    let faults: Vec<FaultKind> =
+        if args.all_faults { <FaultKind as clap::ValueEnum>::value_variants().to_vec() } else { args.faults.clone() };
     anyhow::ensure!(args.dispatchers >= 1, "--dispatchers: at least 1");
     anyhow::ensure!(args.rate >= 1, "--rate: at least 1 event per second");
     let t0 = Instant::now();
@@ -164,7 +161,8 @@ async fn soak(args: SoakArgs) -> anyhow::Result<Value> {
         dispatchers: (0..args.dispatchers).map(|k| service(Role::Dispatcher, format!("dispatcher-{k}"))).collect::<Result<_, _>>()?,
         scheduler: service(Role::RetryScheduler, "retry-scheduler".into())?,
         session_timeout: Duration::from_millis(args.session_timeout_ms),
-        term_limit: Duration::from_millis(config.dispatcher.drain_timeout_ms.max(config.retry_scheduler.drain_timeout_ms)) + Duration::from_secs(10),
+        term_limit: Duration::from_millis(config.dispatcher.drain_timeout_ms.max(config.retry_scheduler.drain_timeout_ms))
+            + Duration::from_secs(10),
         unexpected_exits: Vec::new(),
     };
     fleet.ingest.start()?;
@@ -175,7 +173,8 @@ async fn soak(args: SoakArgs) -> anyhow::Result<Value> {
     let mut endpoint_of = std::collections::HashMap::new();
     for e in Endpoint::ALL {
         let types: Vec<String> = (0..50).filter(|t| endpoints_for(*t).contains(&e)).map(|t| format!("soak.t{t}")).collect();
-        let body = json!({"url": receiver.url(e), "event_types": types, "policy_toml": policy, "description": format!("soak {}", e.path())});
+        let body =
+            json!({"url": receiver.url(e), "event_types": types, "policy_toml": policy, "description": format!("soak {}", e.path())});
         let id = publisher.subscribe(body).await?;
         endpoint_of.insert(id, e);
     }
@@ -193,10 +192,7 @@ async fn soak(args: SoakArgs) -> anyhow::Result<Value> {
     let progress = tokio::spawn(progress(ledger.clone(), t0, stop.clone()));
 
     // Faults hit a running pipeline: the first one waits until deliveries are flowing (the group has formed).
-    anyhow::ensure!(
-        ledger.wait_requests(1, Duration::from_secs(60)).await,
-        "no delivery reached the receiver within 60 s of publishing"
-    );
+    anyhow::ensure!(ledger.wait_requests(1, Duration::from_secs(60)).await, "no delivery reached the receiver within 60 s of publishing");
     // Faults, in turn, while events are being published; each kind at least once.
     let mut schedule = Vec::new();
     let every = args.fault_every_s;
@@ -237,11 +233,7 @@ async fn soak(args: SoakArgs) -> anyhow::Result<Value> {
     stop.cancel();
     progress.abort();
     let t = ledger.tally();
-    let rebalances: u64 = schedule
-        .iter()
-        .filter_map(|l| faults.iter().find(|f| l["fault"] == f.name()))
-        .map(|f| f.rebalances())
-        .sum();
+    let rebalances: u64 = schedule.iter().filter_map(|l| faults.iter().find(|f| l["fault"] == f.name())).map(|f| f.rebalances()).sum();
     // What a crash may redo: per rebalance (which revokes every member's partitions), each dispatcher's window of
     // work taken and not yet committed, `max_in_flight`. Work finished but not yet committed counts against the
     // same window in practice; a redone attempt also redoes the retry it scheduled, which a later window covers.

@@ -177,10 +177,8 @@ impl Service {
                 out.push('\n');
             }
         }
-        let gdb = Command::new("gdb")
-            .args(["-p", &pid.to_string(), "-batch", "-ex", "thread apply all bt 25"])
-            .stdin(Stdio::null())
-            .output();
+        let gdb =
+            Command::new("gdb").args(["-p", &pid.to_string(), "-batch", "-ex", "thread apply all bt 25"]).stdin(Stdio::null()).output();
         if let Ok(o) = gdb {
             out.push_str("--- thread stacks (gdb) ---\n");
             out.push_str(&String::from_utf8_lossy(&o.stdout));

@@ -123,6 +123,10 @@ impl Publisher {
             while tasks.try_join_next().is_some() {}
         }
         while tasks.join_next().await.is_some() {}
-        Published { accepted: accepted.load(Ordering::Relaxed), rejected: rejected.load(Ordering::Relaxed), retries: retries.load(Ordering::Relaxed) }
+        Published {
+            accepted: accepted.load(Ordering::Relaxed),
+            rejected: rejected.load(Ordering::Relaxed),
+            retries: retries.load(Ordering::Relaxed),
+        }
     }
 }

@@ -82,9 +82,7 @@ pub struct Receiver {
 impl Receiver {
     pub async fn start(hang: Duration) -> anyhow::Result<Receiver> {
         let recorded = Arc::new(Recorded::default());
-        let app = axum::Router::new()
-            .route("/{path}", axum::routing::post(receive))
-            .with_state((recorded.clone(), hang));
+        let app = axum::Router::new().route("/{path}", axum::routing::post(receive)).with_state((recorded.clone(), hang));
         let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await?;
         let addr = listener.local_addr()?;
         tokio::spawn(async move {

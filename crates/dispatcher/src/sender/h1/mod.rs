@@ -260,7 +260,10 @@ async fn read_head(conn: &mut Conn) -> Result<response::Head, Error> {
 }
 
 fn is_reset(e: &io::Error) -> bool {
-    matches!(e.kind(), io::ErrorKind::ConnectionReset | io::ErrorKind::ConnectionAborted | io::ErrorKind::BrokenPipe | io::ErrorKind::UnexpectedEof)
+    matches!(
+        e.kind(),
+        io::ErrorKind::ConnectionReset | io::ErrorKind::ConnectionAborted | io::ErrorKind::BrokenPipe | io::ErrorKind::UnexpectedEof
+    )
 }
 
 impl Error {

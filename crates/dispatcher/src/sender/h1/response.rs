@@ -117,13 +117,7 @@ fn content_length(headers: &HeaderMap) -> Result<Option<u64>, Error> {
 
 /// The comma-separated tokens of every `name` field, trimmed, empty ones left out.
 fn tokens(headers: &HeaderMap, name: HeaderName) -> impl Iterator<Item = &str> {
-    headers
-        .get_all(name)
-        .into_iter()
-        .filter_map(|v| v.to_str().ok())
-        .flat_map(|v| v.split(','))
-        .map(str::trim)
-        .filter(|t| !t.is_empty())
+    headers.get_all(name).into_iter().filter_map(|v| v.to_str().ok()).flat_map(|v| v.split(',')).map(str::trim).filter(|t| !t.is_empty())
 }
 
 /// Whether a `name` field lists `token` (case-insensitive).
