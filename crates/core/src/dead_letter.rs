@@ -360,6 +360,7 @@ impl TryFrom<Document> for DeadLetter {
                     tracestate: e.tracestate.unwrap_or_default(),
                     // Not in the JSON document: a redrive sends to the dead letter's own subscription anyway.
                     only_subscription_id: String::new(),
+                    ..Default::default()
                 })
             }
         };

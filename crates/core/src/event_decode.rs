@@ -118,6 +118,7 @@ fn decode_json(bytes: &[u8]) -> Result<Event, Invalid> {
         tracestate: String::new(),
         // Only hookline's own test events set it (in protobuf); a JSON envelope cannot.
         only_subscription_id: String::new(),
+        ..Default::default()
     })
 }
 
