@@ -811,6 +811,7 @@ oversize = {{ action = "truncate", pointer = "/data/message/text", fetch_url_tem
             traceparent: String::new(),
             tracestate: String::new(),
             only_subscription_id: String::new(),
+            ..Default::default()
         }
     }
 

@@ -5,6 +5,7 @@
 pub mod budget;
 pub mod client;
 pub mod dead_letters;
+pub mod event_record;
 pub mod held;
 mod listing;
 pub mod mock;
