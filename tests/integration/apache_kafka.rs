@@ -42,6 +42,13 @@ async fn apache_kafka_fans_out_by_filter_and_signs_every_request() {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn apache_kafka_cloudevents_from_the_sdk_are_delivered_filtered_ignored_or_dead_lettered() {
+    let Some((k, _shared)) = shared().await else { return };
+    let Some(py) = crate::support::python() else { return };
+    crate::cloudevents::cloudevents_from_the_sdk_on_kafka_on(k.pipeline(2, |_| {}).await, &py).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn apache_kafka_retries_go_through_the_tiers_and_are_never_early() {
     let Some((k, _shared)) = shared().await else { return };
     pipeline::retries_follow_the_schedule_and_are_never_early_on(k.pipeline(2, |_| {}).await).await;

@@ -50,12 +50,16 @@ fn assert_delivered_as_the_sdk_sent_them(p: &Pipeline) {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn cloudevents_from_the_sdk_on_kafka_are_delivered_filtered_ignored_or_dead_lettered() {
     let Some(py) = python() else { return };
-    let p = Pipeline::start(2).await;
+    cloudevents_from_the_sdk_on_kafka_on(Pipeline::start(2).await, &py).await;
+}
+
+/// Also run against Apache Kafka (apache_kafka.rs).
+pub(crate) async fn cloudevents_from_the_sdk_on_kafka_on(p: Pipeline, py: &str) {
     let sub = subscribe(&p).await;
     let ignored_before = p.counter("hookline_events_ignored_total{reason=\"cloudevent_without_data\"}").await;
     let bootstrap = p.config.kafka.bootstrap_servers.clone();
     let topic = hookline_kafka::Topics::new(p.config.kafka.topic_prefix.clone()).events().to_owned();
-    let out = run_python(&py, "cloudevents_producer.py", &["kafka", &bootstrap, &topic]).await;
+    let out = run_python(py, "cloudevents_producer.py", &["kafka", &bootstrap, &topic]).await;
     assert_eq!(out.lines().count(), 7, "{out}");
 
     // ce-9 was produced last, to the same partition: once it is delivered, every earlier record was read.
