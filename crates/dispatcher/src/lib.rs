@@ -64,6 +64,8 @@ pub enum DispatcherError {
     Config(#[from] hookline_service::config::ConfigError),
     #[error(transparent)]
     Secrets(#[from] hookline_kafka::state::SecretsUnreadable),
+    #[error(transparent)]
+    Permissions(#[from] hookline_kafka::acl_check::AclCheckError),
 }
 
 /// Knobs that are not configuration: what tests and dev mode swap in.
@@ -244,6 +246,13 @@ pub async fn run(config: Config, shutdown: CancellationToken, options: Options) 
     }
     let topics = Topics::new(config.kafka.topic_prefix.clone());
     let kafka = &config.kafka;
+    // A principal without what the dispatcher does stops it here, the lacking ACLs named.
+    hookline_kafka::acl_check::at_start(
+        kafka,
+        &instance,
+        &hookline_kafka::acl_check::dispatcher_needs(&topics, &config.dispatcher.group_id),
+    )
+    .await?;
     let reader_stop = CancellationToken::new();
 
     // The master keys open the signing secrets; a record that does not open stops the dispatcher here.

@@ -32,6 +32,8 @@ pub enum IngestError {
     Config(#[from] hookline_service::config::ConfigError),
     #[error(transparent)]
     Secrets(#[from] hookline_kafka::state::SecretsUnreadable),
+    #[error(transparent)]
+    Permissions(#[from] hookline_kafka::acl_check::AclCheckError),
     #[error("the delivery log store ([log]): {0}")]
     Log(#[from] hookline_log::StoreError),
     #[error("listening on {addr}: {source}")]
@@ -62,6 +64,15 @@ pub async fn run(config: Config, shutdown: CancellationToken, options: Options) 
     let metrics = telemetry::metrics_handle();
     let readiness = options.readiness.clone();
     let topics = Topics::new(config.kafka.topic_prefix.clone());
+    // A principal without what ingest does stops it here, the lacking ACLs named.
+    let notify_group = format!("{}-notify", config.ingest.group_id);
+    let needs = hookline_kafka::acl_check::ingest_needs(
+        &topics,
+        &config.ingest.group_id,
+        config.notify.smtp_addr.is_some().then_some(notify_group.as_str()),
+        config.log.run_indexer.then_some(config.log.group_id.as_str()),
+    );
+    hookline_kafka::acl_check::at_start(&config.kafka, &instance, &needs).await?;
     let reader_stop = CancellationToken::new();
 
     // The master keys: sealed secrets are opened with them as the table is read, and new ones sealed.

@@ -2,6 +2,7 @@
 //! names and the retry-tier ladder, per-partition offset watermarks, compacted-table readers, producing with
 //! acknowledgement, and the embedded mock broker for dev mode and tests.
 
+pub mod acl_check;
 pub mod aws;
 pub mod budget;
 pub mod client;

@@ -43,6 +43,8 @@ pub enum SchedulerError {
     Table(#[from] TableError),
     #[error("health endpoint: {0}")]
     Health(#[from] std::io::Error),
+    #[error(transparent)]
+    Permissions(#[from] hookline_kafka::acl_check::AclCheckError),
 }
 
 #[derive(Clone, Default)]
@@ -96,6 +98,8 @@ pub async fn run(config: Config, shutdown: CancellationToken, options: Options) 
         tracing::info!(%addr, "retry-scheduler health endpoints listening");
     }
     let topics = Topics::new(config.kafka.topic_prefix.clone());
+    let needs = hookline_kafka::acl_check::retry_scheduler_needs(&topics, &config.retry_scheduler.group_id);
+    hookline_kafka::acl_check::at_start(&config.kafka, &instance, &needs).await?;
     let reader_stop = CancellationToken::new();
     // It never signs, so it keeps no secret and needs no master key.
     let tables =
