@@ -425,6 +425,7 @@ mod tests {
                 traceparent: String::new(),
                 tracestate: String::new(),
                 only_subscription_id: String::new(),
+                ..Default::default()
             }),
             attempts: 3,
             last_outcome: "503".into(),
