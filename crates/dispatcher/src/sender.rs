@@ -156,6 +156,35 @@ impl Sender {
         logged_custom: &[Header],
         body: Bytes,
     ) -> TryResult {
+        self.recorded(h1::Method::Post, egress_key, policy, url, headers, custom, logged_custom, body).await
+    }
+
+    /// The CloudEvents validation handshake: an `OPTIONS` to `url` with `headers` then `custom`, without a body,
+    /// through the same egress guard, connector and deadline as a delivery. The result keeps the response's
+    /// headers (the grant is in them) as an attempt record would.
+    pub async fn send_options(
+        &self,
+        egress_key: &str,
+        policy: &Policy,
+        url: &str,
+        headers: hookline_core::request::AttemptHeaders,
+        custom: &[(http::HeaderName, http::HeaderValue)],
+    ) -> TryResult {
+        self.recorded(h1::Method::Options, egress_key, policy, url, headers, custom, &[], Bytes::new()).await
+    }
+
+    #[allow(clippy::too_many_arguments)]
+    async fn recorded(
+        &self,
+        method: h1::Method,
+        egress_key: &str,
+        policy: &Policy,
+        url: &str,
+        headers: hookline_core::request::AttemptHeaders,
+        custom: &[(http::HeaderName, http::HeaderValue)],
+        logged_custom: &[Header],
+        body: Bytes,
+    ) -> TryResult {
         let headers = headers.into_vec();
         let mut logged = Vec::with_capacity(headers.len() + logged_custom.len());
         let mut map = http::HeaderMap::with_capacity(headers.len() + custom.len() + 2);
@@ -188,7 +217,8 @@ impl Sender {
             Some(e) => Err(e),
             None => Ok(map),
         };
-        self.send_with(egress_key, policy, url, map, logged, body).await
+        let destination = self.route(egress_key, policy).map(|route| (route, Destination::Url(url)));
+        self.exchange(method, destination, policy, map, logged, body).await
     }
 
     /// One attempt by its subscription's plan: the headers of `ids` (signed with the secrets in force at
@@ -222,7 +252,7 @@ impl Sender {
             Ok(d) => Ok((d.route.clone(), Destination::Planned(&d.target))),
             Err(e) => Err(e.clone()),
         };
-        futures::future::Either::Right(self.exchange(destination, policy, headers, logged, body))
+        futures::future::Either::Right(self.exchange(h1::Method::Post, destination, policy, headers, logged, body))
     }
 
     fn send_with<'a>(
@@ -235,11 +265,12 @@ impl Sender {
         body: Bytes,
     ) -> impl std::future::Future<Output = TryResult> + 'a {
         let destination = self.route(egress_key, policy).map(|route| (route, Destination::Url(url)));
-        self.exchange(destination, policy, headers, request_headers, body)
+        self.exchange(h1::Method::Post, destination, policy, headers, request_headers, body)
     }
 
     async fn exchange(
         &self,
+        method: h1::Method,
         destination: Result<(Arc<Route>, Destination<'_>), String>,
         policy: &Policy,
         headers: Result<http::HeaderMap, String>,
@@ -300,7 +331,7 @@ impl Sender {
                 Ok(h) => h,
                 Err(e) => return (Outcome::InvalidUrl, format!("invalid request: {e}"), String::new(), Vec::new()),
             };
-            let resp = match route.pool.send(&uri, headers, body).await {
+            let resp = match route.pool.send_method(method, &uri, headers, body).await {
                 Ok(r) => r,
                 Err(e) => {
                     let (o, r, x) = classify_error(&e);
@@ -565,7 +596,14 @@ mod tests {
     }
 
     fn ids(now_ms: i64) -> hookline_core::request::AttemptIds<'static> {
-        hookline_core::request::AttemptIds { event_id: "evt_1", event_type: "order.paid", delivery_id: "dlv_1", attempt_number: 2, now_ms }
+        hookline_core::request::AttemptIds {
+            event_id: "evt_1",
+            event_type: "order.paid",
+            delivery_id: "dlv_1",
+            attempt_number: 2,
+            now_ms,
+            event: None,
+        }
     }
 
     /// The request line's path and the headers of a received head.
@@ -651,6 +689,7 @@ mod tests {
                 attempt_number: 2,
                 now_ms: 1_767_225_600_123,
                 secrets: &secrets,
+                event: None,
             };
             let mut headers = hookline_core::request::headers(&policy, &hctx, b"{}").unwrap();
             headers.push_trace_context(tp, ts);
