@@ -1,4 +1,4 @@
-//! CloudEvents to receivers, checked by the ecosystem's own tools: a receiver (`cloudevents_receiver.py`) parses
+//! CloudEvents to receivers, checked by the ecosystem's own tools: a receiver (`interop/cloudevents_receiver.py`) parses
 //! every delivery with the official CloudEvents Python SDK, checks its signature with the `standardwebhooks`
 //! library, and answers the CloudEvents web hooks validation handshake. Needs `HOOKLINE_TEST_PYTHON` (set by
 //! scripts/test from scripts/python-test-deps); without it the tests skip, unless `HOOKLINE_TEST_REQUIRE_PYTHON=1`.
@@ -47,7 +47,7 @@ struct Receiver {
 
 impl Receiver {
     async fn start(python: &str) -> Receiver {
-        let script = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("tests/integration/cloudevents_receiver.py");
+        let script = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("tests/integration/interop/cloudevents_receiver.py");
         let mut child = std::process::Command::new(python)
             .arg(&script)
             .arg(SECRET)

@@ -57,7 +57,7 @@ pub async fn challenge(s: &ApiState, sub: &mut Subscription, policy: &Policy) {
     bounded.attempt.timeout_ms = rule.timeout_ms;
     let result = match (rule.method, rule.origin.as_deref()) {
         (VerificationMethod::Challenge, _) => echo(s, sub, &entry, &bounded, now).await.map(|()| None),
-        (VerificationMethod::Cloudevents, Some(origin)) => handshake(s, sub, &entry, &bounded, origin).await.map(Some),
+        (VerificationMethod::Cloudevents, Some(origin)) => cloudevents_handshake(s, sub, &entry, &bounded, origin).await.map(Some),
         // Validation requires an origin with this method; a policy without one cannot pass.
         (VerificationMethod::Cloudevents, None) => Err(ChallengeFailure::NotAnswered("verification.origin is not set".into())),
     };
@@ -107,7 +107,7 @@ async fn echo(s: &ApiState, sub: &Subscription, entry: &SubscriptionEntry, polic
 /// The CloudEvents validation handshake: `OPTIONS` with the policy's origin, asking for the subscription's rate
 /// limit (requests a minute) when it has one. A grant below that rate passes: hookline does not slow down to it
 /// (the receiver's 429s then follow the policy's rules); it is kept on the subscription and logged.
-async fn handshake(
+async fn cloudevents_handshake(
     s: &ApiState,
     sub: &Subscription,
     entry: &SubscriptionEntry,

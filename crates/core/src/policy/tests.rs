@@ -921,3 +921,14 @@ fn cloudevents_request_format_and_handshake_options() {
     ok.verification = Some(handshake(Some("events.example.com")));
     validate(&ok).expect("binary mode with a handshake is valid");
 }
+
+/// The policy example of docs/operations.md ("CloudEvents to receivers") is valid and says what the text says.
+#[test]
+fn the_cloudevents_policy_example_of_the_operations_guide_is_valid() {
+    let doc = include_str!("../../../../docs/operations.md");
+    let section = doc.split("### CloudEvents to receivers").nth(1).expect("the section exists");
+    let block = section.split("```toml\n").nth(1).and_then(|b| b.split("```").next()).expect("a toml block");
+    let p = parse(block).expect("the example is a valid policy");
+    assert_eq!(p.request.format, RequestFormat::CloudeventsBinary);
+    assert_eq!(p.verification.as_ref().and_then(|v| v.cloudevents_origin()), Some("hooks.example.com"));
+}
