@@ -161,7 +161,7 @@ impl Sender {
 
     /// The CloudEvents validation handshake: an `OPTIONS` to `url` with `headers` then `custom`, without a body,
     /// through the same egress guard, connector and deadline as a delivery. The result keeps the response's
-    /// headers (the grant is in them) as an attempt record would.
+    /// `WebHook-*` headers (the grant), whatever else the receiver sent.
     pub async fn send_options(
         &self,
         egress_key: &str,
@@ -340,7 +340,12 @@ impl Sender {
             };
             let status = resp.status().as_u16();
             let retry_after = resp.headers().get(http::header::RETRY_AFTER).and_then(|v| v.to_str().ok()).map(str::to_owned);
-            let response_headers = if record { kept_response_headers(resp.headers()) } else { Vec::new() };
+            let response_headers = match method {
+                // The handshake's grant, wherever it is among the receiver's headers (the record's caps could cut it).
+                h1::Method::Options => grant_headers(resp.headers()),
+                h1::Method::Post if record => kept_response_headers(resp.headers()),
+                h1::Method::Post => Vec::new(),
+            };
             // The connection goes back to the pool when the body was read to its end and may be reused. Boxed:
             // reading the body comes after the wait for the answer, whose state (held by every waiting delivery)
             // need not have room for it.
@@ -416,6 +421,16 @@ fn kept_response_headers(headers: &http::HeaderMap) -> Vec<Header> {
     out
 }
 
+/// A validation handshake's answer as [`Sender::send_options`] returns it: the `WebHook-*` headers only, at most 8.
+fn grant_headers(headers: &http::HeaderMap) -> Vec<Header> {
+    headers
+        .iter()
+        .filter(|(name, _)| name.as_str().starts_with("webhook-"))
+        .take(8)
+        .map(|(name, value)| hookline_kafka::state::logged_header(name.as_str(), value.as_bytes()))
+        .collect()
+}
+
 /// The rustls error inside `e`, looking through `io::Error` wrappers (hyper-rustls nests them, and
 /// `io::Error::source` skips the wrapped error).
 fn find_rustls<'a>(e: &'a (dyn std::error::Error + 'static)) -> Option<&'a rustls::Error> {
@@ -465,6 +480,21 @@ mod tests {
         assert_eq!(kept[1].name, "x-h0");
         let bytes: usize = kept.iter().map(|h| h.name.len() + h.value.len()).sum();
         assert!(bytes <= RESPONSE_HEADER_BYTES_MAX);
+    }
+
+    /// A handshake's grant is found behind any number of other headers (the attempt record's caps would drop it).
+    #[test]
+    fn a_grant_is_kept_behind_many_other_headers() {
+        let mut m = http::HeaderMap::new();
+        for i in 0..40 {
+            m.append(http::HeaderName::from_bytes(format!("x-h{i}").as_bytes()).unwrap(), http::HeaderValue::from_static("v"));
+        }
+        m.append("webhook-allowed-origin", http::HeaderValue::from_static("hooks.example.com"));
+        m.append("webhook-allowed-rate", http::HeaderValue::from_static("*"));
+        let kept = grant_headers(&m);
+        let got: Vec<(&str, &[u8])> = kept.iter().map(|h| (h.name.as_str(), &h.value[..])).collect();
+        assert_eq!(got, [("webhook-allowed-origin", &b"hooks.example.com"[..]), ("webhook-allowed-rate", b"*")]);
+        assert!(kept_response_headers(&m).iter().all(|h| !h.name.starts_with("webhook-")), "the record's caps would have cut it");
     }
 
     /// The record's copy of a value shares the request's buffer; a secret's value is never kept.
