@@ -497,6 +497,19 @@ mod tests {
         assert!(kept_response_headers(&m).iter().all(|h| !h.name.starts_with("webhook-")), "the record's caps would have cut it");
     }
 
+    /// The handshake goes through the egress guard like a delivery: an internal address is refused, not asked.
+    #[tokio::test]
+    async fn a_handshake_to_an_internal_address_is_refused_by_the_guard() {
+        let sender = Sender::new(Default::default(), Arc::new(crate::connector::SystemResolver));
+        let policy = hookline_core::policy::builtin("standard").unwrap();
+        for url in ["https://127.0.0.1:1/hook", "https://169.254.169.254/latest", "https://10.0.0.7/"] {
+            let headers = hookline_core::verification::handshake_headers("hooks.example.com", None);
+            let r = sender.send_options("k", &policy, url, headers, &[]).await;
+            assert_eq!(r.outcome, Outcome::EgressRefused, "{url}: {}", r.reason);
+            assert!(r.reason.starts_with("egress refused"), "{}", r.reason);
+        }
+    }
+
     /// The record's copy of a value shares the request's buffer; a secret's value is never kept.
     #[tokio::test]
     async fn recorded_request_headers_are_redacted_in_sending_order() {
