@@ -417,7 +417,8 @@ def check_rendered(where, docs, values, schemas, strict_validate):
     k = values.get("kafka", {})
     external = {values.get("secrets", {}).get("existingSecret"), k.get("tls", {}).get("ca", {}).get("secretName"),
                 k.get("tls", {}).get("clientCert", {}).get("secretName"),
-                k.get("sasl", {}).get("passwordSecret", {}).get("name")} - {None, ""}
+                k.get("sasl", {}).get("passwordSecret", {}).get("name"),
+                k.get("sasl", {}).get("jaasConfigSecret", {}).get("name")} - {None, ""}
     kafka_users = {d["metadata"]["name"] for d in docs if d["kind"] == "KafkaUser"}
     config = None
     for d in docs:
@@ -456,7 +457,7 @@ def check_rendered(where, docs, values, schemas, strict_validate):
                 files = pod_files(pod, c)
                 kc = (config or {}).get("kafka", {})
                 wanted = [(f"kafka.{t}.{key}", kc.get(t, {}).get(key)) for t, keys in
-                          (("tls", ("ca_file", "cert_file", "key_file")), ("sasl", ("password_file",)),
+                          (("tls", ("ca_file", "cert_file", "key_file")), ("sasl", ("password_file", "jaas_config_file")),
                            ("oauth", ("client_secret_file",))) for key in keys]
                 for key, path in wanted:
                     if not path:
@@ -520,8 +521,11 @@ def check_rendered(where, docs, values, schemas, strict_validate):
             if ("Secret", user) in have:
                 fail(f"{name}: the User Operator's Secret {user} would clash with the chart's Secret of that name")
             auth = d["spec"]["authentication"]["type"]
-            if auth.startswith("scram") and (k.get("sasl", {}).get("username") != user or k["sasl"]["passwordSecret"]["name"] != user):
-                fail(f"{name}: kafka.sasl.username and kafka.sasl.passwordSecret.name are not the KafkaUser {user}")
+            sasl = k.get("sasl", {})
+            from_jaas = sasl.get("jaasConfigSecret", {}).get("name") == user
+            if auth.startswith("scram") and not from_jaas and (sasl.get("username") != user or sasl["passwordSecret"]["name"] != user):
+                fail(f"{name}: kafka.sasl.username and kafka.sasl.passwordSecret.name (or kafka.sasl.jaasConfigSecret.name) "
+                     f"are not the KafkaUser {user}")
             if auth == "tls" and k.get("tls", {}).get("clientCert", {}).get("secretName") != user:
                 fail(f"{name}: kafka.tls.clientCert.secretName is not the KafkaUser's Secret {user}")
     topics = [d for d in docs if d["kind"] == "KafkaTopic"]
@@ -552,6 +556,10 @@ def hookline_binary():
 
 # Stand-ins for secret values the rendered Secrets do not hold (they come from Secrets made outside the chart).
 SECRET_STAND_INS = {"log-postgres-url": "postgres://check:check@127.0.0.1:5432/hookline"}
+
+
+# What a Strimzi SCRAM KafkaUser's Secret has under sasl.jaas.config.
+JAAS_STAND_IN = 'org.apache.kafka.common.security.scram.ScramLoginModule required username="check" password="stand-in";\n'
 
 
 def check_config_loads(where, docs, binary):
@@ -588,7 +596,7 @@ def check_config_loads(where, docs, binary):
                         text = cm["data"]["hookline.toml"]
                     elif not path.endswith(("/", "/*")):
                         os.makedirs(os.path.dirname(tmp + path), exist_ok=True)
-                        open(tmp + path, "w").write("stand-in\n")
+                        open(tmp + path, "w").write(JAAS_STAND_IN if path.endswith(".jaas.config") else "stand-in\n")
                 if text is None:
                     fail(f"{name}: container {c['name']} mounts no hookline.toml")
                     continue

@@ -237,6 +237,54 @@ async fn apache_kafka_sasl_ssl_refuses_a_wrong_password_and_a_principal_without_
     assert!(e.contains("TopicAuthorizationFailed") || e.contains("authoriz"), "{e}");
 }
 
+/// The MSK IAM listener (scripts/kafka's SASL_SSL with OAUTHBEARER checked by `MskIamValidator`), or `None` (the test
+/// skips) when the cluster has none (started without javac, or bootstrap servers only).
+fn msk_iam(k: &ExternalKafka) -> Option<&serde_json::Value> {
+    if k.info.get("msk_iam").is_none() {
+        eprintln!("skipped: the cluster has no MSK IAM listener (scripts/kafka compiles its validator with javac)");
+        return None;
+    }
+    // hookline takes AWS credentials from the process's environment here (the first source of the AWS chain). Only
+    // these tests read AWS_*, and they all set the same values.
+    let user = &k.info["msk_iam"]["users"]["hookline"];
+    std::env::set_var("AWS_ACCESS_KEY_ID", user["access_key_id"].as_str().unwrap());
+    std::env::set_var("AWS_SECRET_ACCESS_KEY", user["secret_access_key"].as_str().unwrap());
+    std::env::set_var("AWS_SESSION_TOKEN", "hookline-test-session/token+==");
+    Some(&k.info)
+}
+
+/// Points `c` at the MSK IAM listener with tokens signed for `region`.
+fn use_msk_iam(c: &mut hookline_service::Config, info: &serde_json::Value, region: &str) {
+    c.kafka.bootstrap_servers = info["msk_iam"]["bootstrap_servers"].as_str().unwrap().to_owned();
+    c.kafka.security_protocol = SecurityProtocol::SaslSsl;
+    c.kafka.tls.ca_file = Some(file(&info["ca_file"]));
+    c.kafka.sasl.mechanism = Some(SaslMechanism::AwsMskIam);
+    c.kafka.aws.region = Some(region.to_owned());
+}
+
+/// Topics created, and the whole pipeline run, as `User:hookline` authenticated by MSK IAM tokens: every client's
+/// token is a SigV4-presigned URL the broker's validator checks against the access key's secret.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn apache_kafka_the_pipeline_works_with_msk_iam_tokens() {
+    let Some((k, _shared)) = shared().await else { return };
+    let Some(info) = msk_iam(&k) else { return };
+    let region = info["msk_iam"]["region"].as_str().unwrap().to_owned();
+    pipeline_secured(&k, |c| use_msk_iam(c, info, &region)).await;
+}
+
+/// A token signed for another region than the cluster's is refused: ingest stops at start with the SASL message.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn apache_kafka_msk_iam_refuses_a_token_for_another_region() {
+    let Some((k, _shared)) = shared().await else { return };
+    let Some(info) = msk_iam(&k) else { return };
+    assert_ne!(info["msk_iam"]["region"], "us-east-1");
+    let mut c = base_config(&k);
+    use_msk_iam(&mut c, info, "us-east-1");
+    let (e, took) = ingest_start_error(c).await;
+    assert!(e.contains("SASL authentication with the broker failed") && e.contains("kafka.aws.*"), "{e}");
+    assert!(took < Duration::from_secs(15), "took {took:?}: {e}");
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn apache_kafka_the_pipeline_works_over_mutual_tls() {
     let Some((k, _shared)) = shared().await else { return };

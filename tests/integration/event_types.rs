@@ -14,17 +14,6 @@ fn error_of(v: &Value) -> (&str, &str) {
     (v["error"]["code"].as_str().unwrap_or("?"), v["error"]["field"].as_str().unwrap_or("?"))
 }
 
-/// The value of a counter on `/metrics` with this label set (0 when absent).
-async fn counter(p: &Pipeline, name_and_labels: &str) -> f64 {
-    let client = hyper_util::client::legacy::Client::builder(hyper_util::rt::TokioExecutor::new())
-        .build_http::<http_body_util::Full<bytes::Bytes>>();
-    let uri: http::Uri = format!("http://{}/metrics", p.api).parse().unwrap();
-    let resp = client.get(uri).await.expect("/metrics answers");
-    use http_body_util::BodyExt as _;
-    let text = String::from_utf8(resp.into_body().collect().await.unwrap().to_bytes().to_vec()).unwrap();
-    text.lines().find_map(|l| l.strip_prefix(name_and_labels)?.trim().parse().ok()).unwrap_or(0.0)
-}
-
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn event_types_are_created_listed_read_updated_and_deleted_and_bad_requests_name_the_field() {
     // Room in a request for an example over its own limit.
@@ -156,8 +145,8 @@ async fn reject_mode_refuses_naming_the_path_and_publishes_nothing_while_warn_mo
         assert_eq!(status, 201, "{v}");
     }
     let (sub, _) = p.subscribe(json!({"url": p.url("pay"), "event_types": ["pay.*"]})).await;
-    let warned_before = counter(&p, "hookline_schema_violations_total{mode=\"warn\"}").await;
-    let rejected_before = counter(&p, "hookline_schema_violations_total{mode=\"reject\"}").await;
+    let warned_before = p.counter("hookline_schema_violations_total{mode=\"warn\"}").await;
+    let rejected_before = p.counter("hookline_schema_violations_total{mode=\"reject\"}").await;
 
     let (status, v) = p.call("POST", "/v1/events", Some(json!({"id": "evt_bad", "type": "pay.strict", "data": {"amount": "12.50"}}))).await;
     assert_eq!((status, error_of(&v)), (422, ("schema_violation", "data.amount")), "{v}");
@@ -183,8 +172,8 @@ async fn reject_mode_refuses_naming_the_path_and_publishes_nothing_while_warn_mo
     let (_, found) = p.call("GET", "/v1/deliveries?event_id=evt_bad", None).await;
     assert_eq!(found["items"], json!([]), "{found}");
     // Counted per event, whatever is logged (the counter is process-wide: other tests only add to it).
-    assert!(counter(&p, "hookline_schema_violations_total{mode=\"warn\"}").await >= warned_before + 2.0);
-    assert!(counter(&p, "hookline_schema_violations_total{mode=\"reject\"}").await >= rejected_before + 2.0);
+    assert!(p.counter("hookline_schema_violations_total{mode=\"warn\"}").await >= warned_before + 2.0);
+    assert!(p.counter("hookline_schema_violations_total{mode=\"reject\"}").await >= rejected_before + 2.0);
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -137,6 +137,14 @@ impl Pipeline {
         (status, serde_json::from_slice(&bytes).unwrap_or(Value::Null))
     }
 
+    /// The value of a counter on the API's `/metrics` with this label set (0 when absent).
+    pub async fn counter(&self, name_and_labels: &str) -> f64 {
+        let uri: http::Uri = format!("http://{}/metrics", self.api).parse().unwrap();
+        let resp = self.client.get(uri).await.expect("/metrics answers");
+        let text = String::from_utf8(resp.into_body().collect().await.unwrap().to_bytes().to_vec()).unwrap();
+        text.lines().find_map(|l| l.strip_prefix(name_and_labels)?.trim().parse().ok()).unwrap_or(0.0)
+    }
+
     /// Creates a tenant (its name: the id in capitals).
     pub async fn tenant(&self, id: &str) {
         let (status, v) = self.call("POST", "/v1/tenants", Some(serde_json::json!({"id": id, "name": id.to_uppercase()}))).await;
@@ -656,4 +664,31 @@ fn topics_known(settings: &hookline_kafka::KafkaSettings, names: &[String], part
                 && t.partitions().iter().all(|p| p.leader() >= 0)
         })
     })
+}
+
+/// The Python interpreter with the interoperability libraries (`scripts/python-test-deps`), or `None` (the caller
+/// skips, saying so) unless the run requires it (`HOOKLINE_TEST_REQUIRE_PYTHON`, as scripts/test sets).
+pub fn python() -> Option<String> {
+    match std::env::var("HOOKLINE_TEST_PYTHON") {
+        Ok(v) if !v.trim().is_empty() => Some(v.trim().to_owned()),
+        _ if std::env::var_os("HOOKLINE_TEST_REQUIRE_PYTHON").is_some() => {
+            panic!("HOOKLINE_TEST_PYTHON is not set and this run requires it: scripts/python-test-deps prints the interpreter")
+        }
+        _ => {
+            eprintln!("skipped: HOOKLINE_TEST_PYTHON is not set (scripts/python-test-deps prints what to set it to)");
+            None
+        }
+    }
+}
+
+/// Runs a script of tests/integration/interop with `python` and returns its standard output; a failing script
+/// fails the test with its standard error.
+pub async fn run_python(python: &str, script: &str, args: &[&str]) -> String {
+    let path = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/integration/interop").join(script);
+    let mut cmd = std::process::Command::new(python);
+    cmd.arg(&path).args(args);
+    let out = tokio::task::spawn_blocking(move || cmd.output()).await.expect("join").expect("run python");
+    let stdout = String::from_utf8_lossy(&out.stdout).into_owned();
+    assert!(out.status.success(), "{script} {args:?} failed ({}):\n{stdout}\n{}", out.status, String::from_utf8_lossy(&out.stderr));
+    stdout
 }

@@ -262,6 +262,9 @@ pub async fn get(
             "type": e.r#type,
             "tenant": (!e.tenant.is_empty()).then_some(&e.tenant),
             "accepted_at_ms": e.accepted_at_ms,
+            "source": (!e.source.is_empty()).then_some(&e.source),
+            "subject": (!e.subject.is_empty()).then_some(&e.subject),
+            "extensions": (!e.extensions.is_empty()).then(|| e.extensions.iter().collect::<std::collections::BTreeMap<_, _>>()),
             // What the receiver's body carries (as accepted); a body that is not JSON stays out.
             "data": serde_json::from_slice::<Value>(&e.data_json).unwrap_or(Value::Null),
         })

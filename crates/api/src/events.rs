@@ -11,7 +11,8 @@ use serde_json::{json, Value};
 
 use super::auth::Principal;
 use super::{ApiError, ApiState};
-use crate::decode;
+use crate::decode::{self, Decoded};
+use hookline_core::cloudevents::{Binding, Context};
 
 /// A tenant API key publishes for its own tenant: the event gets it when it names none, and naming another is 403.
 /// A portal link cannot publish.
@@ -25,11 +26,32 @@ pub async fn publish(
         return Err(super::auth::forbidden("a portal link cannot publish events; use an admin token or the tenant's API key"));
     }
     let body = body.map_err(super::body_unreadable)?;
-    super::require_json(&headers, "send the event as JSON with `Content-Type: application/json`")?;
-    let mut event = decode::decode(&body, s.max_event_bytes, true).map_err(|e| {
+    // A CloudEvent in the HTTP binding: binary mode (`ce-*` headers, the body is the data, of any JSON or text
+    // type) or structured mode (`application/cloudevents+json`).
+    let ce = Context::from_headers(Binding::Http, headers.iter().map(|(n, v)| (n.as_str(), v.as_bytes())), None);
+    if !ce.is_binary() && !ce.is_structured() {
+        if super::media_type_is(&headers, "application/cloudevents-batch+json") {
+            return Err(ApiError::new(
+                StatusCode::UNSUPPORTED_MEDIA_TYPE,
+                "unsupported_media_type",
+                "batched CloudEvents are not accepted: send one event per request (binary or structured mode)",
+            )
+            .with_field("Content-Type"));
+        }
+        super::require_json(
+            &headers,
+            "send the event as JSON with `Content-Type: application/json`, or as a CloudEvent (`ce-*` headers, or `Content-Type: application/cloudevents+json`)",
+        )?;
+    }
+    let decoded = decode::decode_record(Some(&body), &ce, s.max_event_bytes, true).map_err(|e| {
         let status = if e.reason == "oversize" { StatusCode::PAYLOAD_TOO_LARGE } else { StatusCode::UNPROCESSABLE_ENTITY };
         ApiError::new(status, e.reason, e.detail).with_field(e.field.unwrap_or("body"))
     })?;
+    let Decoded::Event(mut event) = decoded else {
+        return Err(
+            ApiError::new(StatusCode::UNPROCESSABLE_ENTITY, "empty", "a CloudEvent without data has nothing to deliver").with_field("body")
+        );
+    };
     event.tenant = who.tenant_for(Some(&event.tenant), "tenant")?.unwrap_or_default();
     admit(&s, &who, &event.tenant)?;
     // Against its catalogued type's schema (compiled when the catalogue was read), before anything is written.

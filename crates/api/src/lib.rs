@@ -341,13 +341,17 @@ impl IntoResponse for ApiError {
 }
 
 /// A 415 naming `Content-Type` unless the request says its body is JSON (parameters such as `charset` allowed).
-pub(crate) fn require_json(headers: &axum::http::HeaderMap, message: &'static str) -> Result<(), ApiError> {
-    let is_json = headers
+/// The request's media type (`Content-Type` without parameters) is `want`.
+pub(crate) fn media_type_is(headers: &axum::http::HeaderMap, want: &str) -> bool {
+    headers
         .get(header::CONTENT_TYPE)
         .and_then(|v| v.to_str().ok())
         .and_then(|v| v.split(';').next())
-        .is_some_and(|m| m.trim().eq_ignore_ascii_case("application/json"));
-    if is_json {
+        .is_some_and(|m| m.trim().eq_ignore_ascii_case(want))
+}
+
+pub(crate) fn require_json(headers: &axum::http::HeaderMap, message: &'static str) -> Result<(), ApiError> {
+    if media_type_is(headers, "application/json") {
         return Ok(());
     }
     Err(ApiError::new(StatusCode::UNSUPPORTED_MEDIA_TYPE, "unsupported_media_type", message).with_field("Content-Type"))

@@ -13,7 +13,6 @@ use prost::Message as _;
 use rdkafka::producer::FutureRecord;
 use rdkafka::Message;
 
-use crate::decode;
 use crate::ApiState;
 
 /// Longest a replay or redrive request may read for.
@@ -72,7 +71,9 @@ pub async fn since(s: &ApiState, entry: &SubscriptionEntry, since_ms: i64, until
         if until_ms.is_some_and(|u| written > u) {
             return;
         }
-        let Ok(mut ev) = decode::decode(m.payload().unwrap_or_default(), s.max_event_bytes, false) else { return };
+        let Ok(hookline_core::event_decode::Decoded::Event(mut ev)) = hookline_kafka::event_record::decode(m, s.max_event_bytes) else {
+            return;
+        };
         // The fan-out's rule: only the subscription's own tenant's events.
         if !hookline_core::filter::delivers(&entry.sub.tenant, &entry.sub.event_types, &ev.tenant, &ev.r#type) {
             return;

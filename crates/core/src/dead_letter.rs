@@ -189,6 +189,16 @@ pub struct Document {
     /// An unreadable input record's value (or its first bytes), base64.
     #[serde(default)]
     pub raw_base64: Option<String>,
+    /// That record's headers, in order; null when it had none.
+    #[serde(default)]
+    pub raw_headers: Option<Vec<RawHeader>>,
+}
+
+#[derive(Debug, Serialize, Deserialize)]
+pub struct RawHeader {
+    pub key: String,
+    /// The header's bytes in standard base64.
+    pub value_base64: String,
 }
 
 #[derive(Debug, Serialize, Deserialize)]
@@ -212,6 +222,20 @@ pub struct EventDoc {
     pub traceparent: Option<String>,
     #[serde(default)]
     pub tracestate: Option<String>,
+    /// CloudEvents context of an event that arrived as a CloudEvent (null otherwise).
+    #[serde(default)]
+    pub source: Option<String>,
+    #[serde(default)]
+    pub subject: Option<String>,
+    #[serde(default)]
+    pub extensions: Option<std::collections::BTreeMap<String, String>>,
+    #[serde(default)]
+    pub data_content_type: Option<String>,
+    #[serde(default)]
+    pub data_schema: Option<String>,
+    /// The Schema Registry id of a framed value (null when unframed).
+    #[serde(default)]
+    pub registry_schema_id: Option<u32>,
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
@@ -284,6 +308,8 @@ impl From<&DeadLetter> for Document {
                 offset: dl.source_offset,
             }),
             raw_base64: (!dl.raw.is_empty()).then(|| b64().encode(&dl.raw)),
+            raw_headers: (!dl.raw_headers.is_empty())
+                .then(|| dl.raw_headers.iter().map(|h| RawHeader { key: h.key.clone(), value_base64: b64().encode(&h.value) }).collect()),
         }
     }
 }
@@ -302,6 +328,12 @@ impl From<&Event> for EventDoc {
             payload,
             traceparent: some(&e.traceparent),
             tracestate: some(&e.tracestate),
+            source: some(&e.source),
+            subject: some(&e.subject),
+            extensions: (!e.extensions.is_empty()).then(|| e.extensions.iter().map(|(k, v)| (k.clone(), v.clone())).collect()),
+            data_content_type: some(&e.data_content_type),
+            data_schema: some(&e.data_schema),
+            registry_schema_id: (e.registry_schema_id != 0).then_some(e.registry_schema_id),
         }
     }
 }
@@ -360,7 +392,12 @@ impl TryFrom<Document> for DeadLetter {
                     tracestate: e.tracestate.unwrap_or_default(),
                     // Not in the JSON document: a redrive sends to the dead letter's own subscription anyway.
                     only_subscription_id: String::new(),
-                    ..Default::default()
+                    source: e.source.unwrap_or_default(),
+                    subject: e.subject.unwrap_or_default(),
+                    extensions: e.extensions.unwrap_or_default().into_iter().collect(),
+                    data_content_type: e.data_content_type.unwrap_or_default(),
+                    data_schema: e.data_schema.unwrap_or_default(),
+                    registry_schema_id: e.registry_schema_id.unwrap_or(0),
                 })
             }
         };
@@ -373,6 +410,13 @@ impl TryFrom<Document> for DeadLetter {
             Some(a) => (a.outcome, a.http_status.unwrap_or(0), a.response_excerpt.unwrap_or_default()),
         };
         let source = d.source.unwrap_or(Source { topic: String::new(), partition: 0, offset: 0 });
+        let mut raw_headers = Vec::new();
+        for h in d.raw_headers.unwrap_or_default() {
+            let value = b64()
+                .decode(&h.value_base64)
+                .map_err(|err| DecodeError::Field { field: "raw_headers.value_base64", message: format!("not base64: {err}") })?;
+            raw_headers.push(crate::model::RecordHeader { key: h.key, value: value.into() });
+        }
         Ok(DeadLetter {
             // Either name of each: the API's (`*_ms`, `platform_status`, `attempts_made`) first.
             at_ms: match d.dead_lettered_at_ms {
@@ -398,6 +442,7 @@ impl TryFrom<Document> for DeadLetter {
             last_outcome,
             last_http_status,
             last_response_excerpt,
+            raw_headers,
         })
     }
 }
@@ -425,7 +470,13 @@ mod tests {
                 traceparent: String::new(),
                 tracestate: String::new(),
                 only_subscription_id: String::new(),
-                ..Default::default()
+                // A CloudEvent's context, kept through either format.
+                source: "/shop/orders".into(),
+                subject: "order/9".into(),
+                extensions: [("region".to_owned(), "eu".to_owned())].into(),
+                data_content_type: "application/json".into(),
+                data_schema: "https://example.com/order.json".into(),
+                registry_schema_id: 7,
             }),
             attempts: 3,
             last_outcome: "503".into(),
@@ -458,6 +509,9 @@ mod tests {
         assert_eq!(v["first_attempt_at_ms"], 1_767_225_600_300i64);
         assert_eq!(v["platform_status"], v["status_word"]);
         assert_eq!(v["source"], serde_json::Value::Null);
+        assert_eq!(v["event"]["source"], "/shop/orders");
+        assert_eq!(v["event"]["extensions"], serde_json::json!({"region": "eu"}));
+        assert_eq!(v["event"]["registry_schema_id"], 7);
         assert_eq!(decode(&bytes, None).unwrap(), dl, "read back by content");
         assert_eq!(decode(&bytes, Some(b"json")).unwrap(), dl);
     }
@@ -484,10 +538,12 @@ mod tests {
             source_partition: 2,
             source_offset: 41,
             at_ms: 5,
+            raw_headers: vec![crate::model::RecordHeader { key: "ce_specversion".into(), value: b"0.3".to_vec().into() }],
             ..Default::default()
         };
         let bytes = encode(&dl, DlqFormat::Json);
         let v: serde_json::Value = serde_json::from_slice(&bytes).unwrap();
+        assert_eq!(v["raw_headers"], serde_json::json!([{"key": "ce_specversion", "value_base64": "MC4z"}]));
         assert_eq!(v["event"], serde_json::Value::Null);
         assert_eq!(v["subscription_id"], serde_json::Value::Null);
         assert_eq!(v["raw_base64"], "e25vcGU=");

@@ -1,6 +1,7 @@
 //! Decoding and validating an upstream event: a JSON envelope or the protobuf `Event`. A rejection names a
 //! stable reason (the dead-letter `reason`) and a detail a producer can act on.
 
+use crate::cloudevents::{self, Context};
 use crate::model::Event;
 use crate::vocabulary::DeadLetterReason as Reason;
 use bytes::Bytes;
@@ -20,6 +21,10 @@ pub struct Invalid {
 
 fn invalid(reason: Reason, detail: impl Into<String>) -> Invalid {
     Invalid { reason: reason.as_str(), detail: detail.into(), field: None }
+}
+
+pub(crate) fn invalid_at(reason: Reason, detail: impl Into<String>, field: &'static str) -> Invalid {
+    invalid(reason, detail).at(field)
 }
 
 impl Invalid {
@@ -46,8 +51,43 @@ struct Envelope<'a> {
     data: Option<&'a RawValue>,
 }
 
-/// Decodes one record of the events topic (or an API body when `json_only`).
+/// What a record of the events topic turned out to be.
+#[derive(Debug, Clone, PartialEq)]
+pub enum Decoded {
+    Event(Event),
+    /// A binary-mode CloudEvent without data (on Kafka, a tombstone): nothing to deliver, and nothing wrong.
+    NoData,
+}
+
+/// Decodes one record of the events topic, or an API request (`json_only`: a JSON body, or a CloudEvent in the
+/// HTTP binding), with what it carries beside its value (`ctx`: CloudEvents headers, content type, record key).
+/// The value may be hookline's JSON envelope, its protobuf `Event`, or a CloudEvent in binary or structured mode.
+pub fn decode_record(value: Option<&[u8]>, ctx: &Context<'_>, max_bytes: usize, json_only: bool) -> Result<Decoded, Invalid> {
+    let bytes = value.unwrap_or_default();
+    if bytes.len() > max_bytes {
+        return Err(invalid(Reason::EventOversize, format!("{} bytes is over the limit of {max_bytes}", bytes.len())));
+    }
+    if ctx.is_binary() {
+        return Ok(cloudevents::decode_binary(bytes, ctx)?.map_or(Decoded::NoData, Decoded::Event));
+    }
+    if ctx.is_structured() {
+        let text = std::str::from_utf8(bytes.strip_prefix(b"\xEF\xBB\xBF").unwrap_or(bytes))
+            .map_err(|e| invalid(Reason::EventInvalidUtf8, format!("the event is not valid UTF-8 (at byte {})", e.valid_up_to())))?;
+        if text.trim().is_empty() {
+            return Err(invalid(Reason::EventEmpty, "the record has no value"));
+        }
+        return cloudevents::decode_structured(text, ctx.key).map(Decoded::Event);
+    }
+    decode_plain(bytes, max_bytes, json_only, ctx.key).map(Decoded::Event)
+}
+
+/// Decodes a value without headers (hookline's envelope or protobuf, or a structured CloudEvent recognised by its
+/// `specversion`): what a reader that has only the value (tests, benchmarks) uses.
 pub fn decode(bytes: &[u8], max_bytes: usize, json_only: bool) -> Result<Event, Invalid> {
+    decode_plain(bytes, max_bytes, json_only, None)
+}
+
+fn decode_plain(bytes: &[u8], max_bytes: usize, json_only: bool, key: Option<&[u8]>) -> Result<Event, Invalid> {
     if bytes.is_empty() {
         return Err(invalid(Reason::EventEmpty, "the record has no value"));
     }
@@ -60,6 +100,12 @@ pub fn decode(bytes: &[u8], max_bytes: usize, json_only: bool) -> Result<Event, 
     if json_only || first == Some(b'{') || first == Some(b'[') || first == Some(b'"') {
         if first != Some(b'{') {
             return Err(invalid(Reason::EventInvalidJson, "an event must be a JSON object"));
+        }
+        // A structured CloudEvent sent without its content type is still recognised (by `specversion`).
+        if let Ok(text) = std::str::from_utf8(bytes) {
+            if cloudevents::looks_structured(text) {
+                return cloudevents::decode_structured(text, key);
+            }
         }
         decode_json(bytes)
     } else {
@@ -169,6 +215,14 @@ fn decode_protobuf(bytes: &[u8]) -> Result<Event, Invalid> {
         serde_json::from_str::<&RawValue>(text).map_err(|e| invalid(Reason::EventInvalidJson, format!("data_json: {e}")))?;
     }
     Ok(ev)
+}
+
+pub(crate) fn required_name(v: Option<String>, field: &'static str) -> Result<String, Invalid> {
+    required(v, field)
+}
+
+pub(crate) fn check_json_depth(json: &[u8]) -> Result<(), Invalid> {
+    check_depth(json)
 }
 
 fn required(v: Option<String>, field: &'static str) -> Result<String, Invalid> {

@@ -2,6 +2,7 @@
 //! endpoint health, request signing and the egress decision. Binaries carry out what these functions decide.
 
 pub mod breaker;
+pub mod cloudevents;
 pub mod cloudevents_out;
 pub mod concurrency;
 pub mod credential;

@@ -7,8 +7,8 @@
 //!          {"path": "data.customer.vip", "exists": true}]}
 //! ```
 //!
-//! A path is dot-separated and starts at the event envelope: `id`, `type`, `tenant`, `entity_id`, or `data.…` into
-//! the event's JSON data (a segment of digits also indexes an array). An event whose data is not a JSON document
+//! A path is dot-separated and starts at the event envelope: `id`, `type`, `tenant`, `entity_id`, the CloudEvents
+//! attributes `source`, `subject` and `extensions.<name>`, or `data.…` into the event's JSON data (a segment of digits also indexes an array). An event whose data is not a JSON document
 //! matches no filter at all, whatever the conditions (documented in docs/filters.md).
 
 use std::cmp::Ordering;
@@ -24,7 +24,7 @@ pub const MAX_PATH_SEGMENTS: usize = 16;
 pub const MAX_STRING_BYTES: usize = 1024;
 
 /// The envelope fields a path may start with.
-pub const ROOTS: [&str; 5] = ["id", "type", "tenant", "entity_id", "data"];
+pub const ROOTS: [&str; 8] = ["id", "type", "tenant", "entity_id", "source", "subject", "extensions", "data"];
 
 #[derive(Debug, Clone, PartialEq)]
 pub enum Filter {
@@ -282,8 +282,11 @@ pub(crate) fn parse_path(path: &str) -> Result<Vec<String>, String> {
     if !ROOTS.contains(&root) {
         return Err(format!("{path:?} must start with one of {} (the event's data is under `data.`)", ROOTS.join(", ")));
     }
-    if root != "data" && segments.len() > 1 {
-        return Err(format!("`{root}` is a string; only `data` has fields"));
+    if root == "extensions" && segments.len() != 2 {
+        return Err(format!("{path:?}: name one CloudEvents extension attribute, as in `extensions.region`"));
+    }
+    if root != "data" && root != "extensions" && segments.len() > 1 {
+        return Err(format!("`{root}` is a string; only `data` and `extensions` have fields"));
     }
     Ok(segments)
 }
@@ -295,6 +298,10 @@ pub struct EventFields<'a> {
     pub event_type: &'a str,
     pub tenant: &'a str,
     pub entity_id: &'a str,
+    /// CloudEvents `source` and `subject` (empty when the event was not a CloudEvent).
+    pub source: &'a str,
+    pub subject: &'a str,
+    pub extensions: Option<&'a std::collections::HashMap<String, String>>,
     pub data: &'a Data,
 }
 
@@ -319,7 +326,16 @@ impl Data {
 
 impl<'a> EventFields<'a> {
     pub fn of(ev: &'a crate::model::Event, data: &'a Data) -> Self {
-        Self { id: &ev.id, event_type: &ev.r#type, tenant: &ev.tenant, entity_id: &ev.entity_id, data }
+        Self {
+            id: &ev.id,
+            event_type: &ev.r#type,
+            tenant: &ev.tenant,
+            entity_id: &ev.entity_id,
+            source: &ev.source,
+            subject: &ev.subject,
+            extensions: Some(&ev.extensions),
+            data,
+        }
     }
 }
 
@@ -345,6 +361,9 @@ pub(crate) fn resolve<'a>(ev: &EventFields<'a>, segments: &[String]) -> Option<F
         "type" => text(ev.event_type),
         "tenant" => text(ev.tenant),
         "entity_id" => text(ev.entity_id),
+        "source" => text(ev.source),
+        "subject" => text(ev.subject),
+        "extensions" => text(ev.extensions?.get(rest.first()?)?),
         "data" => {
             let Data::Json(root) = ev.data else { return None };
             let mut v: &'a Value = root;
@@ -432,11 +451,40 @@ mod tests {
     use serde_json::json;
 
     fn fields<'a>(data: &'a Data) -> EventFields<'a> {
-        EventFields { id: "evt_1", event_type: "order.created", tenant: "", entity_id: "ent_9", data }
+        EventFields {
+            id: "evt_1",
+            event_type: "order.created",
+            tenant: "",
+            entity_id: "ent_9",
+            source: "",
+            subject: "",
+            extensions: None,
+            data,
+        }
     }
 
     fn f(v: Value) -> Filter {
         Filter::parse(&v).unwrap_or_else(|e| panic!("{v}: {e}"))
+    }
+
+    #[test]
+    fn cloudevents_attributes_are_paths() {
+        let data = Data::Json(json!({}));
+        let ext: std::collections::HashMap<String, String> = [("region".to_owned(), "eu".to_owned())].into();
+        let ev = EventFields { source: "/shop/orders", subject: "order/1", extensions: Some(&ext), ..fields(&data) };
+        for yes in [
+            json!({"path": "source", "prefix": "/shop/"}),
+            json!({"path": "subject", "eq": "order/1"}),
+            json!({"path": "extensions.region", "eq": "eu"}),
+            json!({"path": "extensions.zone", "exists": false}),
+        ] {
+            assert!(f(yes.clone()).matches(&ev), "{yes}");
+        }
+        // An event that was not a CloudEvent has none of them.
+        let plain = fields(&data);
+        for no in [json!({"path": "source", "exists": true}), json!({"path": "extensions.region", "eq": "eu"})] {
+            assert!(!f(no.clone()).matches(&plain), "{no}");
+        }
     }
 
     #[test]
@@ -520,7 +568,9 @@ mod tests {
             (json!({"path": "data.a", "gt": "1"}), "filter.gt", "expected a number"),
             (json!({"path": "data.a", "eq": [1]}), "filter.eq", "expected a string"),
             (json!({"path": "data.a", "exists": 1}), "filter.exists", "true or false"),
-            (json!({"path": "type.x", "eq": 1}), "filter.path", "only `data` has fields"),
+            (json!({"path": "type.x", "eq": 1}), "filter.path", "only `data` and `extensions` have fields"),
+            (json!({"path": "extensions", "eq": 1}), "filter.path", "name one CloudEvents extension"),
+            (json!({"path": "extensions.a.b", "eq": 1}), "filter.path", "name one CloudEvents extension"),
             (json!({"all": [{"path": "data.a", "eq": 1}], "any": []}), "filter", "stands alone"),
             (json!({"path": 1, "eq": 1}), "filter.path", "expected a string"),
         ];

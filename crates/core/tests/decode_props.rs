@@ -229,3 +229,58 @@ proptest! {
         }
     }
 }
+
+/// Header names a CloudEvent producer might send, right or wrong.
+fn ce_header() -> impl Strategy<Value = (String, Vec<u8>)> {
+    let name = prop::sample::select(vec![
+        "ce_specversion",
+        "ce_id",
+        "ce_type",
+        "ce_source",
+        "ce_time",
+        "ce_subject",
+        "ce_tenant",
+        "ce_partitionkey",
+        "ce_traceparent",
+        "ce_region",
+        "ce_Bad-Name",
+        "content-type",
+        "CE_ID",
+    ]);
+    let value = prop_oneof![
+        prop::sample::select(vec!["1.0", "0.3", "", "x", "2026-01-02T03:04:05Z", "application/json", "text/plain", "application/avro"])
+            .prop_map(|v| v.as_bytes().to_vec()),
+        prop::collection::vec(any::<u8>(), 0..40),
+    ];
+    (name.prop_map(str::to_owned), value)
+}
+
+proptest! {
+    #![proptest_config(cases(2000))]
+
+    /// Whatever headers and value a record carries (on Kafka or HTTP), the decoder answers without panicking, and a
+    /// CloudEvent it accepts has a usable id, type, source and tenant.
+    #[test]
+    fn cloudevents_headers_never_panic(
+        headers in prop::collection::vec(ce_header(), 0..10),
+        value in prop::option::of(prop::collection::vec(any::<u8>(), 0..80)),
+        key in prop::option::of(prop::collection::vec(any::<u8>(), 0..8)),
+        http in any::<bool>(),
+    ) {
+        use hookline_core::cloudevents::{Binding, Context};
+        use hookline_core::event_decode::{decode_record, Decoded};
+        let binding = if http { Binding::Http } else { Binding::Kafka };
+        let named: Vec<(String, Vec<u8>)> =
+            headers.iter().map(|(n, v)| (if http { n.replacen("ce_", "ce-", 1) } else { n.clone() }, v.clone())).collect();
+        let ctx = Context::from_headers(binding, named.iter().map(|(n, v)| (n.as_str(), v.as_slice())), key.as_deref());
+        match decode_record(value.as_deref(), &ctx, MAX, http) {
+            Ok(Decoded::Event(ev)) => {
+                prop_assert!(!ev.id.trim().is_empty() && !ev.r#type.trim().is_empty());
+                prop_assert!(!ctx.is_binary() || !ev.source.trim().is_empty(), "a binary CloudEvent without a source: {ev:?}");
+                prop_assert!(hookline_core::filter::validate_tenant(&ev.tenant).is_ok());
+            }
+            Ok(Decoded::NoData) => prop_assert!(ctx.is_binary() && value.as_deref().unwrap_or_default().is_empty()),
+            Err(e) => prop_assert!(REASONS.contains(&e.reason), "undocumented reason {}", e.reason),
+        }
+    }
+}

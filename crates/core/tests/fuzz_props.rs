@@ -686,7 +686,16 @@ mod payload_filter_props {
             let again = Filter::parse(&filter.to_json());
             prop_assert_eq!(again.as_ref(), Ok(&filter));
             for data in [Data::Json(data), Data::parse(&raw), Data::Absent] {
-                let ev = EventFields { id: "e", event_type: "t.x", tenant: "", entity_id: "", data: &data };
+                let ev = EventFields {
+                    id: "e",
+                    event_type: "t.x",
+                    tenant: "",
+                    entity_id: "",
+                    source: "",
+                    subject: "",
+                    extensions: None,
+                    data: &data,
+                };
                 let m = filter.matches(&ev);
                 prop_assert_eq!(filter.explain(&ev).matched, m);
             }

@@ -383,7 +383,7 @@ pub fn follow_up_event(task: &DeliveryTask, emit_type: &str, reason: &str, now_m
         tracestate: original.tracestate,
         // A follow-up fans out to its own type's subscribers, even for a test event.
         only_subscription_id: String::new(),
-        // hookline made it: none of the original's CloudEvents context (its source is the policy's default).
+        // A new event of hookline's, not the producer's CloudEvent.
         ..Default::default()
     }
 }

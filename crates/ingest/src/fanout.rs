@@ -18,7 +18,7 @@ use rdkafka::message::BorrowedMessage;
 use rdkafka::Message;
 use tokio_util::sync::CancellationToken;
 
-use crate::decode;
+use crate::decode::Decoded;
 
 /// Delivery tasks being produced at once, over every event in flight: an event matching 10,000 subscriptions
 /// counts 10,000 (bounding events instead let memory grow with the fan-out).
@@ -106,8 +106,14 @@ impl Handler for FanoutHandler {
         let (p, o) = (done.partition(), done.offset());
         metrics::counter!("hookline_events_consumed_total").increment(1);
         let accepted_at = m.timestamp().to_millis().unwrap_or_else(crate::now_ms);
-        let mut ev = match decode::decode(m.payload().unwrap_or_default(), f.max_event_bytes, false) {
-            Ok(ev) => ev,
+        let mut ev = match hookline_kafka::event_record::decode(m, f.max_event_bytes) {
+            Ok(Decoded::Event(ev)) => ev,
+            Ok(Decoded::NoData) => {
+                // A CloudEvent without data (a tombstone, in the Kafka binding): nothing to deliver.
+                metrics::counter!("hookline_events_ignored_total", "reason" => "cloudevent_without_data").increment(1);
+                done.complete();
+                return;
+            }
             Err(invalid) => {
                 metrics::counter!("hookline_events_invalid_total", "reason" => invalid.reason).increment(1);
                 tracing::debug!(partition = p, offset = o, %invalid, "invalid event dead-lettered");
@@ -136,6 +142,7 @@ impl Handler for FanoutHandler {
                     source_partition: p,
                     source_offset: o,
                     at_ms: crate::now_ms(),
+                    raw_headers: raw_headers(m),
                     ..Default::default()
                 };
                 if f.tracer.is_on() {
@@ -163,6 +170,26 @@ impl Handler for FanoutHandler {
         let span = f.tracer.fanout(&mut ev, tp, ts);
         fan_out(f, ev, received_us, done, span);
     }
+}
+
+/// An unreadable record's headers, kept in its dead letter (a CloudEvent's attributes are there).
+fn raw_headers<M: Message>(m: &M) -> Vec<hookline_core::model::RecordHeader> {
+    use rdkafka::message::Headers;
+    // The dead letter must fit a record beside the raw value: headers past this many bytes are left out.
+    const MAX_KEPT_HEADER_BYTES: usize = 16 << 10;
+    let Some(headers) = m.headers() else { return Vec::new() };
+    let mut kept = 0usize;
+    headers
+        .iter()
+        .take_while(|h| {
+            kept = kept.saturating_add(h.key.len()).saturating_add(h.value.map_or(0, <[u8]>::len));
+            kept <= MAX_KEPT_HEADER_BYTES
+        })
+        .map(|h| hookline_core::model::RecordHeader {
+            key: h.key.to_owned(),
+            value: h.value.map(|v| v.to_vec().into()).unwrap_or_default(),
+        })
+        .collect()
 }
 
 /// The W3C trace context record headers, when present.

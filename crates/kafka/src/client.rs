@@ -8,10 +8,10 @@ use rdkafka::client::{ClientContext, OAuthToken};
 use rdkafka::config::{ClientConfig, FromClientConfigAndContext};
 use rdkafka::error::{KafkaError, KafkaResult};
 
-use crate::oauth::OAuthClient;
-use crate::settings::{GroupProtocol, KafkaSettings, SaslMechanism};
+use crate::oauth::TokenSource;
+use crate::settings::{GroupProtocol, KafkaSettings};
 
-/// The context of hookline's producers and admin clients: OAUTHBEARER tokens from `kafka.oauth.*`, errors to the
+/// The context of hookline's producers and admin clients: OAUTHBEARER tokens (`kafka.oauth.*`, `kafka.aws.*`), errors to the
 /// log. (Consumers have their own contexts, which do the same: `RebalanceContext`, `QuietEof`.)
 #[derive(Debug, Default, Clone, Copy)]
 pub struct KafkaContext;
@@ -45,7 +45,8 @@ fn path_str<'a>(key: &str, path: &'a Path) -> Result<&'a str, String> {
     path.to_str().ok_or_else(|| format!("{key}: the path {} is not UTF-8", path.display()))
 }
 
-/// `kafka.security_protocol`, `kafka.tls.*`, `kafka.sasl.*` and `kafka.oauth.*` as librdkafka properties.
+/// `kafka.security_protocol`, `kafka.tls.*`, `kafka.sasl.*`, `kafka.oauth.*` and `kafka.aws.*` as librdkafka
+/// properties.
 pub fn security(settings: &KafkaSettings, c: &mut ClientConfig) -> Result<(), String> {
     let proto = settings.security_protocol;
     c.set("security.protocol", proto.as_str());
@@ -67,15 +68,10 @@ pub fn security(settings: &KafkaSettings, c: &mut ClientConfig) -> Result<(), St
     }
     if let (true, Some(mechanism)) = (proto.sasl(), settings.sasl.mechanism) {
         c.set("sasl.mechanism", mechanism.as_librdkafka());
-        if mechanism == SaslMechanism::OAuthBearer {
-            c.set("sasl.oauthbearer.config", crate::oauth::encode(&OAuthClient::from_settings(settings)?));
-        } else {
-            if let Some(u) = &settings.sasl.username {
-                c.set("sasl.username", u);
-            }
-            if let Some(password) = settings.sasl_password()? {
-                c.set("sasl.password", password.expose());
-            }
+        if let Some(source) = TokenSource::from_settings(settings)? {
+            c.set("sasl.oauthbearer.config", source.encode());
+        } else if let Some((username, password)) = settings.sasl_credentials()? {
+            c.set("sasl.username", username).set("sasl.password", password.expose());
         }
     }
     Ok(())

@@ -2,9 +2,11 @@
 //! names and the retry-tier ladder, per-partition offset watermarks, compacted-table readers, producing with
 //! acknowledgement, and the embedded mock broker for dev mode and tests.
 
+pub mod aws;
 pub mod budget;
 pub mod client;
 pub mod dead_letters;
+pub mod event_record;
 pub mod held;
 mod listing;
 pub mod mock;

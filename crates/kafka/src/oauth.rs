@@ -200,14 +200,13 @@ pub(crate) fn prime<C: rdkafka::ClientContext>(
     settings: &KafkaSettings,
 ) -> rdkafka::error::KafkaResult<()> {
     use rdkafka::error::KafkaError;
-    if !(settings.security_protocol.sasl() && settings.sasl.mechanism == Some(crate::settings::SaslMechanism::OAuthBearer)) {
+    let Some(source) = TokenSource::from_settings(settings).map_err(KafkaError::ClientCreation)? else {
         return Ok(());
-    }
-    let oauth = OAuthClient::from_settings(settings).map_err(KafkaError::ClientCreation)?;
-    let token = oauth.fetch_blocking().map_err(|e| KafkaError::ClientCreation(e.to_string()))?;
+    };
+    let token = source.token().map_err(|e| KafkaError::ClientCreation(e.to_string()))?;
     let nul = |_| KafkaError::ClientCreation("the OAuth token holds a NUL byte".into());
-    let value = std::ffi::CString::new(token.access_token.expose()).map_err(nul)?;
-    let principal = std::ffi::CString::new(token.principal).map_err(nul)?;
+    let value = std::ffi::CString::new(token.token).map_err(nul)?;
+    let principal = std::ffi::CString::new(token.principal_name).map_err(nul)?;
     let mut errstr = [0 as std::ffi::c_char; 512];
     // SAFETY: the client handle lives as long as the borrow; librdkafka copies both strings before returning and
     // writes at most `errstr.len()` bytes, NUL-terminated, into `errstr`; no extensions are passed.
@@ -215,7 +214,7 @@ pub(crate) fn prime<C: rdkafka::ClientContext>(
         rdkafka::bindings::rd_kafka_oauthbearer_set_token(
             client.native_ptr(),
             value.as_ptr(),
-            token.expires_at_ms,
+            token.lifetime_ms,
             principal.as_ptr(),
             std::ptr::null_mut(),
             0,
@@ -231,26 +230,64 @@ pub(crate) fn prime<C: rdkafka::ClientContext>(
     Ok(())
 }
 
-/// The `sasl.oauthbearer.config` value that carries `client` to the contexts.
-pub(crate) fn encode(client: &OAuthClient) -> String {
-    serde_json::to_string(client).expect("plain strings serialise")
+/// Where the OAUTHBEARER tokens come from, carried to every client context in `sasl.oauthbearer.config` as JSON
+/// (librdkafka hands that property to the hook unchanged, so no context needs the settings passed in).
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(untagged)]
+pub enum TokenSource {
+    /// `kafka.sasl.mechanism = "aws_msk_iam"`: `{"aws_msk_iam": {"region": ...}}`.
+    AwsMskIam { aws_msk_iam: crate::aws::MskIamClient },
+    /// `kafka.sasl.mechanism = "oauthbearer"`: the OIDC client, as is.
+    Oidc(OAuthClient),
+}
+
+impl TokenSource {
+    /// The source `settings` name; None when they use no OAUTHBEARER tokens.
+    pub fn from_settings(settings: &KafkaSettings) -> Result<Option<Self>, String> {
+        use crate::settings::SaslMechanism;
+        if !settings.security_protocol.sasl() {
+            return Ok(None);
+        }
+        match settings.sasl.mechanism {
+            Some(SaslMechanism::OAuthBearer) => Ok(Some(Self::Oidc(OAuthClient::from_settings(settings)?))),
+            Some(SaslMechanism::AwsMskIam) => Ok(Some(Self::AwsMskIam { aws_msk_iam: crate::aws::MskIamClient::from_settings(settings)? })),
+            _ => Ok(None),
+        }
+    }
+
+    /// The `sasl.oauthbearer.config` value.
+    pub(crate) fn encode(&self) -> String {
+        serde_json::to_string(self).expect("plain strings serialise")
+    }
+
+    /// A token now (blocking: librdkafka's hook is synchronous).
+    fn token(&self) -> Result<OAuthToken, Box<dyn std::error::Error>> {
+        match self {
+            Self::Oidc(client) => {
+                let t = client.fetch_blocking()?;
+                tracing::debug!(principal = %t.principal, expires_at_ms = t.expires_at_ms, "OAuth token fetched");
+                Ok(OAuthToken { token: t.access_token.expose().to_owned(), principal_name: t.principal, lifetime_ms: t.expires_at_ms })
+            }
+            Self::AwsMskIam { aws_msk_iam } => {
+                let t = aws_msk_iam.token_blocking()?;
+                tracing::debug!(principal = %t.principal, expires_at_ms = t.expires_at_ms, "MSK IAM token signed");
+                Ok(OAuthToken { token: t.token.expose().to_owned(), principal_name: t.principal, lifetime_ms: t.expires_at_ms })
+            }
+        }
+    }
 }
 
 /// What every hookline client context's `generate_oauth_token` does.
 pub fn generate(oauthbearer_config: Option<&str>) -> Result<OAuthToken, Box<dyn std::error::Error>> {
-    let config = oauthbearer_config.ok_or("no OAuth settings (kafka.oauth.*) reached the client")?;
-    let client: OAuthClient = serde_json::from_str(config).map_err(|e| format!("unreadable OAuth settings: {e}"))?;
-    match client.fetch_blocking() {
-        Ok(t) => {
-            tracing::debug!(principal = %t.principal, expires_at_ms = t.expires_at_ms, "OAuth token fetched");
-            Ok(OAuthToken { token: t.access_token.expose().to_owned(), principal_name: t.principal, lifetime_ms: t.expires_at_ms })
+    let config = oauthbearer_config.ok_or("no OAUTHBEARER settings (kafka.oauth.* or kafka.aws.*) reached the client")?;
+    let source: TokenSource = serde_json::from_str(config).map_err(|e| format!("unreadable OAUTHBEARER settings: {e}"))?;
+    source.token().inspect_err(|e| {
+        metrics::counter!("hookline_kafka_oauth_token_errors_total").increment(1);
+        match source {
+            TokenSource::Oidc(_) => tracing::error!(error = %e, "fetching an OAuth token for Kafka failed"),
+            TokenSource::AwsMskIam { .. } => tracing::error!(error = %e, "making an MSK IAM token for Kafka failed"),
         }
-        Err(e) => {
-            metrics::counter!("hookline_kafka_oauth_token_errors_total").increment(1);
-            tracing::error!(error = %e, "fetching an OAuth token for Kafka failed");
-            Err(Box::new(e))
-        }
-    }
+    })
 }
 
 #[cfg(test)]

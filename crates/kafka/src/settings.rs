@@ -26,6 +26,8 @@ pub struct KafkaSettings {
     pub sasl: SaslSettings,
     /// OAUTHBEARER tokens from an OIDC provider (client credentials), with `sasl.mechanism = "oauthbearer"`.
     pub oauth: OAuthSettings,
+    /// Amazon MSK IAM authentication, with `sasl.mechanism = "aws_msk_iam"`.
+    pub aws: AwsSettings,
     /// Passed to librdkafka as is (tuning): `"socket.keepalive.enable" = "true"`. hookline's own safety settings
     /// (acks, idempotence, partitioner, offset storing) and what the keys above set cannot be given here.
     pub properties: BTreeMap<String, String>,
@@ -89,6 +91,7 @@ impl Default for KafkaSettings {
             tls: TlsSettings::default(),
             sasl: SaslSettings::default(),
             oauth: OAuthSettings::default(),
+            aws: AwsSettings::default(),
             properties: BTreeMap::new(),
             delivery_timeout_ms: 120_000,
             linger_ms: 5,
@@ -152,6 +155,8 @@ impl SecurityProtocol {
 }
 
 /// `sasl.mechanism`. GSSAPI (Kerberos) is not built in.
+///
+/// `aws_msk_iam` is Amazon MSK's IAM authentication: SASL/OAUTHBEARER with a SigV4-signed token (`crate::aws`).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
 pub enum SaslMechanism {
     #[serde(rename = "plain")]
@@ -162,6 +167,8 @@ pub enum SaslMechanism {
     ScramSha512,
     #[serde(rename = "oauthbearer")]
     OAuthBearer,
+    #[serde(rename = "aws_msk_iam", alias = "aws-msk-iam")]
+    AwsMskIam,
 }
 
 impl SaslMechanism {
@@ -171,7 +178,18 @@ impl SaslMechanism {
             Self::Plain => "PLAIN",
             Self::ScramSha256 => "SCRAM-SHA-256",
             Self::ScramSha512 => "SCRAM-SHA-512",
-            Self::OAuthBearer => "OAUTHBEARER",
+            Self::OAuthBearer | Self::AwsMskIam => "OAUTHBEARER",
+        }
+    }
+
+    /// hookline's name, as in the config.
+    pub fn as_config(self) -> &'static str {
+        match self {
+            Self::Plain => "plain",
+            Self::ScramSha256 => "scram-sha-256",
+            Self::ScramSha512 => "scram-sha-512",
+            Self::OAuthBearer => "oauthbearer",
+            Self::AwsMskIam => "aws_msk_iam",
         }
     }
 }
@@ -205,7 +223,7 @@ impl Default for TlsSettings {
 #[derive(Debug, Clone, PartialEq, Default, Serialize, Deserialize)]
 #[serde(deny_unknown_fields, default)]
 pub struct SaslSettings {
-    /// `plain`, `scram-sha-256`, `scram-sha-512` or `oauthbearer`.
+    /// `plain`, `scram-sha-256`, `scram-sha-512`, `oauthbearer` or `aws_msk_iam`.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub mechanism: Option<SaslMechanism>,
     /// For `plain` and `scram-*`.
@@ -217,6 +235,21 @@ pub struct SaslSettings {
     /// The name of an environment variable holding the password (not the password).
     #[serde(skip_serializing_if = "Option::is_none")]
     pub password_env: Option<String>,
+    /// A file holding a JAAS line with the username and password, as a Strimzi KafkaUser's Secret has under
+    /// `sasl.jaas.config`: `org.apache.kafka.common.security.scram.ScramLoginModule required username="u"
+    /// password="p";` (or `PlainLoginModule`). Instead of `username` and a password. Read whenever a client is created.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub jaas_config_file: Option<PathBuf>,
+}
+
+#[derive(Debug, Clone, PartialEq, Default, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct AwsSettings {
+    /// The MSK cluster's region, e.g. `eu-west-1`: the token is signed for `kafka.REGION.amazonaws.com`.
+    /// Credentials come from the standard AWS chain (environment, web identity, container endpoint, instance
+    /// metadata), not from here.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub region: Option<String>,
 }
 
 #[derive(Debug, Clone, PartialEq, Default, Serialize, Deserialize)]
@@ -261,6 +294,7 @@ const SECURITY_PROPERTIES: &[(&str, &str)] = &[
     ("sasl.oauthbearer.token.endpoint.url", "kafka.oauth.token_endpoint"),
     ("sasl.oauthbearer.scope", "kafka.oauth.scope"),
     ("enable.sasl.oauthbearer.unsecure.jwt", "kafka.oauth.*"),
+    ("sasl.jaas.config", "kafka.sasl.jaas_config_file"),
 ];
 
 /// A file named by a key must be readable when the service starts, not at the first reconnect.
@@ -268,7 +302,84 @@ fn readable(key: &str, path: &Path) -> Result<(), String> {
     std::fs::File::open(path).map(drop).map_err(|e| format!("{key}: cannot read {}: {e}", path.display()))
 }
 
+/// Username and password from a JAAS line (`sasl.jaas.config`): `<LoginModule class> <flag> key="value" … ;`.
+/// Values are double-quoted (with `\"` and `\\` escapes) or bare words, as Kafka's own parser takes them.
+pub fn parse_jaas_config(text: &str) -> Result<(String, Secret), String> {
+    let text = text.trim();
+    let body = text.strip_suffix(';').ok_or("the line must end with ';'")?.trim_end();
+    let (module, rest) = body.split_once(char::is_whitespace).ok_or("no login module and flag")?;
+    if !matches!(
+        module,
+        "org.apache.kafka.common.security.scram.ScramLoginModule" | "org.apache.kafka.common.security.plain.PlainLoginModule"
+    ) {
+        return Err(format!("the login module {module:?} is neither ScramLoginModule nor PlainLoginModule"));
+    }
+    let rest = rest.trim_start();
+    let (flag, mut rest) = rest.split_once(char::is_whitespace).unwrap_or((rest, ""));
+    if !matches!(flag, "required" | "requisite" | "sufficient" | "optional") {
+        return Err(format!("expected a flag (required) after the login module, got {flag:?}"));
+    }
+    let (mut username, mut password) = (None, None);
+    loop {
+        rest = rest.trim_start();
+        if rest.is_empty() {
+            break;
+        }
+        // The text is not quoted in the message: it may hold the password.
+        let (key, after) = rest.split_once('=').ok_or("expected key=\"value\" options after the flag")?;
+        let key = key.trim();
+        let after = after.trim_start();
+        let value;
+        if let Some(quoted) = after.strip_prefix('"') {
+            let mut out = String::new();
+            let mut chars = quoted.char_indices();
+            let mut end = None;
+            while let Some((i, c)) = chars.next() {
+                match c {
+                    '\\' => out.push(chars.next().map(|(_, c)| c).ok_or("an unterminated quoted value")?),
+                    '"' => {
+                        end = Some(i + 1);
+                        break;
+                    }
+                    c => out.push(c),
+                }
+            }
+            let end = end.ok_or("an unterminated quoted value")?;
+            value = out;
+            rest = &quoted[end..];
+        } else {
+            let end = after.find(char::is_whitespace).unwrap_or(after.len());
+            value = after[..end].to_owned();
+            rest = &after[end..];
+        }
+        match key {
+            "username" => username = Some(value),
+            "password" => password = Some(value),
+            _ => {}
+        }
+    }
+    match (username.filter(|u| !u.is_empty()), password.filter(|p| !p.is_empty())) {
+        (Some(u), Some(p)) => Ok((u, Secret(p))),
+        (None, _) => Err("no username=\"…\" in it".into()),
+        (_, None) => Err("no password=\"…\" in it".into()),
+    }
+}
+
 impl KafkaSettings {
+    /// The SASL username and password (PLAIN, SCRAM): from `kafka.sasl.jaas_config_file`, or `kafka.sasl.username`
+    /// with `kafka.sasl.password_file` or `kafka.sasl.password_env`.
+    pub fn sasl_credentials(&self) -> Result<Option<(String, Secret)>, String> {
+        const KEY: &str = "kafka.sasl.jaas_config_file";
+        if let Some(path) = &self.sasl.jaas_config_file {
+            let text = std::fs::read_to_string(path).map_err(|e| format!("{KEY}: cannot read {}: {e}", path.display()))?;
+            return parse_jaas_config(&text).map(Some).map_err(|e| format!("{KEY}: {}: {e}", path.display()));
+        }
+        match (&self.sasl.username, self.sasl_password()?) {
+            (Some(u), Some(p)) => Ok(Some((u.clone(), p))),
+            _ => Ok(None),
+        }
+    }
+
     /// The SASL password, from `kafka.sasl.password_file` or the variable `kafka.sasl.password_env` names.
     pub fn sasl_password(&self) -> Result<Option<Secret>, String> {
         if let Some(path) = &self.sasl.password_file {
@@ -322,14 +433,19 @@ impl KafkaSettings {
 
         let sasl = &self.sasl;
         let oauth = &self.oauth;
+        let password_given =
+            sasl.username.is_some() || sasl.password_file.is_some() || sasl.password_env.is_some() || sasl.jaas_config_file.is_some();
+        if sasl.mechanism != Some(SaslMechanism::AwsMskIam) && self.aws != AwsSettings::default() {
+            return Err("kafka.aws: set, but kafka.sasl.mechanism is not \"aws_msk_iam\"".into());
+        }
         let Some(mechanism) = sasl.mechanism else {
             if proto.sasl() {
                 return Err(format!(
-                    "kafka.sasl.mechanism: required with kafka.security_protocol = \"{}\" (plain, scram-sha-256, scram-sha-512 or oauthbearer)",
+                    "kafka.sasl.mechanism: required with kafka.security_protocol = \"{}\" (plain, scram-sha-256, scram-sha-512, oauthbearer or aws_msk_iam)",
                     proto.as_str()
                 ));
             }
-            if sasl.username.is_some() || sasl.password_file.is_some() || sasl.password_env.is_some() {
+            if password_given {
                 return Err("kafka.sasl.mechanism: kafka.sasl.username or a password is set, but no mechanism".into());
             }
             if *oauth != OAuthSettings::default() {
@@ -344,7 +460,7 @@ impl KafkaSettings {
             ));
         }
         if mechanism == SaslMechanism::OAuthBearer {
-            if sasl.username.is_some() || sasl.password_file.is_some() || sasl.password_env.is_some() {
+            if password_given {
                 return Err("kafka.sasl.username: not used with kafka.sasl.mechanism = \"oauthbearer\" (tokens come from kafka.oauth.*); remove the username and password".into());
             }
             return crate::oauth::OAuthClient::from_settings(self).and_then(|c| c.check_secret());
@@ -352,9 +468,37 @@ impl KafkaSettings {
         if *oauth != OAuthSettings::default() {
             return Err("kafka.oauth: set, but kafka.sasl.mechanism is not \"oauthbearer\"".into());
         }
+        if mechanism == SaslMechanism::AwsMskIam {
+            if proto != SecurityProtocol::SaslSsl {
+                // MSK serves IAM on its TLS listener only (port 9098, or 9198 from outside the VPC).
+                return Err(format!(
+                    "kafka.security_protocol: \"{}\" with kafka.sasl.mechanism = \"aws_msk_iam\"; use \"sasl_ssl\"",
+                    proto.as_str()
+                ));
+            }
+            if password_given {
+                return Err("kafka.sasl.username: not used with kafka.sasl.mechanism = \"aws_msk_iam\" (credentials come from the AWS chain); remove the username and password".into());
+            }
+            return crate::aws::MskIamClient::from_settings(self).map(drop);
+        }
+        if let Some(path) = &sasl.jaas_config_file {
+            for (key, set) in [
+                ("kafka.sasl.username", sasl.username.is_some()),
+                ("kafka.sasl.password_file", sasl.password_file.is_some()),
+                ("kafka.sasl.password_env", sasl.password_env.is_some()),
+            ] {
+                if set {
+                    return Err(format!(
+                        "kafka.sasl.jaas_config_file: set together with {key}; the JAAS line has the username and password, keep one or the other"
+                    ));
+                }
+            }
+            readable("kafka.sasl.jaas_config_file", path)?;
+            return self.sasl_credentials().map(drop);
+        }
         if sasl.username.as_deref().is_none_or(|u| u.trim().is_empty()) {
             return Err(format!(
-                "kafka.sasl.username: required with kafka.sasl.mechanism = \"{}\"",
+                "kafka.sasl.username: required (or kafka.sasl.jaas_config_file) with kafka.sasl.mechanism = \"{}\"",
                 mechanism.as_librdkafka().to_ascii_lowercase()
             ));
         }
@@ -423,6 +567,7 @@ impl std::fmt::Debug for KafkaSettings {
             .field("tls", &self.tls)
             .field("sasl", &self.sasl)
             .field("oauth", &self.oauth)
+            .field("aws", &self.aws)
             .field("properties", &properties)
             .field("delivery_timeout_ms", &self.delivery_timeout_ms)
             .field("linger_ms", &self.linger_ms)
@@ -768,6 +913,135 @@ mod tests {
         let mut s = base();
         s.sasl.username = Some("u".into());
         assert!(invalid(&s).starts_with("kafka.sasl.username: not used with kafka.sasl.mechanism = \"oauthbearer\""), "{}", invalid(&s));
+    }
+
+    fn msk_iam() -> KafkaSettings {
+        let mut s = KafkaSettings { security_protocol: SecurityProtocol::SaslSsl, ..Default::default() };
+        s.sasl.mechanism = Some(SaslMechanism::AwsMskIam);
+        s.aws.region = Some("eu-west-1".into());
+        s
+    }
+
+    #[test]
+    fn aws_msk_iam_is_oauthbearer_carrying_the_region_to_the_token_hook() {
+        let s = parse("security_protocol = \"sasl_ssl\"\n[sasl]\nmechanism = \"aws_msk_iam\"\n[aws]\nregion = \"eu-west-1\"\n");
+        assert_eq!(s, msk_iam());
+        s.validate().unwrap();
+        let c = group_consumer_config(&s, "g", "c").unwrap();
+        assert_eq!(c.get("sasl.mechanism"), Some("OAUTHBEARER"));
+        assert_eq!(c.get("sasl.oauthbearer.config"), Some(r#"{"aws_msk_iam":{"region":"eu-west-1"}}"#));
+        assert_eq!((c.get("sasl.username"), c.get("sasl.password")), (None, None));
+        assert_eq!(toml::from_str::<SaslSettings>("mechanism = \"aws-msk-iam\"").unwrap().mechanism, Some(SaslMechanism::AwsMskIam));
+        assert!(toml::from_str::<KafkaSettings>("[aws]\nregion = \"eu-west-1\"\nrole_arn = \"x\"").is_err(), "unknown keys are refused");
+    }
+
+    #[test]
+    fn aws_msk_iam_settings_are_checked_naming_the_key() {
+        let mut s = msk_iam();
+        s.aws.region = None;
+        assert!(invalid(&s).starts_with("kafka.aws.region: required with kafka.sasl.mechanism = \"aws_msk_iam\""), "{}", invalid(&s));
+        for bad in ["EU-WEST-1", "eu-west-1.example.com", "eu west 1", "-eu", "eu-west-"] {
+            s.aws.region = Some(bad.into());
+            assert!(
+                invalid(&s).starts_with("kafka.aws.region: ") && invalid(&s).contains("is not an AWS region name"),
+                "{bad}: {}",
+                invalid(&s)
+            );
+        }
+        let mut s = msk_iam();
+        s.security_protocol = SecurityProtocol::SaslPlaintext;
+        assert_eq!(
+            invalid(&s),
+            "kafka.security_protocol: \"sasl_plaintext\" with kafka.sasl.mechanism = \"aws_msk_iam\"; use \"sasl_ssl\""
+        );
+        let mut s = msk_iam();
+        s.sasl.username = Some("u".into());
+        assert!(invalid(&s).starts_with("kafka.sasl.username: not used with kafka.sasl.mechanism = \"aws_msk_iam\""), "{}", invalid(&s));
+        let mut s = msk_iam();
+        s.oauth.client_id = Some("x".into());
+        assert!(invalid(&s).starts_with("kafka.oauth: set, but kafka.sasl.mechanism is not \"oauthbearer\""), "{}", invalid(&s));
+        let mut s = scram();
+        s.aws.region = Some("eu-west-1".into());
+        assert_eq!(invalid(&s), "kafka.aws: set, but kafka.sasl.mechanism is not \"aws_msk_iam\"");
+    }
+
+    const STRIMZI_JAAS: &str =
+        "org.apache.kafka.common.security.scram.ScramLoginModule required username=\"hookline-kafka\" password=\"Zx9/q+w=\\\"k\";";
+
+    #[test]
+    fn a_strimzi_jaas_config_gives_the_username_and_password() {
+        let mut s = scram();
+        s.sasl.username = None;
+        s.sasl.password_file = None;
+        s.sasl.jaas_config_file = Some(file("sasl.jaas.config", STRIMZI_JAAS));
+        s.validate().unwrap();
+        let c = group_consumer_config(&s, "g", "c").unwrap();
+        assert_eq!(c.get("sasl.username"), Some("hookline-kafka"));
+        assert_eq!(c.get("sasl.password"), Some("Zx9/q+w=\"k"));
+        assert!(!format!("{s:?}").contains("Zx9"), "the file's contents are not in a dump");
+
+        // Kafka's parser takes bare values, other flags and PLAIN's module too; other options are ignored.
+        let (u, p) = parse_jaas_config(
+            "org.apache.kafka.common.security.plain.PlainLoginModule optional\n  serviceName=kafka username=svc password=\"a b\";\n",
+        )
+        .unwrap();
+        assert_eq!((u.as_str(), p.expose()), ("svc", "a b"));
+    }
+
+    #[test]
+    fn a_bad_or_conflicting_jaas_config_is_refused_naming_the_key() {
+        let jaas = |text: &str| {
+            let mut s = scram();
+            s.sasl.username = None;
+            s.sasl.password_file = None;
+            s.sasl.jaas_config_file = Some(file("jaas", text));
+            invalid(&s)
+        };
+        for (text, why) in [
+            ("org.apache.kafka.common.security.scram.ScramLoginModule required username=\"u\" password=\"p\"", "must end with ';'"),
+            (
+                "com.sun.security.auth.module.Krb5LoginModule required username=\"u\" password=\"p\";",
+                "neither ScramLoginModule nor PlainLoginModule",
+            ),
+            ("org.apache.kafka.common.security.scram.ScramLoginModule username=\"u\" password=\"p\";", "expected a flag (required)"),
+            ("org.apache.kafka.common.security.scram.ScramLoginModule required password=\"p\";", "no username"),
+            ("org.apache.kafka.common.security.scram.ScramLoginModule required username=\"u\";", "no password"),
+            (
+                "org.apache.kafka.common.security.scram.ScramLoginModule required username=\"u\" password=\"secret-unterminated;",
+                "unterminated",
+            ),
+            ("s3cret-password-only\n", "must end with ';'"),
+        ] {
+            let e = jaas(text);
+            assert!(e.starts_with("kafka.sasl.jaas_config_file: ") && e.contains(why), "{text}: {e}");
+            assert!(!e.contains("secret-unterminated") && !e.contains("s3cret"), "no secret in the message: {e}");
+        }
+        for (key, set) in [
+            ("kafka.sasl.username", &(|s: &mut KafkaSettings| s.sasl.username = Some("u".into())) as &dyn Fn(&mut KafkaSettings)),
+            ("kafka.sasl.password_file", &|s: &mut KafkaSettings| s.sasl.password_file = Some(file("pw", "p"))),
+            ("kafka.sasl.password_env", &|s: &mut KafkaSettings| s.sasl.password_env = Some("PW".into())),
+        ] {
+            let mut s = scram();
+            s.sasl.username = None;
+            s.sasl.password_file = None;
+            s.sasl.jaas_config_file = Some(file("jaas", STRIMZI_JAAS));
+            set(&mut s);
+            assert!(invalid(&s).starts_with(&format!("kafka.sasl.jaas_config_file: set together with {key}")), "{}", invalid(&s));
+        }
+        let mut s = scram();
+        s.sasl.username = None;
+        s.sasl.password_file = None;
+        s.sasl.jaas_config_file = Some(PathBuf::from("/nonexistent/jaas"));
+        assert!(invalid(&s).starts_with("kafka.sasl.jaas_config_file: cannot read /nonexistent/jaas"), "{}", invalid(&s));
+        s.sasl.mechanism = Some(SaslMechanism::OAuthBearer);
+        assert!(invalid(&s).starts_with("kafka.sasl.username: not used with kafka.sasl.mechanism = \"oauthbearer\""), "{}", invalid(&s));
+        let mut s = KafkaSettings::default();
+        s.properties.insert("sasl.jaas.config".into(), "x".into());
+        assert!(
+            invalid(&s).starts_with("kafka.properties.sasl.jaas.config: not accepted here; use kafka.sasl.jaas_config_file"),
+            "{}",
+            invalid(&s)
+        );
     }
 
     #[test]

@@ -54,7 +54,7 @@ pub fn describe_security_failure(error: &KafkaError, reason: &str) -> Option<Str
              kafka.tls.cert_file/key_file if the broker requires a client certificate): {reason}"
         )),
         C::Authentication | C::SaslAuthenticationFailed => {
-            Some(format!("SASL authentication with the broker failed (check kafka.sasl.* or kafka.oauth.*): {reason}"))
+            Some(format!("SASL authentication with the broker failed (check kafka.sasl.*, kafka.oauth.* or kafka.aws.*): {reason}"))
         }
         _ => None,
     }

@@ -222,6 +222,6 @@ async fn a_refused_token_fails_a_table_reader_fast_and_says_why() {
         Err(e) => e.to_string(),
     };
     assert!(started.elapsed() < Duration::from_secs(8), "took {:?}", started.elapsed());
-    assert!(e.contains("SASL authentication with the broker failed (check kafka.sasl.* or kafka.oauth.*)"), "{e}");
+    assert!(e.contains("SASL authentication with the broker failed (check kafka.sasl.*, kafka.oauth.* or kafka.aws.*)"), "{e}");
     assert!(e.contains("invalid_client"), "{e}");
 }

@@ -285,15 +285,16 @@ fn add(batch: &mut Batch, source: Source, m: &BorrowedMessage<'_>, ts: i64) {
             Err(_) => metrics::counter!("hookline_log_indexed_total", "kind" => "skipped").increment(1),
         }
     } else {
-        match decode_event(payload) {
-            Some(mut ev) => {
+        match hookline_kafka::event_record::decode(m, usize::MAX) {
+            Ok(hookline_core::event_decode::Decoded::Event(mut ev)) => {
                 if ev.accepted_at_ms == 0 {
                     ev.accepted_at_ms = ts;
                 }
                 batch.events.push((ev, ts));
             }
-            // Ingest dead-letters what it cannot decode; the log has nothing to keep of it.
-            None => metrics::counter!("hookline_log_indexed_total", "kind" => "skipped").increment(1),
+            // Ingest dead-letters what it cannot decode, and ignores a CloudEvent without data; the log has
+            // nothing to keep of either.
+            _ => metrics::counter!("hookline_log_indexed_total", "kind" => "skipped").increment(1),
         }
     }
 }

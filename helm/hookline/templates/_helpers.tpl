@@ -68,7 +68,11 @@ key_file = "/var/run/hookline/kafka-tls/tls.key"
 
 [kafka.sasl]
 mechanism = {{ $k.sasl.mechanism | quote }}
-{{- if eq $k.sasl.mechanism "oauthbearer" }}
+{{- if eq $k.sasl.mechanism "aws_msk_iam" }}
+
+[kafka.aws]
+region = {{ $k.aws.region | quote }}
+{{- else if eq $k.sasl.mechanism "oauthbearer" }}
 
 [kafka.oauth]
 token_endpoint = {{ $k.oauth.tokenEndpoint | quote }}
@@ -77,6 +81,8 @@ client_secret_file = "/var/run/hookline/secrets/kafka-oauth-client-secret"
 {{- with $k.oauth.scope }}
 scope = {{ . | quote }}
 {{- end }}
+{{- else if $k.sasl.jaasConfigSecret.name }}
+jaas_config_file = "/var/run/hookline/kafka-sasl/sasl.jaas.config"
 {{- else }}
 username = {{ $k.sasl.username | quote }}
 {{- if $k.sasl.passwordSecret.name }}
@@ -174,10 +180,11 @@ blocked_hostnames = {{ .Values.egress.blockedHostnames | toJson }}
 {{- if and (has (.root.Values.kafka.securityProtocol | default "plaintext") (list "ssl" "sasl_ssl")) (or $t.ca.secretName $t.clientCert.secretName) -}}true{{- end -}}
 {{- end -}}
 
-{{/* Whether the SASL password comes from an existing Secret of its own (a Strimzi KafkaUser's): (dict "root" $) */}}
+{{/* Whether the SASL password or JAAS line comes from an existing Secret of its own (a Strimzi KafkaUser's):
+(dict "root" $) */}}
 {{- define "hookline.kafkaSaslSecret" -}}
 {{- $k := .root.Values.kafka -}}
-{{- if and (has ($k.securityProtocol | default "plaintext") (list "sasl_plaintext" "sasl_ssl")) (ne $k.sasl.mechanism "oauthbearer") $k.sasl.passwordSecret.name -}}true{{- end -}}
+{{- if and (has ($k.securityProtocol | default "plaintext") (list "sasl_plaintext" "sasl_ssl")) (not (has $k.sasl.mechanism (list "oauthbearer" "aws_msk_iam"))) (or $k.sasl.passwordSecret.name $k.sasl.jaasConfigSecret.name) -}}true{{- end -}}
 {{- end -}}
 
 {{/* Kafka credentials as files (volumeMounts / volumes of every hookline pod): (dict "root" $) */}}
@@ -225,11 +232,22 @@ blocked_hostnames = {{ .Values.egress.blockedHostnames | toJson }}
       {{- end }}
 {{- end }}
 {{- if include "hookline.kafkaSaslSecret" . }}
+{{- with .root.Values.kafka.sasl.jaasConfigSecret }}
+{{- if .name }}
+- name: kafka-sasl
+  secret:
+    secretName: {{ .name }}
+    items:
+      - {key: {{ .key | quote }}, path: sasl.jaas.config}
+{{- end }}
+{{- end }}
+{{- if not .root.Values.kafka.sasl.jaasConfigSecret.name }}
 - name: kafka-sasl
   secret:
     secretName: {{ .root.Values.kafka.sasl.passwordSecret.name }}
     items:
       - {key: {{ .root.Values.kafka.sasl.passwordSecret.key | quote }}, path: password}
+{{- end }}
 {{- end }}
 {{- end -}}
 
@@ -267,6 +285,9 @@ spec:
         checksum/config: {{ include "hookline.configToml" $root | sha256sum }}
     spec:
       automountServiceAccountToken: false
+      {{- with $root.Values.serviceAccountName }}
+      serviceAccountName: {{ . }}
+      {{- end }}
       terminationGracePeriodSeconds: {{ int .v.terminationGracePeriodSeconds }}
       {{- with $root.Values.imagePullSecrets }}
       imagePullSecrets:
@@ -426,7 +447,8 @@ secret. Then it runs after install (the services wait for their topics meanwhile
 {{- define "hookline.topicsJobHook" -}}
 {{- $k := .Values.kafka -}}
 {{- $sasl := has ($k.securityProtocol | default "plaintext") (list "sasl_plaintext" "sasl_ssl") -}}
-{{- $fromChartSecret := and $sasl (not .Values.secrets.existingSecret) (or (eq $k.sasl.mechanism "oauthbearer") (not $k.sasl.passwordSecret.name)) -}}
+{{- $ownSecret := or $k.sasl.passwordSecret.name $k.sasl.jaasConfigSecret.name -}}
+{{- $fromChartSecret := and $sasl (not .Values.secrets.existingSecret) (ne $k.sasl.mechanism "aws_msk_iam") (or (eq $k.sasl.mechanism "oauthbearer") (not $ownSecret)) -}}
 {{- if or .Values.strimzi.user.enabled $fromChartSecret -}}post-install,pre-upgrade{{- else -}}pre-install,pre-upgrade{{- end -}}
 {{- end -}}
 

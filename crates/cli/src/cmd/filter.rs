@@ -87,6 +87,14 @@ fn test(args: TestArgs) -> anyhow::Result<ExitCode> {
             Some(_) => bail!("--event: `{key}` must be a string"),
         }
     };
+    // CloudEvents extension attributes, as `{"extensions": {"region": "eu"}}`.
+    let extensions: Option<std::collections::HashMap<String, String>> = match obj.get("extensions") {
+        None | Some(Value::Null) => None,
+        Some(Value::Object(m)) => {
+            Some(m.iter().map(|(k, v)| (k.clone(), v.as_str().map_or_else(|| v.to_string(), str::to_owned))).collect())
+        }
+        Some(_) => bail!("--event: `extensions` must be an object such as {{\"region\":\"eu\"}}"),
+    };
     let data = match obj.get("data") {
         None | Some(Value::Null) => Data::Absent,
         Some(v) => Data::Json(v.clone()),
@@ -96,6 +104,9 @@ fn test(args: TestArgs) -> anyhow::Result<ExitCode> {
         event_type: string("type")?,
         tenant: string("tenant")?,
         entity_id: string("entity_id")?,
+        source: string("source")?,
+        subject: string("subject")?,
+        extensions: extensions.as_ref(),
         data: &data,
     };
     let why = filter.explain(&fields);
