@@ -202,7 +202,11 @@ async fn verification_holds_deliveries_until_the_endpoint_echoes_the_challenge()
     // `inactive = "cancel"`: a pending endpoint's deliveries are held all the same (they wait for it).
     let toml = quick_policy(&[0.2], |pol| {
         pol.inactive = hookline_core::policy::InactiveAction::Cancel;
-        pol.verification = Some(hookline_core::policy::Verification { timeout_ms: 3000 });
+        pol.verification = Some(hookline_core::policy::Verification {
+            method: hookline_core::policy::VerificationMethod::Challenge,
+            timeout_ms: 3000,
+            origin: None,
+        });
     });
     v.answers.lock().unwrap().insert("ep".into(), Answer::Ignore);
     let (id, secret) =

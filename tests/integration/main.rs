@@ -5,6 +5,7 @@ mod apache_kafka;
 mod api;
 mod breaker;
 mod cloudevents;
+mod cloudevents_out;
 mod concurrency;
 mod credentials;
 mod dead_letters;

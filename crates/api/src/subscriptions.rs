@@ -737,6 +737,8 @@ pub(super) fn view(s: &ApiState, e: &SubscriptionEntry) -> Value {
         "verification": hookline_core::vocabulary::verification_state(sub.verification),
         "verification_error": (!sub.verification_error.is_empty()).then_some(&sub.verification_error),
         "verified_at_ms": (sub.verified_at_ms > 0).then_some(sub.verified_at_ms),
+        // What a CloudEvents handshake's `WebHook-Allowed-Rate` granted (null: no limit, none stated, no handshake).
+        "verification_allowed_rate_per_min": (sub.verification_allowed_rate_per_min > 0).then_some(sub.verification_allowed_rate_per_min),
         "filter": match &e.filter {
             Ok(Some(f)) => f.to_json(),
             _ => Value::Null,

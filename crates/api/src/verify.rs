@@ -1,7 +1,8 @@
-//! The endpoint verification challenge, sent by the API (the only writer of subscriptions) when a subscription
-//! whose policy has `[verification]` is created, changes its URL, or is asked to (`POST /v1/subscriptions/{id}/verify`).
-//! The request goes through the dispatcher's egress-guarded sender: the same guard, connector and deadline as a
-//! delivery. The decision (token, body, what counts as an echo) is `hookline_core::verification`.
+//! Endpoint verification, sent by the API (the only writer of subscriptions) when a subscription whose policy has
+//! `[verification]` is created, changes its URL, or is asked to (`POST /v1/subscriptions/{id}/verify`): the echo
+//! challenge, or the CloudEvents validation handshake. The request goes through the dispatcher's egress-guarded
+//! sender: the same guard, connector and deadline as a delivery. The decision (token, body, what counts as an echo
+//! or a grant) is `hookline_core::verification`.
 
 use std::sync::Arc;
 
@@ -11,9 +12,9 @@ use axum::Extension;
 use axum::Json;
 use bytes::Bytes;
 use hookline_core::model::{Subscription, VerificationState};
-use hookline_core::policy::Policy;
+use hookline_core::policy::{Policy, VerificationMethod};
 use hookline_core::request::{self, HeaderContext};
-use hookline_core::verification::{self, ChallengeFailure};
+use hookline_core::verification::{self, handshake, AllowedRate, ChallengeFailure};
 use hookline_core::Outcome;
 use hookline_kafka::state::SubscriptionEntry;
 use serde_json::Value;
@@ -45,15 +46,44 @@ pub fn needs_challenge(sub: &mut Subscription, before: Option<&Subscription>, po
     }
 }
 
-/// Sends the challenge and records its result on `sub`: `verified`, or `pending_verification` with the reason.
+/// Sends the challenge (or the CloudEvents validation handshake) and records its result on `sub`: `verified`, or
+/// `pending_verification` with the reason.
 pub async fn challenge(s: &ApiState, sub: &mut Subscription, policy: &Policy) {
     let Some(rule) = &policy.verification else { return };
     let now = crate::now_ms();
+    // Prepared like the dispatcher's entry: the same secrets, custom headers and egress route.
+    let entry = SubscriptionEntry::new(sub.clone());
+    let mut bounded = policy.clone();
+    bounded.attempt.timeout_ms = rule.timeout_ms;
+    let result = match (rule.method, rule.origin.as_deref()) {
+        (VerificationMethod::Challenge, _) => echo(s, sub, &entry, &bounded, now).await.map(|()| None),
+        (VerificationMethod::Cloudevents, Some(origin)) => cloudevents_handshake(s, sub, &entry, &bounded, origin).await.map(Some),
+        // Validation requires an origin with this method; a policy without one cannot pass.
+        (VerificationMethod::Cloudevents, None) => Err(ChallengeFailure::NotAnswered("verification.origin is not set".into())),
+    };
+    match result {
+        Ok(granted) => {
+            sub.verification = VerificationState::Verified as i32;
+            sub.verification_error.clear();
+            sub.verified_at_ms = now;
+            sub.verification_allowed_rate_per_min = granted.map_or(0, AllowedRate::per_min);
+            metrics::counter!("hookline_verification_challenges_total", "result" => "verified").increment(1);
+        }
+        Err(e) => {
+            sub.verification = VerificationState::Pending as i32;
+            sub.verification_error = e.to_string();
+            sub.verification_allowed_rate_per_min = 0;
+            metrics::counter!("hookline_verification_challenges_total", "result" => "failed").increment(1);
+            tracing::info!(subscription = %sub.id, reason = %sub.verification_error, "endpoint verification failed");
+        }
+    }
+}
+
+/// The echo challenge: a signed POST whose token the endpoint must send back.
+async fn echo(s: &ApiState, sub: &Subscription, entry: &SubscriptionEntry, policy: &Policy, now: i64) -> Result<(), ChallengeFailure> {
     let token = verification::token(&mut rand::rng());
     let id = verification::challenge_id(&token);
     let body = verification::body(&sub.id, &token, now);
-    // Prepared like the dispatcher's entry: the same secrets, custom headers and egress route.
-    let entry = SubscriptionEntry::new(sub.clone());
     let secrets = entry.signing_secrets(now);
     let ctx = HeaderContext {
         event_id: &id,
@@ -63,34 +93,45 @@ pub async fn challenge(s: &ApiState, sub: &mut Subscription, policy: &Policy) {
         attempt_number: 1,
         now_ms: now,
         secrets: &secrets,
+        event: None,
     };
-    let result = match request::headers(policy, &ctx, &body) {
-        Err(e) => Err(ChallengeFailure::NotAnswered(format!("cannot sign the challenge: {e}"))),
-        Ok(headers) => {
-            let mut bounded = policy.clone();
-            bounded.attempt.timeout_ms = rule.timeout_ms;
-            let answer =
-                s.challenger.sender.send_owned(&entry.egress_key, &bounded, &sub.url, headers, &entry.headers, Bytes::from(body)).await;
-            match answer.outcome {
-                Outcome::Http { status, .. } => verification::check_answer(status, &answer.response_excerpt, &token),
-                _ => Err(ChallengeFailure::NotAnswered(answer.reason)),
-            }
-        }
-    };
-    match result {
-        Ok(()) => {
-            sub.verification = VerificationState::Verified as i32;
-            sub.verification_error.clear();
-            sub.verified_at_ms = now;
-            metrics::counter!("hookline_verification_challenges_total", "result" => "verified").increment(1);
-        }
-        Err(e) => {
-            sub.verification = VerificationState::Pending as i32;
-            sub.verification_error = e.to_string();
-            metrics::counter!("hookline_verification_challenges_total", "result" => "failed").increment(1);
-            tracing::info!(subscription = %sub.id, reason = %sub.verification_error, "endpoint verification failed");
-        }
+    let headers =
+        request::headers(policy, &ctx, &body).map_err(|e| ChallengeFailure::NotAnswered(format!("cannot sign the challenge: {e}")))?;
+    let answer = s.challenger.sender.send_owned(&entry.egress_key, policy, &sub.url, headers, &entry.headers, Bytes::from(body)).await;
+    match answer.outcome {
+        Outcome::Http { status, .. } => verification::check_answer(status, &answer.response_excerpt, &token),
+        _ => Err(ChallengeFailure::NotAnswered(answer.reason)),
     }
+}
+
+/// The CloudEvents validation handshake: `OPTIONS` with the policy's origin, asking for the subscription's rate
+/// limit (requests a minute) when it has one. A grant below that rate passes: hookline does not slow down to it
+/// (the receiver's 429s then follow the policy's rules); it is kept on the subscription and logged.
+async fn cloudevents_handshake(
+    s: &ApiState,
+    sub: &Subscription,
+    entry: &SubscriptionEntry,
+    policy: &Policy,
+    origin: &str,
+) -> Result<AllowedRate, ChallengeFailure> {
+    let requested = hookline_core::rate_limit::effective(sub.rate_limit_per_s, sub.burst, policy).map(|l| l.per_s.saturating_mul(60));
+    let headers = verification::handshake_headers(origin, requested);
+    let answer = s.challenger.sender.send_options(&entry.egress_key, policy, &sub.url, headers, &entry.headers).await;
+    let Outcome::Http { status, .. } = answer.outcome else { return Err(ChallengeFailure::NotAnswered(answer.reason)) };
+    let first = |name: &str| {
+        answer.response_headers.iter().find(|h| h.name.eq_ignore_ascii_case(name)).map(|h| String::from_utf8_lossy(&h.value).into_owned())
+    };
+    let (allowed_origin, allowed_rate) = (first(handshake::ALLOWED_ORIGIN), first(handshake::ALLOWED_RATE));
+    let granted = verification::check_handshake(status, allowed_origin.as_deref(), allowed_rate.as_deref(), origin, requested)?;
+    if granted.is_below(requested) {
+        tracing::warn!(
+            subscription = %sub.id,
+            granted_per_min = granted.per_min(),
+            requested_per_min = requested.unwrap_or(0),
+            "the endpoint allows fewer requests a minute than the subscription's rate limit; it may answer 429 above its grant"
+        );
+    }
+    Ok(granted)
 }
 
 /// `POST /v1/subscriptions/{id}/verify`: sends a new challenge, whatever the current state, and answers with the

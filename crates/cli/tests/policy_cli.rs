@@ -292,3 +292,22 @@ fn policy_mistakes_are_answered_in_plain_words_with_a_suggestion() {
         "{err}"
     );
 }
+
+/// `check` names a CloudEvents shape, so a policy that changes what receivers get says so; a misspelt format is
+/// refused naming the ones there are.
+#[test]
+fn check_names_a_cloudevents_request_shape() {
+    let builtin = hookline_core::policy::builtin_source("standard").unwrap();
+    let doc = builtin.replace("[request]\n", "[request]\nformat = \"cloudevents_structured\"\n");
+    assert_ne!(doc, builtin, "the standard profile has a [request] table");
+    let path = scratch("ce.toml", &doc);
+    let o = hookline(&["policy", "check", path.to_str().unwrap()]);
+    assert!(o.status.success(), "{}", stderr(&o));
+    assert!(stdout(&o).contains("(policy \"standard\"; requests: CloudEvents, structured mode)"), "{}", stdout(&o));
+    let o = hookline(&["policy", "check", "standard"]);
+    assert_eq!(stdout(&o).trim(), "OK: standard (policy \"standard\")");
+    let path = scratch("ce-typo.toml", &builtin.replace("[request]\n", "[request]\nformat = \"cloudevent\"\n"));
+    let o = hookline(&["policy", "check", path.to_str().unwrap()]);
+    assert_eq!(o.status.code(), Some(1));
+    assert!(stderr(&o).contains("cloudevents_binary"), "{}", stderr(&o));
+}

@@ -39,8 +39,9 @@ pub struct HeaderError {
 }
 
 /// The headers an attempt under `policy` carries besides the custom ones, lower-cased: the signature headers of
-/// every scheme (a later policy change must not turn a custom header into a forged signature), and the policy's
-/// id/type/attempt/idempotency headers.
+/// every scheme (a later policy change must not turn a custom header into a forged signature), the policy's
+/// id/type/attempt/idempotency headers, `origin` after a CloudEvents handshake, and under a CloudEvents binary
+/// format every `ce-` header (`ce-*`: a static one would forge or duplicate the event's attributes).
 pub fn platform_header_names(policy: &Policy) -> Vec<String> {
     let mut v: Vec<String> = PLATFORM.iter().map(|s| (*s).to_owned()).collect();
     let all_schemes = [
@@ -57,7 +58,21 @@ pub fn platform_header_names(policy: &Policy) -> Vec<String> {
     let optional =
         [&shape.idempotency_key_header, &shape.event_id_header, &shape.event_type_header, &shape.webhook_id_header, &shape.attempt_header];
     v.extend(optional.into_iter().flatten().map(|s| s.to_ascii_lowercase()));
+    if policy.verification.as_ref().and_then(|ver| ver.cloudevents_origin()).is_some() {
+        v.push("origin".into());
+    }
+    if shape.format == crate::policy::RequestFormat::CloudeventsBinary {
+        v.push("ce-*".into());
+    }
     v
+}
+
+/// Whether `lower` (a lower-cased name) is one of `reserved`; an entry ending in `*` reserves a prefix.
+fn is_reserved(reserved: &[String], lower: &str) -> bool {
+    reserved.iter().any(|r| match r.strip_suffix('*') {
+        Some(prefix) => lower.starts_with(prefix),
+        None => r == lower,
+    })
 }
 
 /// An RFC 9110 token character.
@@ -79,7 +94,7 @@ fn check_one(name: &str, value: &str, reserved: &[String]) -> Result<(), String>
     if HOP_BY_HOP.contains(&lower.as_str()) {
         return Err(format!("{name} is a hop-by-hop header and cannot be set"));
     }
-    if reserved.contains(&lower) {
+    if is_reserved(reserved, &lower) {
         return Err(format!("{name} is set by hookline on every request (signature, ids, framing) and cannot be overridden"));
     }
     if value.len() > MAX_VALUE_BYTES {
@@ -196,6 +211,26 @@ mod tests {
         let e = validate(&h(&[("gauge-event-id", "x")]), &gauge).unwrap_err();
         assert!(e.message.contains("cannot be overridden"), "{e}");
         assert!(validate(&h(&[("gauge-event-id", "x")]), &standard()).is_ok());
+    }
+
+    /// Under CloudEvents binary mode a static `ce-` header would forge an attribute of every event; after a
+    /// CloudEvents handshake `Origin` is the granted origin.
+    #[test]
+    fn cloudevents_attribute_headers_and_the_granted_origin_are_reserved() {
+        let mut p = standard();
+        assert!(validate(&h(&[("ce-tenant", "acme"), ("Origin", "x")]), &p).is_ok(), "free under the envelope");
+        p.request.format = crate::policy::RequestFormat::CloudeventsBinary;
+        p.verification = Some(crate::policy::Verification {
+            method: crate::policy::VerificationMethod::Cloudevents,
+            timeout_ms: 1000,
+            origin: Some("hooks.example.com".into()),
+        });
+        for name in ["CE-Source", "ce-tenant", "Origin"] {
+            let e = validate(&h(&[(name, "x")]), &p).unwrap_err();
+            assert_eq!(e.name, name);
+            assert!(e.message.contains("set by hookline"), "{e}");
+        }
+        assert!(validate(&h(&[("x-ce-note", "ok")]), &p).is_ok());
     }
 
     #[test]

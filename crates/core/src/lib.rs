@@ -3,6 +3,7 @@
 
 pub mod breaker;
 pub mod cloudevents;
+pub mod cloudevents_out;
 pub mod concurrency;
 pub mod credential;
 pub mod custom_headers;

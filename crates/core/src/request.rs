@@ -10,8 +10,9 @@ use std::borrow::Cow;
 
 use bytes::Bytes;
 
+use crate::cloudevents_out;
 use crate::model::Event;
-use crate::policy::{BodyStyle, OversizeAction, Policy, SignatureScheme};
+use crate::policy::{BodyStyle, OversizeAction, Policy, RequestFormat, SignatureScheme};
 use crate::sign::{self, names, HeaderLookup, SignError};
 
 /// `hookline/<version>`.
@@ -26,10 +27,14 @@ pub enum BodyError {
     Oversize { size: u64, limit: u64 },
 }
 
-/// The JSON body of `event` for `policy`. Byte-for-byte the same for every attempt of a delivery.
+/// The body of `event` for `policy` (its `request.format`). Byte-for-byte the same for every attempt of a delivery.
 pub fn body(policy: &Policy, event: &Event) -> Result<Bytes, BodyError> {
     let shape = &policy.request;
-    let buf = envelope(shape.body_style, event);
+    let buf = match shape.format {
+        RequestFormat::Envelope => envelope(shape.body_style, event),
+        RequestFormat::CloudeventsBinary => cloudevents_out::binary_body(event),
+        RequestFormat::CloudeventsStructured => cloudevents_out::structured_body(shape.cloudevents_source.as_deref(), event),
+    };
     let limit = shape.body_limit_bytes;
     if buf.len() as u64 <= limit {
         return Ok(Bytes::from(buf));
@@ -85,7 +90,7 @@ fn is_json_ws(b: u8) -> bool {
     matches!(b, b' ' | b'\t' | b'\n' | b'\r')
 }
 
-fn trim_json_ws(s: &[u8]) -> &[u8] {
+pub(crate) fn trim_json_ws(s: &[u8]) -> &[u8] {
     let start = s.iter().position(|b| !is_json_ws(*b)).unwrap_or(s.len());
     let end = s.iter().rposition(|b| !is_json_ws(*b)).map_or(start, |i| i + 1);
     &s[start..end]
@@ -101,7 +106,7 @@ fn escaped_len(c: char) -> usize {
 }
 
 /// `s` as a quoted JSON string. Only what JSON requires is escaped; other characters stay UTF-8.
-fn write_json_str(out: &mut Vec<u8>, s: &str) {
+pub(crate) fn write_json_str(out: &mut Vec<u8>, s: &str) {
     const HEX: &[u8; 16] = b"0123456789abcdef";
     out.push(b'"');
     let bytes = s.as_bytes();
@@ -456,6 +461,9 @@ pub struct HeaderContext<'a> {
     pub now_ms: i64,
     /// Every signing secret in force, newest first; each adds a signature (rotation overlap).
     pub secrets: &'a [String],
+    /// The event carried, for what a CloudEvents format takes from it (`ce-*`, the data's content type); `None`
+    /// for a request that carries no event (the verification challenge).
+    pub event: Option<&'a Event>,
 }
 
 /// The headers of one attempt, in sending order. Names keep each scheme's documented capitalisation.
@@ -510,6 +518,8 @@ pub struct AttemptIds<'a> {
     pub attempt_number: u32,
     /// The attempt's wall clock: the signature timestamp, and which secrets are still in force.
     pub now_ms: i64,
+    /// The event carried (see [`HeaderContext::event`]).
+    pub event: Option<&'a Event>,
 }
 
 impl<'a> From<&HeaderContext<'a>> for AttemptIds<'a> {
@@ -520,6 +530,7 @@ impl<'a> From<&HeaderContext<'a>> for AttemptIds<'a> {
             delivery_id: c.delivery_id,
             attempt_number: c.attempt_number,
             now_ms: c.now_ms,
+            event: c.event,
         }
     }
 }
@@ -529,6 +540,8 @@ impl<'a> From<&HeaderContext<'a>> for AttemptIds<'a> {
 pub enum HeaderSource {
     /// The same for every attempt of the subscription: content type, user agent, the subscription's id.
     Fixed(Cow<'static, str>),
+    /// A CloudEvents format's `Content-Type`: the data's (binary mode) or the event format's (structured).
+    ContentType,
     EventId,
     EventType,
     DeliveryId,
@@ -552,6 +565,9 @@ pub enum HeaderSource {
 pub struct HeaderPlan {
     entries: Box<[(Cow<'static, str>, HeaderSource)]>,
     scheme: SignatureScheme,
+    format: RequestFormat,
+    /// `request.cloudevents_source`, for the `ce-source` of events that have none.
+    cloudevents_source: Option<Box<str>>,
     /// Newest first. Unsigned schemes keep none.
     secrets: Box<[PlannedSecret]>,
 }
@@ -583,7 +599,11 @@ impl HeaderPlan {
     fn build<'s>(policy: &Policy, subscription_id: &str, secrets: impl Iterator<Item = (&'s str, Option<i64>)>) -> Self {
         let shape = &policy.request;
         let mut entries: Vec<(Cow<'static, str>, HeaderSource)> = Vec::with_capacity(12);
-        entries.push((Cow::Borrowed("content-type"), HeaderSource::Fixed(Cow::Borrowed("application/json"))));
+        let content_type = match shape.format {
+            RequestFormat::Envelope => HeaderSource::Fixed(Cow::Borrowed("application/json")),
+            RequestFormat::CloudeventsBinary | RequestFormat::CloudeventsStructured => HeaderSource::ContentType,
+        };
+        entries.push((Cow::Borrowed("content-type"), content_type));
         entries.push((Cow::Borrowed("user-agent"), HeaderSource::Fixed(Cow::Borrowed(USER_AGENT))));
         match shape.signature {
             SignatureScheme::None => {}
@@ -612,11 +632,21 @@ impl HeaderPlan {
                 entries.push((Cow::Owned(name.clone()), source));
             }
         }
+        // The web hooks spec: once a validation handshake granted an origin, every delivery names it.
+        if let Some(origin) = policy.verification.as_ref().and_then(|v| v.cloudevents_origin()) {
+            entries.push((Cow::Borrowed("origin"), HeaderSource::Fixed(Cow::Owned(origin.to_owned()))));
+        }
         let secrets = match shape.signature {
             SignatureScheme::None => Vec::new(),
             scheme => secrets.map(|(value, until_ms)| PlannedSecret { until_ms, key: sign::SigningKey::new(scheme, value) }).collect(),
         };
-        Self { entries: entries.into_boxed_slice(), scheme: shape.signature, secrets: secrets.into_boxed_slice() }
+        Self {
+            entries: entries.into_boxed_slice(),
+            scheme: shape.signature,
+            format: shape.format,
+            cloudevents_source: shape.cloudevents_source.as_deref().map(Box::from),
+            secrets: secrets.into_boxed_slice(),
+        }
     }
 
     /// The headers in sending order: each name, and where its value comes from.
@@ -632,6 +662,7 @@ impl HeaderPlan {
         for (_, source) in self.entries.iter() {
             out.push(match source {
                 HeaderSource::Fixed(_) => continue,
+                HeaderSource::ContentType => cloudevents_out::content_type(self.format, ids.event).to_owned(),
                 HeaderSource::EventId => ids.event_id.to_owned(),
                 HeaderSource::EventType => ids.event_type.to_owned(),
                 HeaderSource::DeliveryId => ids.delivery_id.to_owned(),
@@ -647,10 +678,19 @@ impl HeaderPlan {
         Ok(out)
     }
 
-    /// The whole headers of one attempt, as [`headers`] returns them.
+    /// The headers that depend on the event beyond its id and type, after the entries: a binary-mode CloudEvent's
+    /// `ce-*` attributes (their number varies with its extensions). Empty for other formats and without an event.
+    pub fn event_headers(&self, ids: &AttemptIds<'_>) -> Vec<(Cow<'static, str>, String)> {
+        match (self.format, ids.event) {
+            (RequestFormat::CloudeventsBinary, Some(event)) => cloudevents_out::binary_headers(self.cloudevents_source.as_deref(), event),
+            _ => Vec::new(),
+        }
+    }
+
+    /// The whole headers of one attempt, as [`headers`] returns them: the entries, then [`HeaderPlan::event_headers`].
     pub fn headers(&self, ids: &AttemptIds<'_>, body: &[u8]) -> Result<AttemptHeaders, SignError> {
         let mut values = self.values(ids, body)?.into_iter();
-        let h = self
+        let mut h: Vec<(Cow<'static, str>, String)> = self
             .entries
             .iter()
             .map(|(name, source)| {
@@ -661,6 +701,7 @@ impl HeaderPlan {
                 (name.clone(), value)
             })
             .collect();
+        h.extend(self.event_headers(ids));
         Ok(AttemptHeaders(h))
     }
 
@@ -1002,6 +1043,7 @@ oversize = { action = "dead" }
             attempt_number: 3,
             now_ms: 1_767_225_600_123,
             secrets,
+            event: None,
         }
     }
 
@@ -1117,7 +1159,7 @@ oversize = { action = "dead" }
         let p = policy(STANDARD);
         let (new, old) = ("whsec_aGVsbG8gd29ybGQ=", "whsec_MfKQ9r8GKYqrTwjUPD8ILPZIo2LaLaSw");
         let plan = HeaderPlan::new(&p, "sub_9", &[secret(new, 0), secret(old, 2_000_000), secret("", 0)]);
-        let at = |now_ms: i64| AttemptIds { event_id: "evt_1", event_type: "t", delivery_id: "d", attempt_number: 1, now_ms };
+        let at = |now_ms: i64| AttemptIds { event_id: "evt_1", event_type: "t", delivery_id: "d", attempt_number: 1, now_ms, event: None };
         let during = plan.headers(&at(1_999_999), b"{}").unwrap();
         assert_eq!(during.get("webhook-signature").unwrap().split(' ').count(), 2);
         verify_standard(&[old], &during, b"{}", 1_999_999, 300).unwrap();
@@ -1130,6 +1172,82 @@ oversize = { action = "dead" }
         assert!(matches!(bad_old.values(&at(1_000), b"{}"), Err(SignError::BadSecret { position: 2, .. })));
         assert!(bad_old.values(&at(2_000_000), b"{}").is_ok(), "an expired secret is not even read");
         assert_eq!(HeaderPlan::new(&p, "sub_9", &[secret("", 0)]).values(&at(0), b"{}").unwrap_err(), SignError::NoSecret);
+    }
+
+    fn cloudevent() -> Event {
+        let mut e = event(r#"{"amount": 12}"#);
+        e.source = "https://shop.example/orders".into();
+        e.subject = "order 42".into();
+        e.extensions = [("traceid".to_owned(), "t 1".to_owned())].into_iter().collect();
+        e
+    }
+
+    /// Binary mode: the body is the data alone, the attributes are headers, and the Standard Webhooks signature
+    /// covers the bytes sent; a plan built once gives the same headers as building them.
+    #[test]
+    fn a_binary_cloudevent_carries_its_attributes_as_headers_and_is_signed_as_sent() {
+        let p = policy(&format!("format = \"cloudevents_binary\"\n{STANDARD}"));
+        let e = cloudevent();
+        let b = body(&p, &e).unwrap();
+        assert_eq!(&b[..], br#"{"amount": 12}"#);
+        let secrets = vec!["whsec_MfKQ9r8GKYqrTwjUPD8ILPZIo2LaLaSw".to_owned()];
+        let mut c = ctx(&secrets);
+        c.event = Some(&e);
+        let h = headers(&p, &c, &b).unwrap();
+        assert_eq!(h.get("content-type"), Some("application/json"));
+        assert_eq!(h.get("ce-specversion"), Some("1.0"));
+        assert_eq!(h.get("ce-id"), Some("evt_1"));
+        assert_eq!(h.get("ce-type"), Some("message.received"));
+        assert_eq!(h.get("ce-source"), Some("https://shop.example/orders"));
+        assert_eq!(h.get("ce-time"), Some("2021-02-25T15:02:10.123Z"));
+        assert_eq!(h.get("ce-subject"), Some("order%2042"));
+        assert_eq!(h.get("ce-traceid"), Some("t%201"));
+        assert_eq!(h.get("webhook-id"), Some("evt_1"));
+        verify_standard(&[&secrets[0]], &h, &b, c.now_ms, 300).unwrap();
+        let stored = [secret(&secrets[0], 0)];
+        let plan = HeaderPlan::new(&p, "sub_9", &stored);
+        assert_eq!(plan.headers(&AttemptIds::from(&c), &b).unwrap(), h);
+        // A request without an event (the verification challenge) is plain JSON, without attributes.
+        c.event = None;
+        let challenge = headers(&p, &c, b"{}").unwrap();
+        assert_eq!(challenge.get("content-type"), Some("application/json"));
+        assert!(challenge.iter().all(|(n, _)| !n.starts_with("ce-")));
+    }
+
+    #[test]
+    fn a_structured_cloudevent_is_one_json_document_without_attribute_headers() {
+        let p = policy(&format!("format = \"cloudevents_structured\"\ncloudevents_source = \"/shop/{{tenant}}\"\n{STANDARD}"));
+        let mut e = cloudevent();
+        e.source.clear();
+        let b = body(&p, &e).unwrap();
+        let v: serde_json::Value = serde_json::from_slice(&b).unwrap();
+        assert_eq!(
+            (v["specversion"].as_str(), v["source"].as_str(), v["traceid"].as_str()),
+            (Some("1.0"), Some("/shop/acme"), Some("t 1"))
+        );
+        assert_eq!(v["data"], serde_json::json!({"amount": 12}));
+        let secrets = vec!["whsec_aGVsbG8gd29ybGQ=".to_owned()];
+        let mut c = ctx(&secrets);
+        c.event = Some(&e);
+        let h = headers(&p, &c, &b).unwrap();
+        assert_eq!(h.get("content-type"), Some(cloudevents_out::STRUCTURED_CONTENT_TYPE));
+        assert!(h.iter().all(|(n, _)| !n.starts_with("ce-")));
+        verify_standard(&[&secrets[0]], &h, &b, c.now_ms, 300).unwrap();
+    }
+
+    /// After a CloudEvents handshake every delivery names the origin it was granted for.
+    #[test]
+    fn a_cloudevents_handshake_policy_sends_its_origin_on_every_request() {
+        let mut p = policy(STANDARD);
+        p.verification = Some(crate::policy::Verification {
+            method: crate::policy::VerificationMethod::Cloudevents,
+            timeout_ms: 1000,
+            origin: Some("hooks.example.com".into()),
+        });
+        let secrets = vec!["whsec_aGVsbG8gd29ybGQ=".to_owned()];
+        assert_eq!(headers(&p, &ctx(&secrets), b"{}").unwrap().get("origin"), Some("hooks.example.com"));
+        p.verification.as_mut().unwrap().method = crate::policy::VerificationMethod::Challenge;
+        assert_eq!(headers(&p, &ctx(&secrets), b"{}").unwrap().get("origin"), None);
     }
 
     #[test]

@@ -829,6 +829,7 @@ async fn send_once(
         delivery_id: &task.delivery_id,
         attempt_number: task.prior_attempts + attempt_no,
         now_ms: now,
+        event,
     };
     // The subscription's plan (made when it was first sent to or changed): the headers move into the request; the
     // attempt record shares their buffers (secrets left out).
@@ -942,7 +943,7 @@ mod tests {
             ..Default::default()
         }));
         let plan = sender.plan(&entry, &policy);
-        let ids = request::AttemptIds { event_id: "e", event_type: "t", delivery_id: "d", attempt_number: 1, now_ms: 0 };
+        let ids = request::AttemptIds { event_id: "e", event_type: "t", delivery_id: "d", attempt_number: 1, now_ms: 0, event: None };
         let planned = sender.send_planned(&plan, &policy, &ids, None, Bytes::new());
         assert!(std::mem::size_of_val(&planned) <= 2_200, "planned send: {} bytes", std::mem::size_of_val(&planned));
     }

@@ -156,6 +156,35 @@ impl Sender {
         logged_custom: &[Header],
         body: Bytes,
     ) -> TryResult {
+        self.recorded(h1::Method::Post, egress_key, policy, url, headers, custom, logged_custom, body).await
+    }
+
+    /// The CloudEvents validation handshake: an `OPTIONS` to `url` with `headers` then `custom`, without a body,
+    /// through the same egress guard, connector and deadline as a delivery. The result keeps the response's
+    /// `WebHook-*` headers (the grant), whatever else the receiver sent.
+    pub async fn send_options(
+        &self,
+        egress_key: &str,
+        policy: &Policy,
+        url: &str,
+        headers: hookline_core::request::AttemptHeaders,
+        custom: &[(http::HeaderName, http::HeaderValue)],
+    ) -> TryResult {
+        self.recorded(h1::Method::Options, egress_key, policy, url, headers, custom, &[], Bytes::new()).await
+    }
+
+    #[allow(clippy::too_many_arguments)]
+    async fn recorded(
+        &self,
+        method: h1::Method,
+        egress_key: &str,
+        policy: &Policy,
+        url: &str,
+        headers: hookline_core::request::AttemptHeaders,
+        custom: &[(http::HeaderName, http::HeaderValue)],
+        logged_custom: &[Header],
+        body: Bytes,
+    ) -> TryResult {
         let headers = headers.into_vec();
         let mut logged = Vec::with_capacity(headers.len() + logged_custom.len());
         let mut map = http::HeaderMap::with_capacity(headers.len() + custom.len() + 2);
@@ -188,7 +217,8 @@ impl Sender {
             Some(e) => Err(e),
             None => Ok(map),
         };
-        self.send_with(egress_key, policy, url, map, logged, body).await
+        let destination = self.route(egress_key, policy).map(|route| (route, Destination::Url(url)));
+        self.exchange(method, destination, policy, map, logged, body).await
     }
 
     /// One attempt by its subscription's plan: the headers of `ids` (signed with the secrets in force at
@@ -222,7 +252,7 @@ impl Sender {
             Ok(d) => Ok((d.route.clone(), Destination::Planned(&d.target))),
             Err(e) => Err(e.clone()),
         };
-        futures::future::Either::Right(self.exchange(destination, policy, headers, logged, body))
+        futures::future::Either::Right(self.exchange(h1::Method::Post, destination, policy, headers, logged, body))
     }
 
     fn send_with<'a>(
@@ -235,11 +265,12 @@ impl Sender {
         body: Bytes,
     ) -> impl std::future::Future<Output = TryResult> + 'a {
         let destination = self.route(egress_key, policy).map(|route| (route, Destination::Url(url)));
-        self.exchange(destination, policy, headers, request_headers, body)
+        self.exchange(h1::Method::Post, destination, policy, headers, request_headers, body)
     }
 
     async fn exchange(
         &self,
+        method: h1::Method,
         destination: Result<(Arc<Route>, Destination<'_>), String>,
         policy: &Policy,
         headers: Result<http::HeaderMap, String>,
@@ -300,7 +331,7 @@ impl Sender {
                 Ok(h) => h,
                 Err(e) => return (Outcome::InvalidUrl, format!("invalid request: {e}"), String::new(), Vec::new()),
             };
-            let resp = match route.pool.send(&uri, headers, body).await {
+            let resp = match route.pool.send_method(method, &uri, headers, body).await {
                 Ok(r) => r,
                 Err(e) => {
                     let (o, r, x) = classify_error(&e);
@@ -309,7 +340,12 @@ impl Sender {
             };
             let status = resp.status().as_u16();
             let retry_after = resp.headers().get(http::header::RETRY_AFTER).and_then(|v| v.to_str().ok()).map(str::to_owned);
-            let response_headers = if record { kept_response_headers(resp.headers()) } else { Vec::new() };
+            let response_headers = match method {
+                // The handshake's grant, wherever it is among the receiver's headers (the record's caps could cut it).
+                h1::Method::Options => grant_headers(resp.headers()),
+                h1::Method::Post if record => kept_response_headers(resp.headers()),
+                h1::Method::Post => Vec::new(),
+            };
             // The connection goes back to the pool when the body was read to its end and may be reused. Boxed:
             // reading the body comes after the wait for the answer, whose state (held by every waiting delivery)
             // need not have room for it.
@@ -385,6 +421,16 @@ fn kept_response_headers(headers: &http::HeaderMap) -> Vec<Header> {
     out
 }
 
+/// A validation handshake's answer as [`Sender::send_options`] returns it: the `WebHook-*` headers only, at most 8.
+fn grant_headers(headers: &http::HeaderMap) -> Vec<Header> {
+    headers
+        .iter()
+        .filter(|(name, _)| name.as_str().starts_with("webhook-"))
+        .take(8)
+        .map(|(name, value)| hookline_kafka::state::logged_header(name.as_str(), value.as_bytes()))
+        .collect()
+}
+
 /// The rustls error inside `e`, looking through `io::Error` wrappers (hyper-rustls nests them, and
 /// `io::Error::source` skips the wrapped error).
 fn find_rustls<'a>(e: &'a (dyn std::error::Error + 'static)) -> Option<&'a rustls::Error> {
@@ -434,6 +480,34 @@ mod tests {
         assert_eq!(kept[1].name, "x-h0");
         let bytes: usize = kept.iter().map(|h| h.name.len() + h.value.len()).sum();
         assert!(bytes <= RESPONSE_HEADER_BYTES_MAX);
+    }
+
+    /// A handshake's grant is found behind any number of other headers (the attempt record's caps would drop it).
+    #[test]
+    fn a_grant_is_kept_behind_many_other_headers() {
+        let mut m = http::HeaderMap::new();
+        for i in 0..40 {
+            m.append(http::HeaderName::from_bytes(format!("x-h{i}").as_bytes()).unwrap(), http::HeaderValue::from_static("v"));
+        }
+        m.append("webhook-allowed-origin", http::HeaderValue::from_static("hooks.example.com"));
+        m.append("webhook-allowed-rate", http::HeaderValue::from_static("*"));
+        let kept = grant_headers(&m);
+        let got: Vec<(&str, &[u8])> = kept.iter().map(|h| (h.name.as_str(), &h.value[..])).collect();
+        assert_eq!(got, [("webhook-allowed-origin", &b"hooks.example.com"[..]), ("webhook-allowed-rate", b"*")]);
+        assert!(kept_response_headers(&m).iter().all(|h| !h.name.starts_with("webhook-")), "the record's caps would have cut it");
+    }
+
+    /// The handshake goes through the egress guard like a delivery: an internal address is refused, not asked.
+    #[tokio::test]
+    async fn a_handshake_to_an_internal_address_is_refused_by_the_guard() {
+        let sender = Sender::new(Default::default(), Arc::new(crate::connector::SystemResolver));
+        let policy = hookline_core::policy::builtin("standard").unwrap();
+        for url in ["https://127.0.0.1:1/hook", "https://169.254.169.254/latest", "https://10.0.0.7/"] {
+            let headers = hookline_core::verification::handshake_headers("hooks.example.com", None);
+            let r = sender.send_options("k", &policy, url, headers, &[]).await;
+            assert_eq!(r.outcome, Outcome::EgressRefused, "{url}: {}", r.reason);
+            assert!(r.reason.starts_with("egress refused"), "{}", r.reason);
+        }
     }
 
     /// The record's copy of a value shares the request's buffer; a secret's value is never kept.
@@ -565,7 +639,14 @@ mod tests {
     }
 
     fn ids(now_ms: i64) -> hookline_core::request::AttemptIds<'static> {
-        hookline_core::request::AttemptIds { event_id: "evt_1", event_type: "order.paid", delivery_id: "dlv_1", attempt_number: 2, now_ms }
+        hookline_core::request::AttemptIds {
+            event_id: "evt_1",
+            event_type: "order.paid",
+            delivery_id: "dlv_1",
+            attempt_number: 2,
+            now_ms,
+            event: None,
+        }
     }
 
     /// The request line's path and the headers of a received head.
@@ -651,6 +732,7 @@ mod tests {
                 attempt_number: 2,
                 now_ms: 1_767_225_600_123,
                 secrets: &secrets,
+                event: None,
             };
             let mut headers = hookline_core::request::headers(&policy, &hctx, b"{}").unwrap();
             headers.push_trace_context(tp, ts);

@@ -113,7 +113,8 @@ fn check(file: &str) -> anyhow::Result<ExitCode> {
     };
     match parsed {
         Ok(p) => {
-            println!("OK: {file} (policy {:?})", p.name);
+            let shape = shape_summary(&p).map_or_else(String::new, |s| format!("; {s}"));
+            println!("OK: {file} (policy {:?}{shape})", p.name);
             Ok(ExitCode::SUCCESS)
         }
         Err(e) => {
@@ -188,7 +189,23 @@ fn timeline(policy: &Policy, lines: &[simulate::Line]) -> String {
         }
     }
     let legend = if rows.iter().any(|r| r[0].contains('.')) { "(1.2: attempt 1, try 2, a micro-retry inside the attempt)\n" } else { "" };
-    format!("policy {}\n\n{}{legend}\n{fate}", policy.name, table(&rows))
+    let shape = shape_summary(policy).map_or_else(String::new, |s| format!(" ({s})"));
+    format!("policy {}{shape}\n\n{}{legend}\n{fate}", policy.name, table(&rows))
+}
+
+/// What a policy's requests look like beyond hookline's default shape (a CloudEvents format, a CloudEvents
+/// handshake), for `check` and the timeline; `None` for the default.
+fn shape_summary(p: &Policy) -> Option<String> {
+    let mut parts = Vec::new();
+    match p.request.format {
+        policy::RequestFormat::Envelope => {}
+        policy::RequestFormat::CloudeventsBinary => parts.push("requests: CloudEvents, binary mode".to_owned()),
+        policy::RequestFormat::CloudeventsStructured => parts.push("requests: CloudEvents, structured mode".to_owned()),
+    }
+    if let Some(origin) = p.verification.as_ref().and_then(|v| v.cloudevents_origin()) {
+        parts.push(format!("verification: CloudEvents handshake as {origin}"));
+    }
+    (!parts.is_empty()).then(|| parts.join("; "))
 }
 
 /// `--policy`: a built-in name first (a file called `gauge` in the working directory does not shadow it), else a

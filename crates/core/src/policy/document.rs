@@ -104,13 +104,42 @@ pub struct RateLimitDefaults {
     pub burst: Option<u32>,
 }
 
-/// The endpoint verification challenge: a signed POST carrying a random token the endpoint must echo.
+/// Endpoint verification: the endpoint must pass a handshake before it gets deliveries.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct Verification {
+    #[serde(default)]
+    pub method: VerificationMethod,
     /// Bounds the whole challenge exchange (connect + answer), like `attempt.timeout_ms` bounds an attempt.
     #[serde(default = "default_verification_timeout")]
     pub timeout_ms: u64,
+    /// `cloudevents` only: the sending system's name, sent as `WebHook-Request-Origin` and, once granted, as
+    /// `Origin` on every delivery.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub origin: Option<String>,
+}
+
+/// How an endpoint proves it wants the deliveries.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, Default)]
+#[serde(rename_all = "snake_case")]
+pub enum VerificationMethod {
+    /// A signed POST carrying a random token the endpoint must echo.
+    #[default]
+    Challenge,
+    /// The CloudEvents webhook validation handshake (HTTP 1.1 Web Hooks for Event Delivery, section 4):
+    /// `OPTIONS` with `WebHook-Request-Origin`, answered by a 2xx with `WebHook-Allowed-Origin`.
+    Cloudevents,
+}
+
+impl Verification {
+    /// The origin a CloudEvents handshake grants: sent as `Origin` on every delivery (the web hooks spec asks it
+    /// of a sender once permission is granted). `None` for the echo challenge.
+    pub fn cloudevents_origin(&self) -> Option<&str> {
+        match self.method {
+            VerificationMethod::Cloudevents => self.origin.as_deref(),
+            VerificationMethod::Challenge => None,
+        }
+    }
 }
 
 fn default_verification_timeout() -> u64 {
@@ -310,6 +339,13 @@ pub struct RequestShape {
     pub webhook_id_header: Option<String>,
     #[serde(default)]
     pub body_style: BodyStyle,
+    /// What the request carries: hookline's JSON envelope, or the event as a CloudEvent (HTTP binding).
+    #[serde(default)]
+    pub format: RequestFormat,
+    /// The CloudEvents `source` of events that did not arrive as CloudEvents (a URI-reference; `{tenant}` is
+    /// replaced by the event's tenant). Unset: `/hookline/<tenant>`, or `/hookline` for an event without one.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub cloudevents_source: Option<String>,
     pub body_limit_bytes: u64,
     pub oversize: OversizeAction,
 }
@@ -335,6 +371,25 @@ pub enum BodyStyle {
     #[default]
     SnakeCase,
     CamelCase,
+}
+
+/// The request's format. CloudEvents formats follow the CloudEvents HTTP protocol binding 1.0.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, Default)]
+#[serde(rename_all = "snake_case")]
+pub enum RequestFormat {
+    /// `{"id","type","occurred_at","tenant","entity_id","data"}` (see `body_style`).
+    #[default]
+    Envelope,
+    /// Binary content mode: the attributes as `ce-*` headers, `Content-Type` the data's, the body the data alone.
+    CloudeventsBinary,
+    /// Structured content mode: `application/cloudevents+json`, the whole event in the JSON event format.
+    CloudeventsStructured,
+}
+
+impl RequestFormat {
+    pub fn is_cloudevents(self) -> bool {
+        !matches!(self, RequestFormat::Envelope)
+    }
 }
 
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]

@@ -852,3 +852,83 @@ fn docs_quote_every_profile_verbatim() {
         assert!(docs.contains(&format!("## `{name}`")), "no section for {name}");
     }
 }
+
+/// The CloudEvents options parse from their documented spellings, and every misuse names its key.
+#[test]
+fn cloudevents_request_format_and_handshake_options() {
+    let doc = MINIMAL.replace(
+        "signature = \"none\"",
+        "signature = \"standard_webhooks\"\nformat = \"cloudevents_binary\"\ncloudevents_source = \"https://hooks.example.com/{tenant}\"",
+    ) + "\n[verification]\nmethod = \"cloudevents\"\norigin = \"hooks.example.com\"\n";
+    let p = parse(&doc).expect("valid");
+    assert_eq!(p.request.format, RequestFormat::CloudeventsBinary);
+    assert_eq!(p.request.cloudevents_source.as_deref(), Some("https://hooks.example.com/{tenant}"));
+    let v = p.verification.as_ref().expect("[verification]");
+    assert_eq!((v.method, v.cloudevents_origin()), (VerificationMethod::Cloudevents, Some("hooks.example.com")));
+    assert_eq!(minimal().request.format, RequestFormat::Envelope, "the envelope stays the default");
+    let structured = parse(&MINIMAL.replace("signature = \"none\"", "signature = \"none\"\nformat = \"cloudevents_structured\"")).unwrap();
+    assert_eq!(structured.request.format, RequestFormat::CloudeventsStructured);
+    let err = parse(&MINIMAL.replace("signature = \"none\"", "signature = \"none\"\nformat = \"cloudevents\"")).unwrap_err().to_string();
+    assert!(err.contains("cloudevents_binary"), "an unknown format lists the known ones: {err}");
+
+    type Mutation = fn(&mut Policy);
+    let ce = |p: &mut Policy| p.request.format = RequestFormat::CloudeventsBinary;
+    let handshake =
+        |origin: Option<&str>| Verification { method: VerificationMethod::Cloudevents, timeout_ms: 5000, origin: origin.map(String::from) };
+    let cases: Vec<(Mutation, &str)> = vec![
+        (|p| p.request.cloudevents_source = Some("/x".into()), "request.cloudevents_source: is only used with a CloudEvents format"),
+        (
+            |p| {
+                p.request.format = RequestFormat::CloudeventsStructured;
+                p.request.cloudevents_source = Some("/a b".into());
+            },
+            "request.cloudevents_source: \"/a b\" is not a URI-reference",
+        ),
+        (
+            |p| {
+                p.request.format = RequestFormat::CloudeventsBinary;
+                p.request.body_style = BodyStyle::CamelCase;
+            },
+            "request.body_style: names the fields of hookline's envelope",
+        ),
+        (
+            |p| p.verification = Some(Verification { method: VerificationMethod::Cloudevents, timeout_ms: 5000, origin: None }),
+            "verification.origin: is required with method = \"cloudevents\"",
+        ),
+        (
+            |p| {
+                p.verification =
+                    Some(Verification { method: VerificationMethod::Cloudevents, timeout_ms: 5000, origin: Some("https://x".into()) })
+            },
+            "verification.origin: \"https://x\" is not a DNS name",
+        ),
+        (
+            |p| {
+                p.verification =
+                    Some(Verification { method: VerificationMethod::Challenge, timeout_ms: 5000, origin: Some("x.example".into()) })
+            },
+            "verification.origin: is only used with method = \"cloudevents\"",
+        ),
+    ];
+    for (mutate, want) in cases {
+        let mut p = minimal();
+        mutate(&mut p);
+        let got = issue(&p);
+        assert!(got.contains(want), "want {want:?}, got {got:?}");
+    }
+    let mut ok = minimal();
+    ce(&mut ok);
+    ok.verification = Some(handshake(Some("events.example.com")));
+    validate(&ok).expect("binary mode with a handshake is valid");
+}
+
+/// The policy example of docs/operations.md ("CloudEvents to receivers") is valid and says what the text says.
+#[test]
+fn the_cloudevents_policy_example_of_the_operations_guide_is_valid() {
+    let doc = include_str!("../../../../docs/operations.md");
+    let section = doc.split("### CloudEvents to receivers").nth(1).expect("the section exists");
+    let block = section.split("```toml\n").nth(1).and_then(|b| b.split("```").next()).expect("a toml block");
+    let p = parse(block).expect("the example is a valid policy");
+    assert_eq!(p.request.format, RequestFormat::CloudeventsBinary);
+    assert_eq!(p.verification.as_ref().and_then(|v| v.cloudevents_origin()), Some("hooks.example.com"));
+}

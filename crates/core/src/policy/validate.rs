@@ -81,6 +81,20 @@ pub fn validate(p: &Policy) -> Result<(), PolicyError> {
         }
     }
     if let Some(ver) = &p.verification {
+        match (ver.method, ver.origin.as_deref()) {
+            (super::VerificationMethod::Cloudevents, None) => v.push(
+                "verification.origin",
+                "is required with method = \"cloudevents\": the name of the sending system, e.g. \"hooks.example.com\"",
+            ),
+            (super::VerificationMethod::Cloudevents, Some(o)) if !is_origin(o) => v.push(
+                "verification.origin",
+                format!("{o:?} is not a DNS name (letters, digits, '-' and '.', at most 253 characters), e.g. \"hooks.example.com\""),
+            ),
+            (super::VerificationMethod::Challenge, Some(_)) => {
+                v.push("verification.origin", "is only used with method = \"cloudevents\" (the echo challenge sends no origin)")
+            }
+            _ => {}
+        }
         if !(1..=super::document::MAX_VERIFICATION_TIMEOUT_MS).contains(&ver.timeout_ms) {
             v.push(
                 "verification.timeout_ms",
@@ -420,6 +434,17 @@ fn request(p: &Policy, v: &mut Issues) {
     if r.body_limit_bytes == 0 {
         v.push("request.body_limit_bytes", "must be greater than 0");
     }
+    match (&r.cloudevents_source, r.format.is_cloudevents()) {
+        (Some(_), false) => v.push("request.cloudevents_source", "is only used with a CloudEvents format (request.format = \"cloudevents_binary\" or \"cloudevents_structured\")"),
+        (Some(src), true) if src.trim().is_empty() || src.chars().any(|c| c.is_whitespace() || c.is_control()) => v.push(
+            "request.cloudevents_source",
+            format!("{src:?} is not a URI-reference (no spaces or control characters), e.g. \"/billing/{{tenant}}\" or \"https://hooks.example.com\""),
+        ),
+        _ => {}
+    }
+    if r.format.is_cloudevents() && r.body_style != super::BodyStyle::SnakeCase {
+        v.push("request.body_style", "names the fields of hookline's envelope; a CloudEvents format has its own (leave body_style out)");
+    }
     if let OversizeAction::Truncate { pointer, fetch_url_template } = &r.oversize {
         if let Err(e) = check_json_pointer(pointer) {
             v.push("request.oversize.pointer", e);
@@ -430,6 +455,11 @@ fn request(p: &Policy, v: &mut Issues) {
             v.push("request.oversize.fetch_url_template", format!("{fetch_url_template:?} is not a URL"));
         }
     }
+}
+
+/// A DNS name as the web hooks spec's `WebHook-Request-Origin` carries it.
+fn is_origin(o: &str) -> bool {
+    !o.is_empty() && o.len() <= 253 && o.bytes().all(|b| b.is_ascii_alphanumeric() || b == b'-' || b == b'.')
 }
 
 /// RFC 9110 token characters.

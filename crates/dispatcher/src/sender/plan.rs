@@ -111,7 +111,7 @@ impl SendPlan {
     }
 
     /// One attempt's request headers and the record's copy of them (each value's buffer shared by both; a
-    /// secret's value never kept): the platform's, then `trace` (`traceparent`, `tracestate` when not empty),
+    /// secret's value never kept): the platform's (a binary-mode CloudEvent's `ce-*` last), then `trace` (`traceparent`, `tracestate` when not empty),
     /// then the custom ones. `Err` in the map: the first header that is not valid HTTP, as the request builder
     /// words it. `Err` outside: the request cannot be signed.
     #[allow(clippy::type_complexity)]
@@ -122,7 +122,8 @@ impl SendPlan {
         trace: Option<(String, String)>,
     ) -> Result<(Result<http::HeaderMap, String>, Vec<Header>), hookline_core::sign::SignError> {
         let mut values = self.headers.values(ids, body)?.into_iter();
-        let n = self.slots.len() + 2 + self.custom.len();
+        let event_headers = self.headers.event_headers(ids);
+        let n = self.slots.len() + event_headers.len() + 2 + self.custom.len();
         // Two more for what the client adds (`host`, `content-length`), so the map is allocated once.
         let mut map = http::HeaderMap::with_capacity(n + 2);
         let mut logged = Vec::with_capacity(n);
@@ -149,6 +150,22 @@ impl SendPlan {
                 }
             }
             logged.push(Header { name: slot.logged_name.as_ref().to_owned(), value: if slot.secret { redacted() } else { bytes } });
+        }
+        // A binary-mode CloudEvent's attributes: per event (their number varies with its extensions), never secret.
+        for (name, value) in event_headers {
+            let bytes = Bytes::from(value);
+            let header = http::HeaderName::from_bytes(name.as_bytes())
+                .map_err(http_error)
+                .and_then(|n| Ok((n, http::HeaderValue::from_maybe_shared(bytes.clone()).map_err(http_error)?)));
+            match header {
+                Ok((n, v)) => {
+                    map.append(n, v);
+                }
+                Err(e) => {
+                    bad.get_or_insert(e);
+                }
+            }
+            logged.push(Header { name: name.into_owned(), value: bytes });
         }
         if let Some((traceparent, tracestate)) = trace {
             let trace = [("traceparent", traceparent), ("tracestate", tracestate)];

@@ -113,19 +113,31 @@ impl Pool {
         Self { connector, idle }
     }
 
-    /// POSTs `body` with `headers` to `uri` (absolute; sent in origin form with a `Host` header) on an idle
-    /// connection to its authority, or a new one, and reads the response head.
-    ///
-    /// Not an `async fn`: the head is encoded before the future is made, so the future does not hold the map.
+    /// [`Pool::send_method`] with POST.
+    #[cfg(test)]
     pub fn send<'a>(
         &'a self,
         uri: &'a Uri,
         headers: HeaderMap,
         body: Bytes,
     ) -> impl std::future::Future<Output = Result<Response, SendError>> + 'a {
+        self.send_method(h1::Method::Post, uri, headers, body)
+    }
+
+    /// Sends `body` with `headers` to `uri` (absolute; sent in origin form with a `Host` header) on an idle
+    /// connection to its authority, or a new one, and reads the response head.
+    ///
+    /// Not an `async fn`: the head is encoded before the future is made, so the future does not hold the map.
+    pub fn send_method<'a>(
+        &'a self,
+        method: h1::Method,
+        uri: &'a Uri,
+        headers: HeaderMap,
+        body: Bytes,
+    ) -> impl std::future::Future<Output = Result<Response, SendError>> + 'a {
         let prepared = key(uri).map(|key| {
             let target = uri.path_and_query().map_or("/", |p| p.as_str());
-            let head = h1::encode_head(target, key.authority.as_str(), &headers, body.len());
+            let head = h1::encode_method_head(method, target, key.authority.as_str(), &headers, body.len());
             (key, head, h1::asks_close(&headers))
         });
         drop(headers);

@@ -20,7 +20,7 @@ use hyper_util::rt::TokioIo;
 use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt, ReadBuf};
 use tokio::net::TcpStream;
 
-pub use request::{asks_close, encode_head};
+pub use request::{asks_close, encode_method_head, Method};
 pub use response::Framing;
 
 /// The read buffer's first size, taken when the response starts to arrive.
@@ -209,7 +209,7 @@ impl Conn {
     }
 }
 
-/// Writes one POST: `head` from [`encode_head`], then `body`.
+/// Writes one request: `head` from [`encode_method_head`], then `body`.
 pub async fn write_request(io: &mut Stream, head: &[u8], body: &[u8]) -> Result<(), Error> {
     io.write_request(head, body).await.map_err(Error::Write)
 }

@@ -3,15 +3,35 @@
 use http::header::{CONTENT_LENGTH, HOST, TRANSFER_ENCODING};
 use http::HeaderMap;
 
-/// `POST <target> HTTP/1.1`, `host`, the headers in their order, `content-length`, the blank line. `host` is the
-/// map's own when it has one; a `content-length` or `transfer-encoding` in the map is left out (the body's length
-/// is the one sent). Names are lowercase (`HeaderName` is); values were validated by `HeaderValue` (no CR, LF).
-pub fn encode_head(target: &str, authority: &str, headers: &HeaderMap, body_len: usize) -> Vec<u8> {
+/// The methods hookline sends: deliveries and challenges are POSTs; the CloudEvents validation handshake is an
+/// OPTIONS.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Method {
+    Post,
+    Options,
+}
+
+impl Method {
+    fn token(self) -> &'static [u8] {
+        match self {
+            Method::Post => b"POST",
+            Method::Options => b"OPTIONS",
+        }
+    }
+}
+
+/// `<METHOD> <target> HTTP/1.1`, `host`, the headers in their order, `content-length`, the blank line. `host` is
+/// the map's own when it has one; a `content-length` or `transfer-encoding` in the map is left out (the body's
+/// length is the one sent). Names are lowercase (`HeaderName` is); values were validated by `HeaderValue` (no CR,
+/// LF). An OPTIONS without a body has no `content-length` (RFC 9110 §8.6: none is sent for a request without
+/// content whose method does not anticipate any).
+pub fn encode_method_head(method: Method, target: &str, authority: &str, headers: &HeaderMap, body_len: usize) -> Vec<u8> {
     let mut len_digits = itoa_buf();
     let len = fmt_usize(body_len, &mut len_digits);
+    let with_length = method == Method::Post || body_len > 0;
     let skipped = |n: &http::HeaderName| *n == CONTENT_LENGTH || *n == TRANSFER_ENCODING;
     let own_host = headers.contains_key(HOST);
-    let mut size = "POST ".len() + target.len() + " HTTP/1.1\r\n".len();
+    let mut size = method.token().len() + 1 + target.len() + " HTTP/1.1\r\n".len();
     if !own_host {
         size += "host: ".len() + authority.len() + 2;
     }
@@ -20,10 +40,14 @@ pub fn encode_head(target: &str, authority: &str, headers: &HeaderMap, body_len:
             size += name.as_str().len() + 2 + value.len() + 2;
         }
     }
-    size += "content-length: ".len() + len.len() + 2 + 2;
+    if with_length {
+        size += "content-length: ".len() + len.len() + 2;
+    }
+    size += 2;
 
     let mut head = Vec::with_capacity(size);
-    head.extend_from_slice(b"POST ");
+    head.extend_from_slice(method.token());
+    head.push(b' ');
     head.extend_from_slice(target.as_bytes());
     head.extend_from_slice(b" HTTP/1.1\r\n");
     if !own_host {
@@ -39,9 +63,12 @@ pub fn encode_head(target: &str, authority: &str, headers: &HeaderMap, body_len:
             head.extend_from_slice(b"\r\n");
         }
     }
-    head.extend_from_slice(b"content-length: ");
-    head.extend_from_slice(len);
-    head.extend_from_slice(b"\r\n\r\n");
+    if with_length {
+        head.extend_from_slice(b"content-length: ");
+        head.extend_from_slice(len);
+        head.extend_from_slice(b"\r\n");
+    }
+    head.extend_from_slice(b"\r\n");
     debug_assert_eq!(head.len(), size);
     head
 }
@@ -79,7 +106,7 @@ mod tests {
         h.append("content-type", "application/json".parse().unwrap());
         h.append("webhook-id", "evt_1".parse().unwrap());
         h.append("content-length", "999".parse().unwrap());
-        let head = encode_head("/a/b?x=1", "hooks.example.com:8443", &h, 7);
+        let head = encode_method_head(Method::Post, "/a/b?x=1", "hooks.example.com:8443", &h, 7);
         assert_eq!(head.len(), head.capacity());
         assert_eq!(
             String::from_utf8(head).unwrap(),
@@ -87,8 +114,20 @@ mod tests {
         );
         let mut h = HeaderMap::new();
         h.insert(HOST, "other.example".parse().unwrap());
-        let head = encode_head("/", "ignored", &h, 0);
+        let head = encode_method_head(Method::Post, "/", "ignored", &h, 0);
         assert_eq!(String::from_utf8(head).unwrap(), "POST / HTTP/1.1\r\nhost: other.example\r\ncontent-length: 0\r\n\r\n");
+    }
+
+    #[test]
+    fn an_options_request_without_a_body_has_no_length() {
+        let mut h = HeaderMap::new();
+        h.append("webhook-request-origin", "hooks.example.com".parse().unwrap());
+        let head = encode_method_head(Method::Options, "/hook", "receiver.example", &h, 0);
+        assert_eq!(head.len(), head.capacity());
+        assert_eq!(
+            String::from_utf8(head).unwrap(),
+            "OPTIONS /hook HTTP/1.1\r\nhost: receiver.example\r\nwebhook-request-origin: hooks.example.com\r\n\r\n"
+        );
     }
 
     #[test]
