@@ -506,3 +506,112 @@ async fn apache_kafka_the_pipeline_works_with_the_consumer_group_protocol() {
     assert_eq!(ids, HashSet::from(["evt_k1".to_owned(), "evt_k2".to_owned()]));
     p.stop().await;
 }
+
+/// Creates (or updates) SCRAM user `user` with `password` and grants it `needs` (literal ACLs), through Confluent's
+/// admin client on the PLAINTEXT listener (a super user there). Returns the password's file.
+async fn grant(k: &ExternalKafka, py: &str, user: &str, password: &str, needs: &[hookline_kafka::acl_check::Need]) -> PathBuf {
+    use hookline_kafka::acl_check::{Operation, Resource};
+    let acls: Vec<serde_json::Value> = needs
+        .iter()
+        .map(|n| {
+            let (kind, name) = match &n.resource {
+                Resource::Topic(t) => ("topic", t),
+                Resource::Group(g) => ("group", g),
+            };
+            let op = match n.operation {
+                Operation::Read => "read",
+                Operation::Write => "write",
+                Operation::Describe => "describe",
+            };
+            json!([kind, name, op])
+        })
+        .collect();
+    crate::support::run_python(py, "kafka_acls.py", &[&k.bootstrap, user, password, &serde_json::Value::from(acls).to_string()]).await;
+    let file = crate::support::temp_dir("scram").join(format!("{user}.password"));
+    std::fs::write(&file, password).unwrap();
+    file
+}
+
+/// Each service as its own SCRAM user holding only what docs/operations.md ("ACLs") lists for it: one ACL less and
+/// it stops at start naming that one; with it, it starts.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn apache_kafka_a_service_without_one_of_its_acls_stops_at_start_naming_it() {
+    use hookline_kafka::acl_check::{self, Need, Operation};
+    let Some((k, _shared)) = shared().await else { return };
+    let Some(info) = secured(&k) else { return };
+    let Some(py) = crate::support::python() else { return };
+    let c = base_config(&k);
+    k.create_topics(&c.kafka.topic_prefix, 1, &[]).await;
+    let topics = Topics::new(c.kafka.topic_prefix.clone());
+
+    type Start = fn(
+        hookline_service::Config,
+        CancellationToken,
+        hookline_service::Readiness,
+    ) -> futures::future::BoxFuture<'static, Result<(), String>>;
+    let services: [(&str, Vec<Need>, Need, Start); 3] = [
+        (
+            "ingest",
+            acl_check::ingest_needs(&topics, &c.ingest.group_id, None, Some(&c.log.group_id)),
+            Need::topic(topics.deliveries(), Operation::Write),
+            |c, stop, readiness| {
+                Box::pin(async move {
+                    let o = hookline_ingest::Options { readiness, ..Default::default() };
+                    hookline_ingest::run(c, stop, o).await.map_err(|e| e.to_string())
+                })
+            },
+        ),
+        (
+            "dispatcher",
+            acl_check::dispatcher_needs(&topics, &c.dispatcher.group_id),
+            Need::topic(topics.attempts(), Operation::Write),
+            |c, stop, readiness| {
+                Box::pin(async move {
+                    let o = hookline_dispatcher::Options { readiness, ..Default::default() };
+                    hookline_dispatcher::run(c, stop, o).await.map_err(|e| e.to_string())
+                })
+            },
+        ),
+        (
+            "retry-scheduler",
+            acl_check::retry_scheduler_needs(&topics, &c.retry_scheduler.group_id),
+            Need::group(c.retry_scheduler.group_id.clone(), Operation::Read),
+            |c, stop, readiness| {
+                Box::pin(async move {
+                    let o = hookline_retry_scheduler::Options { readiness, ..Default::default() };
+                    hookline_retry_scheduler::run(c, stop, o).await.map_err(|e| e.to_string())
+                })
+            },
+        ),
+    ];
+    for (name, needs, lacking, start) in services {
+        assert!(needs.contains(&lacking), "{name}: {lacking} is one of its needs");
+        let user = format!("{name}-{}", rand::random::<u32>());
+        let all_but_one: Vec<Need> = needs.iter().filter(|n| **n != lacking).cloned().collect();
+        let secret = format!("pw-{}", rand::random::<u64>());
+        let password = grant(&k, &py, &user, &secret, &all_but_one).await;
+        let mut own = c.clone();
+        use_scram(&mut own, info, &user, password);
+
+        let stop = CancellationToken::new();
+        let e = tokio::time::timeout(LIMIT, start(own.clone(), stop.clone(), Default::default()))
+            .await
+            .unwrap_or_else(|_| panic!("{name} neither started nor stopped"))
+            .expect_err("a service without one of its ACLs does not start");
+        assert!(e.contains(&lacking.to_string()), "{name}: {e}");
+        assert_eq!(e.matches(" on topic ").count() + e.matches(" on group ").count(), 1, "{name}: only {lacking} lacks: {e}");
+
+        // Granted that one too, it starts: ready once its group has its partitions.
+        grant(&k, &py, &user, &secret, std::slice::from_ref(&lacking)).await;
+        let readiness = hookline_service::Readiness::default();
+        let running = tokio::spawn(start(own, stop.clone(), readiness.clone()));
+        let deadline = Instant::now() + LIMIT;
+        while !readiness.is_ready() {
+            assert!(!running.is_finished(), "{name} stopped: {:?}", running.await);
+            assert!(Instant::now() < deadline, "{name} was not ready within {LIMIT:?}");
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+        stop.cancel();
+        running.await.unwrap().unwrap_or_else(|e| panic!("{name}: {e}"));
+    }
+}
