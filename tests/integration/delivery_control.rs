@@ -242,7 +242,7 @@ async fn verification_holds_deliveries_until_the_endpoint_echoes_the_challenge()
     assert_eq!(view["verification_error"], serde_json::Value::Null);
     assert!(view["verified_at_ms"].as_i64().unwrap() > 0);
     let attempts = p.wait_final_of(&id, 1, LIMIT).await;
-    assert_eq!(attempts.iter().filter(|a| !a.final_state.is_empty()).next().unwrap().final_state, "succeeded");
+    assert_eq!(attempts.iter().find(|a| !a.final_state.is_empty()).unwrap().final_state, "succeeded");
     assert_eq!(deliveries_to("ep"), ["evt_v1"]);
 
     // A change that keeps the verified URL sends no challenge.

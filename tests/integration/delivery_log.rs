@@ -29,7 +29,7 @@ async fn a_delivery_that_succeeded_is_resent_and_arrives_with_the_same_event_id(
     let (sub, _) = p.subscribe(json!({"url": p.url("ok"), "event_types": ["*"], "policy_toml": quick("gauge")})).await;
     p.publish("evt_resend1", "order.created").await;
     p.wait_final_of(&sub, 1, LIMIT).await;
-    let (_, found) = p.get_when_ok(&format!("/v1/deliveries?event_id=evt_resend1"), |v| ids(v, "state") == ["succeeded"]).await;
+    let (_, found) = p.get_when_ok("/v1/deliveries?event_id=evt_resend1", |v| ids(v, "state") == ["succeeded"]).await;
     let delivery = found["items"][0]["delivery_id"].as_str().unwrap().to_owned();
     let d = p.get_when(&format!("/v1/deliveries/{delivery}"), |d| d["replayable"] == true).await;
     assert_eq!((d["state"].as_str(), d["attempts_made"].as_u64()), (Some("succeeded"), Some(1)), "{d}");

@@ -21,6 +21,8 @@ struct Cli {
 }
 
 #[derive(Subcommand)]
+// Parsed once per run.
+#[allow(clippy::large_enum_variant)]
 enum Command {
     /// Run the whole pipeline in one process on an embedded, in-memory broker (for trying hookline only).
     Dev(cmd::dev::DevArgs),

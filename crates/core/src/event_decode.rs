@@ -53,6 +53,8 @@ struct Envelope<'a> {
 
 /// What a record of the events topic turned out to be.
 #[derive(Debug, Clone, PartialEq)]
+// Returned once per record and unpacked at once: boxing the event would cost an allocation per event.
+#[allow(clippy::large_enum_variant)]
 pub enum Decoded {
     Event(Event),
     /// A binary-mode CloudEvent without data (on Kafka, a tombstone): nothing to deliver, and nothing wrong.

@@ -472,27 +472,6 @@ async fn migrate(c: &mut Client) -> Result<Vec<u32>, StoreError> {
     Ok(applied)
 }
 
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn day_numbers_and_dates_agree() {
-        assert_eq!(civil(0), (1970, 1, 1));
-        assert_eq!(civil(days_from_civil(2026, 12, 1)), (2026, 12, 1));
-        assert_eq!(civil(days_from_civil(2024, 2, 29)), (2024, 2, 29));
-        assert_eq!(days_from_civil(2000, 3, 1) - days_from_civil(2000, 2, 28), 2, "2000 is a leap year");
-        for d in [-1000, -1, 0, 1, 19_000, 20_423, 100_000] {
-            let (y, m, dd) = civil(d);
-            assert_eq!(days_from_civil(y, m, dd), d);
-        }
-        assert_eq!(partition_name("attempts", days_from_civil(2026, 1, 5)), "attempts_d20260105");
-        assert_eq!(day_of_name("attempts", "attempts_d20260105"), Some(days_from_civil(2026, 1, 5)));
-        assert_eq!(day_of_name("attempts", "attempts_default"), None);
-        assert_eq!(day_of_name("attempts", "events_d20260105"), None);
-    }
-}
-
 /// Makes a new, empty database `name` on the server `server_url` points at (a URL naming a database the user may
 /// connect to, e.g. `…/postgres`), dropping one of that name first; returns the new database's URL. For scratch
 /// stores: tests and `hookline bench log`. `name` must be a plain identifier (it is not quoted).
@@ -515,5 +494,26 @@ pub async fn drop_database(server_url: &str, name: &str) {
         let _ = client.batch_execute(&format!("DROP DATABASE IF EXISTS {name} WITH (FORCE)")).await;
         drop(client);
         let _ = task.await;
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn day_numbers_and_dates_agree() {
+        assert_eq!(civil(0), (1970, 1, 1));
+        assert_eq!(civil(days_from_civil(2026, 12, 1)), (2026, 12, 1));
+        assert_eq!(civil(days_from_civil(2024, 2, 29)), (2024, 2, 29));
+        assert_eq!(days_from_civil(2000, 3, 1) - days_from_civil(2000, 2, 28), 2, "2000 is a leap year");
+        for d in [-1000, -1, 0, 1, 19_000, 20_423, 100_000] {
+            let (y, m, dd) = civil(d);
+            assert_eq!(days_from_civil(y, m, dd), d);
+        }
+        assert_eq!(partition_name("attempts", days_from_civil(2026, 1, 5)), "attempts_d20260105");
+        assert_eq!(day_of_name("attempts", "attempts_d20260105"), Some(days_from_civil(2026, 1, 5)));
+        assert_eq!(day_of_name("attempts", "attempts_default"), None);
+        assert_eq!(day_of_name("attempts", "events_d20260105"), None);
     }
 }

@@ -723,7 +723,7 @@ async fn a_version_4_store_keeps_its_rows_through_migration_5(target: Target) {
     assert_eq!(before.event.as_ref().map(|e| e.id.as_str()), Some("evt_m"), "the stored event, for a resend");
     let page = store.list(&ListQuery::new(Scope::Subscription("sub_m".into()))).await.unwrap();
     assert_eq!(page.items.iter().map(|d| d.delivery_id.as_str()).collect::<Vec<_>>(), ["dlv_m"]);
-    assert_eq!(store.by_event_id("evt_m", Some("acme".into()), 10).await.unwrap().len(), 1);
+    assert_eq!(store.by_event_id("evt_m", Some("acme"), 10).await.unwrap().len(), 1);
     // The same records indexed again (the indexer re-reading after a crash) hit the migrated keys: no new rows.
     let mut again = attempt("dlv_m", "sub_m", "evt_m", 2, start + 1_000, 200, "succeeded");
     again.concludes_attempt = 2;
@@ -787,7 +787,7 @@ async fn a_large_batch_stores_every_row_once(target: Target) {
     let d = store.delivery("dlv_077").await.unwrap().unwrap();
     assert_eq!(d.attempts.iter().map(|a| (a.attempt, a.started_at_ms)).collect::<Vec<_>>(), [(1, T0 + 77), (2, T0 + 1_077)]);
     assert_eq!(d.event.map(|e| e.tenant), Some("t0".into()));
-    assert_eq!(store.by_event_id("evt_100", Some("t2".into()), 10).await.unwrap().len(), 1);
+    assert_eq!(store.by_event_id("evt_100", Some("t2"), 10).await.unwrap().len(), 1);
 }
 
 /// A thread's nice value, field 19 of `/proc/self/task/<tid>/stat` (counted after the `(comm)` field, which may hold

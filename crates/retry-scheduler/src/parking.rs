@@ -178,6 +178,7 @@ pub struct Parking {
 
 impl Parking {
     /// Starts following the `parked` topic; `stop` ends the reader.
+    #[allow(clippy::too_many_arguments)] // called once, from the scheduler's start, with what it already holds
     pub async fn start(
         settings: &KafkaSettings,
         topics: &Topics,
@@ -589,10 +590,8 @@ impl ReleaseJob {
             batch.push(Box::pin(async move {
                 hookline_kafka::produce::send_until_acked(&producer, &topic, &key, &payload, None, &cancel).await
             }));
-            if batch.len() >= FORWARD_BATCH {
-                if self.flush(&mut batch).await.is_err() {
-                    return Outcome::Cancelled;
-                }
+            if batch.len() >= FORWARD_BATCH && self.flush(&mut batch).await.is_err() {
+                return Outcome::Cancelled;
             }
             released = released.saturating_add(1);
             since_checkpoint = since_checkpoint.saturating_add(1);

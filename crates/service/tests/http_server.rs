@@ -163,7 +163,7 @@ async fn at_the_cap_an_idle_connection_is_shed_for_a_new_one() {
     // One keep-alive connection answered once, then two that never send a request: the cap is reached.
     let mut served = TcpStream::connect(addr).await.unwrap();
     assert_eq!(get_healthz(&mut served, LIMIT).await.as_deref(), Some("HTTP/1.1 200 OK"));
-    let mut silent = vec![TcpStream::connect(addr).await.unwrap(), TcpStream::connect(addr).await.unwrap()];
+    let mut silent = [TcpStream::connect(addr).await.unwrap(), TcpStream::connect(addr).await.unwrap()];
     // A fourth is served at once: the silent connection opened first makes room.
     let mut fourth = TcpStream::connect(addr).await.unwrap();
     let t = Instant::now();

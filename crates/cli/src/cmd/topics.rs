@@ -92,7 +92,7 @@ fn topics_table(rows: &[TopicRow]) -> String {
             r.topic.clone(),
             r.partitions.to_string(),
             r.cleanup.to_owned(),
-            r.retention_ms.map_or_else(|| "broker default".into(), |ms| duration_ms(ms)),
+            r.retention_ms.map_or_else(|| "broker default".into(), duration_ms),
             if r.co_partitioned { "yes (by subscription id)" } else { "no" }.to_owned(),
         ]);
     }

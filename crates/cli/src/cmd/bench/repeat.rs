@@ -78,7 +78,7 @@ enum Build {
 
 /// The builds of pair `i` in the order they run: this, other, then other, this, …
 fn pair_order(i: usize) -> [Build; 2] {
-    if i % 2 == 0 {
+    if i.is_multiple_of(2) {
         [Build::This, Build::Other]
     } else {
         [Build::Other, Build::This]

@@ -835,7 +835,6 @@ async fn fill_input(
         }
         while acks.next().await.is_some() {}
     }
-    drop(send);
     anyhow::ensure!(failed == 0, "the Kafka floor's fill could not enqueue {failed} records");
     Ok(())
 }
