@@ -526,7 +526,8 @@ async fn grant(k: &ExternalKafka, py: &str, user: &str, password: &str, needs: &
             json!([kind, name, op])
         })
         .collect();
-    crate::support::run_python(py, "kafka_acls.py", &[&k.bootstrap, user, password, &serde_json::Value::from(acls).to_string()]).await;
+    crate::support::run_python(py, "kafka_admin.py", &["grant", &k.bootstrap, user, password, &serde_json::Value::from(acls).to_string()])
+        .await;
     let file = crate::support::temp_dir("scram").join(format!("{user}.password"));
     std::fs::write(&file, password).unwrap();
     file
@@ -614,4 +615,64 @@ async fn apache_kafka_a_service_without_one_of_its_acls_stops_at_start_naming_it
         stop.cancel();
         running.await.unwrap().unwrap_or_else(|e| panic!("{name}: {e}"));
     }
+}
+
+/// The partition's (earliest, end) offsets.
+async fn watermarks(settings: &hookline_kafka::KafkaSettings, topic: &str, partition: i32) -> (i64, i64) {
+    use rdkafka::consumer::{BaseConsumer, Consumer};
+    let config = hookline_kafka::client::table_consumer_config(settings, "watermarks").unwrap();
+    let consumer: BaseConsumer = config.create().unwrap();
+    let topic = topic.to_owned();
+    tokio::task::spawn_blocking(move || consumer.fetch_watermarks(&topic, partition, Duration::from_secs(10)).unwrap()).await.unwrap()
+}
+
+/// Retention for real: a paused subscription's deliveries parked on `held`, the records deleted under them (what
+/// `retention.ms` does to a pause longer than it; here DeleteRecords, at once). On resume the loss is counted and
+/// logged, the release does not wait for records that are gone, and the subscription's next event is delivered.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn apache_kafka_parked_deliveries_deleted_by_retention_are_counted_and_the_subscription_goes_on() {
+    let Some((k, _shared)) = shared().await else { return };
+    let Some(py) = crate::support::python() else { return };
+    let p = k.pipeline(1, |_| {}).await;
+    let topics = Topics::new(p.config.kafka.topic_prefix.clone());
+    let id = crate::parking::paused(&p, "held", "order.held").await;
+    for i in 0..3 {
+        p.publish(&format!("evt_lost{i}"), "order.held").await;
+    }
+    // The three are on `held` and the retry-scheduler parked them (its position is on `parked`).
+    let deadline = Instant::now() + LIMIT;
+    loop {
+        let mut parked = false;
+        hookline_kafka::scan::scan(&p.config.kafka, topics.parked(), None, LIMIT, |m| {
+            use rdkafka::Message as _;
+            parked |= m.key() == Some(id.as_bytes()) && m.payload().is_some_and(|v| !v.is_empty());
+        })
+        .await
+        .unwrap();
+        if parked && watermarks(&p.config.kafka, topics.held(), 0).await.1 >= 3 {
+            break;
+        }
+        assert!(Instant::now() < deadline, "the held deliveries were not parked within {LIMIT:?}");
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    let (_, end) = watermarks(&p.config.kafka, topics.held(), 0).await;
+    let out =
+        crate::support::run_python(&py, "kafka_admin.py", &["delete-records", &k.bootstrap, topics.held(), "0", &end.to_string()]).await;
+    assert_eq!(out.trim(), format!("earliest {end}"));
+
+    let lost = "hookline_parked_records_lost_total{topic=\"held\"}";
+    let before = p.counter(lost).await;
+    let (status, v) = p.call("POST", &format!("/v1/subscriptions/{id}/resume"), None).await;
+    assert_eq!(status, 200, "{v}");
+    let deadline = Instant::now() + LIMIT;
+    while p.counter(lost).await < before + 3.0 {
+        assert!(Instant::now() < deadline, "the deleted parked records were not counted within {LIMIT:?}");
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    // Not stuck on what is gone: the next event is delivered, and only it.
+    p.publish("evt_after", "order.held").await;
+    p.wait_final_of(&id, 1, LIMIT).await;
+    let ids: Vec<String> = p.requests_to("held").iter().map(|r| r.headers["webhook-id"].to_str().unwrap().to_owned()).collect();
+    assert_eq!(ids.len(), 1, "{ids:?}");
+    p.stop().await;
 }

@@ -16,7 +16,7 @@ use crate::support::{wait_for, Pipeline, ReceiverState};
 const LIMIT: Duration = Duration::from_secs(60);
 
 /// A subscription to `event_type` under LuciBook (`inactive = "hold"`), paused.
-async fn paused(p: &Pipeline, path: &str, event_type: &str) -> String {
+pub(crate) async fn paused(p: &Pipeline, path: &str, event_type: &str) -> String {
     let (id, _) = p.subscribe(json!({"url": p.url(path), "event_types": [event_type], "policy": "lucibook"})).await;
     let (status, v) = p.call("POST", &format!("/v1/subscriptions/{id}/pause"), None).await;
     assert_eq!((status, v["state"].as_str()), (200, Some("paused")), "{v}");

@@ -299,7 +299,7 @@ async fn release(ctx: &Ctx, (sub, key): &GateKey, partition: i32, from: i64) -> 
         })?,
         _ = ctx.shutdown.cancelled() => return Err(Aborted),
     };
-    let mut reader = RangeReader::open(&ctx.kafka, topic, partition, from, end, READ_STALL).map_err(|e| {
+    let mut reader = RangeReader::open(&ctx.kafka, topic, partition, from, end, READ_STALL).await.map_err(|e| {
         tracing::warn!(subscription = %sub, error = %e, "opening the ordered topic");
         Aborted
     })?;
@@ -309,7 +309,19 @@ async fn release(ctx: &Ctx, (sub, key): &GateKey, partition: i32, from: i64) -> 
             _ = ctx.shutdown.cancelled() => return Err(Aborted),
         };
         let m = match next {
-            None => return Ok(false),
+            None => {
+                if reader.deleted() > 0 {
+                    metrics::counter!("hookline_parked_records_lost_total", "topic" => "ordered")
+                        .increment(reader.deleted().unsigned_abs());
+                    tracing::error!(
+                        subscription = %sub,
+                        partition,
+                        records = reader.deleted(),
+                        "parked ordered deliveries were deleted by the ordered topic's retention before their key's head finished: lost"
+                    );
+                }
+                return Ok(false);
+            }
             Some(Err(e)) => {
                 tracing::warn!(subscription = %sub, error = %e, "reading parked ordered deliveries; the key's deliveries are redone by its next run");
                 return Err(Aborted);

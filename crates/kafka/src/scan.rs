@@ -145,8 +145,9 @@ fn finds_any(c: &StreamConsumer<QuietEof>, topic: &str, partition: i32) -> Resul
 }
 
 /// Reads one partition of a topic from an offset up to (not including) another, one record at a time: how the
-/// retry-scheduler releases a subscription's parked records. Offsets already deleted by retention are skipped
-/// (reading starts at the partition's earliest record).
+/// retry-scheduler releases a subscription's parked records. Offsets the topic no longer has (deleted by its
+/// retention, or by DeleteRecords) are not waited for: reading starts at the partition's earliest record, and
+/// [`RangeReader::deleted`] says how many of the range were gone, for the caller to count as lost.
 pub struct RangeReader {
     consumer: StreamConsumer<QuietEof>,
     topic: String,
@@ -154,21 +155,51 @@ pub struct RangeReader {
     next: i64,
     to: i64,
     stall: Duration,
+    deleted: i64,
 }
 
 impl RangeReader {
     /// `stall` bounds the wait for any one record (a broker that stopped answering), not the whole read.
-    pub fn open(settings: &KafkaSettings, topic: &str, partition: i32, from: i64, to: i64, stall: Duration) -> Result<Self, ScanError> {
+    pub async fn open(
+        settings: &KafkaSettings,
+        topic: &str,
+        partition: i32,
+        from: i64,
+        to: i64,
+        stall: Duration,
+    ) -> Result<Self, ScanError> {
         let err = |source| ScanError::Kafka { topic: topic.to_owned(), source };
         let mut config = crate::client::table_consumer_config(settings, "hookline-range").map_err(err)?;
         config.set("enable.partition.eof", "false");
-        let consumer: StreamConsumer<QuietEof> = config.create_with_context(QuietEof::default()).map_err(err)?;
+        let mut consumer: StreamConsumer<QuietEof> = config.create_with_context(QuietEof::default()).map_err(err)?;
+        let (mut from, mut deleted) = (from.max(0), 0);
+        if from < to {
+            // What retention removed is not waited for: the records below the partition's earliest are gone.
+            let (t, timeout) = (topic.to_owned(), stall.min(Duration::from_secs(10)));
+            let (c, low) = tokio::task::spawn_blocking(move || {
+                let low = consumer.fetch_watermarks(&t, partition, timeout).map(|(low, _)| low);
+                (consumer, low)
+            })
+            .await
+            .map_err(|_| ScanError::Kafka { topic: topic.to_owned(), source: rdkafka::error::KafkaError::Canceled })?;
+            consumer = c;
+            let low = low.map_err(err)?;
+            if low > from {
+                deleted = low.min(to) - from;
+                from = low.min(to);
+            }
+        }
         if from < to {
             let mut tpl = TopicPartitionList::new();
-            tpl.add_partition_offset(topic, partition, Offset::Offset(from.max(0))).map_err(err)?;
+            tpl.add_partition_offset(topic, partition, Offset::Offset(from)).map_err(err)?;
             consumer.assign(&tpl).map_err(err)?;
         }
-        Ok(Self { consumer, topic: topic.to_owned(), partition, next: from, to, stall })
+        Ok(Self { consumer, topic: topic.to_owned(), partition, next: from, to, stall, deleted })
+    }
+
+    /// Records of the range the topic no longer had when they were to be read (deleted by retention).
+    pub fn deleted(&self) -> i64 {
+        self.deleted
     }
 
     /// The next offset this reader would return (everything below it was returned or did not exist).
@@ -188,9 +219,12 @@ impl RangeReader {
                 continue;
             }
             if m.offset() >= self.to {
+                self.deleted = self.deleted.saturating_add(self.to - self.next);
                 self.next = self.to;
                 return None;
             }
+            // Offsets of a partition without transactions are contiguous: a gap was deleted while reading.
+            self.deleted = self.deleted.saturating_add(m.offset() - self.next);
             self.next = m.offset() + 1;
             return Some(Ok(m.detach()));
         }

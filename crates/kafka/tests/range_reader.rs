@@ -27,7 +27,7 @@ async fn a_range_is_read_in_order_from_its_start_to_just_before_its_end() {
     }
     assert!(on_zero.len() >= 6, "enough records on partition 0: {}", on_zero.len());
     let (from, to) = (on_zero[2].0, on_zero[5].0);
-    let mut r = RangeReader::open(&settings, topic, 0, from, to, Duration::from_secs(10)).unwrap();
+    let mut r = RangeReader::open(&settings, topic, 0, from, to, Duration::from_secs(10)).await.unwrap();
     let mut got = Vec::new();
     while let Some(m) = r.next().await {
         let m = m.unwrap();
@@ -38,6 +38,6 @@ async fn a_range_is_read_in_order_from_its_start_to_just_before_its_end() {
     assert_eq!(r.position(), to);
     assert!(r.next().await.is_none(), "past its end it stays ended");
 
-    let mut empty = RangeReader::open(&settings, topic, 0, to, to, Duration::from_secs(10)).unwrap();
+    let mut empty = RangeReader::open(&settings, topic, 0, to, to, Duration::from_secs(10)).await.unwrap();
     assert!(tokio::time::timeout(Duration::from_secs(1), empty.next()).await.expect("no wait").is_none());
 }

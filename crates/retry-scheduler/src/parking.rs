@@ -541,13 +541,31 @@ type Forward = std::pin::Pin<Box<dyn std::future::Future<Output = Result<(i32, i
 
 impl ReleaseJob {
     async fn run(self, checkpoint: impl Fn(i64)) -> Outcome {
-        let mut reader = match RangeReader::open(&self.settings, &self.held, self.partition, self.from, self.upto, STALL) {
+        let mut reader = match RangeReader::open(&self.settings, &self.held, self.partition, self.from, self.upto, STALL).await {
             Ok(r) => r,
             Err(e) => {
                 tracing::warn!(subscription = %self.sub, error = %e, "parked deliveries not released; retrying");
                 return Outcome::Partial { next: self.from, failed: true };
             }
         };
+        let outcome = self.forward(&mut reader, checkpoint).await;
+        let deleted = reader.deleted();
+        if deleted > 0 {
+            // Retention removed them before the subscription was active again: lost, and said so.
+            metrics::counter!("hookline_parked_records_lost_total", "topic" => "held").increment(deleted.unsigned_abs());
+            tracing::error!(
+                subscription = %self.sub,
+                partition = self.partition,
+                from = self.from,
+                records = deleted,
+                "parked deliveries were deleted by the held topic's retention before they were released: lost \
+                 (records of the partition, this subscription's among them); keep held's retention.ms above the longest pause"
+            );
+        }
+        outcome
+    }
+
+    async fn forward(&self, reader: &mut RangeReader, checkpoint: impl Fn(i64)) -> Outcome {
         let mut batch: Vec<Forward> = Vec::new();
         let mut released: u64 = 0;
         let mut since_checkpoint: u64 = 0;
@@ -700,7 +718,7 @@ mod tests {
         async fn delivered(&self) -> Vec<String> {
             let reader = self.parking().await.reader;
             let end = reader.end_offset_of(self.topics.deliveries(), 0).await.unwrap();
-            let mut r = RangeReader::open(&self.settings, self.topics.deliveries(), 0, 0, end, Duration::from_secs(10)).unwrap();
+            let mut r = RangeReader::open(&self.settings, self.topics.deliveries(), 0, 0, end, Duration::from_secs(10)).await.unwrap();
             let mut ids = Vec::new();
             while let Some(m) = r.next().await {
                 ids.push(DeliveryTask::decode(m.unwrap().payload().unwrap()).unwrap().delivery_id);
