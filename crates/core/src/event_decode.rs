@@ -3,6 +3,7 @@
 
 use crate::cloudevents::{self, Context};
 use crate::model::Event;
+use crate::registry_framing::{self, Framed, FramingError, NoRegistry, PayloadDecoder, Resolved};
 use crate::vocabulary::DeadLetterReason as Reason;
 use bytes::Bytes;
 use prost::Message;
@@ -65,10 +66,56 @@ pub enum Decoded {
 /// HTTP binding), with what it carries beside its value (`ctx`: CloudEvents headers, content type, record key).
 /// The value may be hookline's JSON envelope, its protobuf `Event`, or a CloudEvent in binary or structured mode.
 pub fn decode_record(value: Option<&[u8]>, ctx: &Context<'_>, max_bytes: usize, json_only: bool) -> Result<Decoded, Invalid> {
+    decode_record_with(value, ctx, max_bytes, json_only, &NoRegistry).map_err(DecodeError::into_invalid)
+}
+
+/// Why [`decode_record_with`] returned no event.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum DecodeError {
+    Invalid(Invalid),
+    /// The value is framed with this schema id, which the registry has not fetched yet: decode it again once it has.
+    SchemaPending(u32),
+}
+
+impl DecodeError {
+    /// For decoders without a registry, which never ask for a fetch.
+    fn into_invalid(self) -> Invalid {
+        match self {
+            Self::Invalid(i) => i,
+            Self::SchemaPending(id) => invalid(Reason::EventSchemaRegistryRequired, format!("schema id {id}: no registry")),
+        }
+    }
+}
+
+impl From<Invalid> for DecodeError {
+    fn from(i: Invalid) -> Self {
+        Self::Invalid(i)
+    }
+}
+
+/// [`decode_record`], with `registry` turning a Schema Registry framed value (Confluent's wire format) into JSON
+/// first: the envelope, or in binary mode the CloudEvent's data. Without a registry ([`NoRegistry`]) only JSON
+/// payloads (JSON Schema) are read.
+pub fn decode_record_with(
+    value: Option<&[u8]>,
+    ctx: &Context<'_>,
+    max_bytes: usize,
+    json_only: bool,
+    registry: &dyn PayloadDecoder,
+) -> Result<Decoded, DecodeError> {
     let bytes = value.unwrap_or_default();
     if bytes.len() > max_bytes {
-        return Err(invalid(Reason::EventOversize, format!("{} bytes is over the limit of {max_bytes}", bytes.len())));
+        return Err(invalid(Reason::EventOversize, format!("{} bytes is over the limit of {max_bytes}", bytes.len())).into());
     }
+    if !json_only {
+        if let Some(framed) = registry_framing::split(bytes) {
+            return decode_framed(framed, ctx, registry);
+        }
+    }
+    Ok(decode_unframed(bytes, ctx, max_bytes, json_only)?)
+}
+
+fn decode_unframed(bytes: &[u8], ctx: &Context<'_>, max_bytes: usize, json_only: bool) -> Result<Decoded, Invalid> {
     if ctx.is_binary() {
         return Ok(cloudevents::decode_binary(bytes, ctx)?.map_or(Decoded::NoData, Decoded::Event));
     }
@@ -83,10 +130,57 @@ pub fn decode_record(value: Option<&[u8]>, ctx: &Context<'_>, max_bytes: usize, 
     decode_plain(bytes, max_bytes, json_only, ctx.key).map(Decoded::Event)
 }
 
+/// A framed value: a JSON payload (JSON Schema) is used as it is; another (Avro, Protobuf) once `registry` has made
+/// it JSON. Then it is read as the record says: the envelope (or a structured CloudEvent), or in binary mode the
+/// CloudEvent's data (JSON now, whatever `content-type` said of the framed bytes). The event keeps the schema id; a
+/// rejection's detail names it.
+fn decode_framed(framed: Result<Framed<'_>, FramingError>, ctx: &Context<'_>, registry: &dyn PayloadDecoder) -> Result<Decoded, DecodeError> {
+    let framed = framed.map_err(|e| invalid(Reason::EventInvalidFraming, e.to_string()))?;
+    let id = framed.schema_id;
+    let named = |i: Invalid| Invalid { detail: format!("schema id {id}: {}", i.detail), ..i };
+    // Avro can start with `{` or `[` (a first field of -62 or -46) but then is no JSON: asking the registry first
+    // would cost every JSON Schema event of a new id a fetch.
+    let first = framed.payload.iter().copied().find(|b| !b.is_ascii_whitespace());
+    let is_json = matches!(first, Some(b'{' | b'[')) && serde_json::from_slice::<serde::de::IgnoredAny>(framed.payload).is_ok();
+    let decoded_json;
+    let json: &[u8] = if is_json {
+        framed.payload
+    } else {
+        match registry.to_json(framed) {
+            Resolved::Json(j) => {
+                decoded_json = j;
+                &decoded_json
+            }
+            Resolved::Pending => return Err(DecodeError::SchemaPending(id)),
+            Resolved::Rejected(reason, detail) => return Err(invalid(reason, format!("schema id {id}: {detail}")).into()),
+        }
+    };
+    let decoded = if ctx.is_binary() {
+        let as_json = Context { content_type: Some(b"application/json"), ..ctx.clone() };
+        cloudevents::decode_binary(json, &as_json).map(|e| e.map_or(Decoded::NoData, Decoded::Event))
+    } else {
+        decode_unframed(json, ctx, usize::MAX, false)
+    };
+    match decoded.map_err(named)? {
+        Decoded::Event(mut ev) => {
+            ev.registry_schema_id = id;
+            Ok(Decoded::Event(ev))
+        }
+        Decoded::NoData => Ok(Decoded::NoData),
+    }
+}
+
 /// Decodes a value without headers (hookline's envelope or protobuf, or a structured CloudEvent recognised by its
 /// `specversion`): what a reader that has only the value (tests, benchmarks) uses.
 pub fn decode(bytes: &[u8], max_bytes: usize, json_only: bool) -> Result<Event, Invalid> {
-    decode_plain(bytes, max_bytes, json_only, None)
+    if json_only || !registry_framing::is_framed(bytes) {
+        return decode_plain(bytes, max_bytes, json_only, None);
+    }
+    match decode_record(Some(bytes), &Context::default(), max_bytes, false)? {
+        Decoded::Event(ev) => Ok(ev),
+        // Only a binary-mode CloudEvent can be without data, and a value alone is never one.
+        Decoded::NoData => Err(invalid(Reason::EventEmpty, "the record has no value")),
+    }
 }
 
 fn decode_plain(bytes: &[u8], max_bytes: usize, json_only: bool, key: Option<&[u8]>) -> Result<Event, Invalid> {
@@ -446,6 +540,56 @@ mod tests {
         let deep = format!("{{\"id\":\"a\",\"type\":\"t\",\"data\":{}{}}}", "[".repeat(1000), "]".repeat(1000));
         assert_eq!(decode(deep.as_bytes(), MAX, false).unwrap_err().reason, "invalid_json");
         assert_eq!(decode(&[b' '; 100], 10, false).unwrap_err().reason, "oversize");
+    }
+
+    #[test]
+    fn a_framed_json_schema_event_is_its_payload_with_the_schema_id_kept() {
+        let ev = decode(b"\x00\x00\x00\x01\x2c{\"id\":\"e\",\"type\":\"t\",\"data\":{\"n\":1}}", MAX, false).unwrap();
+        assert_eq!((ev.id.as_str(), ev.registry_schema_id, &ev.data_json[..]), ("e", 300, &br#"{"n":1}"#[..]));
+        let unframed = decode(br#"{"id":"e","type":"t"}"#, MAX, false).unwrap();
+        assert_eq!(unframed.registry_schema_id, 0);
+        // A framed envelope missing its type is refused as unframed JSON would be, naming the schema id.
+        let e = decode(b"\x00\x00\x00\x00\x07{\"id\":\"e\"}", MAX, false).unwrap_err();
+        assert_eq!((e.reason, e.field), ("missing_field", Some("type")));
+        assert!(e.detail.starts_with("schema id 7: "), "{}", e.detail);
+        // The API takes JSON only.
+        assert_eq!(decode(b"\x00\x00\x00\x01\x2c{}", MAX, true).unwrap_err().reason, "invalid_json");
+    }
+
+    #[test]
+    fn avro_or_protobuf_framed_events_need_a_registry_and_say_so_naming_the_schema_id() {
+        let e = decode(b"\x00\x00\x00\x00\x2a\x04e1\x02t", MAX, false).unwrap_err();
+        assert_eq!(e.reason, "schema_registry_required");
+        assert!(e.detail.starts_with("schema id 42: ") && e.detail.contains("ingest.schema_registry.url"), "{}", e.detail);
+        for (bytes, reason) in [(&b"\x00\x00\x01"[..], "invalid_framing"), (b"\x00\x00\x00\x00\x00{}", "invalid_framing")] {
+            assert_eq!(decode(bytes, MAX, false).unwrap_err().reason, reason, "{bytes:?}");
+        }
+        struct Later;
+        impl PayloadDecoder for Later {
+            fn to_json(&self, _: Framed<'_>) -> Resolved {
+                Resolved::Pending
+            }
+        }
+        let with = |bytes: &[u8], r: &dyn PayloadDecoder| decode_record_with(Some(bytes), &Context::default(), MAX, false, r);
+        assert_eq!(with(b"\x00\x00\x00\x00\x2a\x02", &Later), Err(DecodeError::SchemaPending(42)));
+        struct Avro;
+        impl PayloadDecoder for Avro {
+            fn to_json(&self, f: Framed<'_>) -> Resolved {
+                assert_eq!(f.payload, b"\x02");
+                Resolved::Json(br#"{"id":"a","type":"t","occurred_at":5}"#.to_vec())
+            }
+        }
+        let Ok(Decoded::Event(ev)) = with(b"\x00\x00\x00\x00\x2a\x02", &Avro) else { panic!("decoded") };
+        assert_eq!((ev.id.as_str(), ev.occurred_at_ms, ev.registry_schema_id), ("a", 5, 42));
+        // Binary mode: the decoded JSON is the CloudEvent's data, whatever content type the framed bytes had.
+        let ctx = Context::from_headers(
+            crate::cloudevents::Binding::Kafka,
+            [("ce_specversion", &b"1.0"[..]), ("ce_id", b"c1"), ("ce_source", b"/s"), ("ce_type", b"t.x"), ("content-type", b"application/avro")],
+            None,
+        );
+        let Ok(Decoded::Event(ce)) = decode_record_with(Some(b"\x00\x00\x00\x00\x2a\x02"), &ctx, MAX, false, &Avro) else { panic!("a CloudEvent") };
+        assert_eq!((ce.id.as_str(), ce.r#type.as_str(), ce.registry_schema_id), ("c1", "t.x", 42));
+        assert_eq!(serde_json::from_slice::<serde_json::Value>(&ce.data_json).unwrap()["id"], "a");
     }
 
     #[test]

@@ -19,6 +19,7 @@ pub mod outcome;
 pub mod payload_filter;
 pub mod policy;
 pub mod rate_limit;
+pub mod registry_framing;
 pub mod request;
 pub mod retry_after;
 pub mod seal;

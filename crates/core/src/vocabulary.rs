@@ -70,10 +70,19 @@ pub enum DeadLetterReason {
     EventMissingField,
     EventInvalidField,
     EventOversize,
+    /// A Schema Registry framed event whose payload is Avro or Protobuf, with no registry configured to read it.
+    EventSchemaRegistryRequired,
+    /// A Schema Registry framed event whose schema id the registry does not have.
+    EventSchemaNotFound,
+    /// A Schema Registry framed event whose schema hookline cannot use (it does not compile, or is of a type it
+    /// does not read).
+    EventSchemaUnsupported,
+    /// A Schema Registry framed event whose header, message indexes or payload do not read with its schema.
+    EventInvalidFraming,
 }
 
 impl DeadLetterReason {
-    pub const ALL: [DeadLetterReason; 14] = [
+    pub const ALL: [DeadLetterReason; 18] = [
         Self::TerminalOutcome,
         Self::RetriesExhausted,
         Self::LeaseExpired,
@@ -88,6 +97,10 @@ impl DeadLetterReason {
         Self::EventMissingField,
         Self::EventInvalidField,
         Self::EventOversize,
+        Self::EventSchemaRegistryRequired,
+        Self::EventSchemaNotFound,
+        Self::EventSchemaUnsupported,
+        Self::EventInvalidFraming,
     ];
 
     pub fn as_str(self) -> &'static str {
@@ -106,6 +119,10 @@ impl DeadLetterReason {
             Self::EventInvalidUtf8 => "invalid_utf8",
             Self::EventMissingField => "missing_field",
             Self::EventInvalidField => "invalid_field",
+            Self::EventSchemaRegistryRequired => "schema_registry_required",
+            Self::EventSchemaNotFound => "schema_not_found",
+            Self::EventSchemaUnsupported => "schema_unsupported",
+            Self::EventInvalidFraming => "invalid_framing",
         }
     }
 
@@ -119,6 +136,14 @@ impl DeadLetterReason {
                 | Self::Oversize
                 | Self::InvalidPolicy
                 | Self::InternalError
+        )
+    }
+
+    /// An event's Schema Registry reasons: only records of the events topic (never an API body) can carry them.
+    pub fn is_schema_registry(self) -> bool {
+        matches!(
+            self,
+            Self::EventSchemaRegistryRequired | Self::EventSchemaNotFound | Self::EventSchemaUnsupported | Self::EventInvalidFraming
         )
     }
 
@@ -151,7 +176,7 @@ mod tests {
     #[test]
     fn words_are_distinct_lowercase_and_deliveries_are_a_subset() {
         let words = DeadLetterReason::words();
-        assert_eq!(words.len(), 13, "oversize is shared by deliveries and events: {words:?}");
+        assert_eq!(words.len(), 17, "oversize is shared by deliveries and events: {words:?}");
         assert!(words.iter().all(|w| w.bytes().all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b == b'_')));
         assert_eq!(
             DeadLetterReason::delivery_words(),

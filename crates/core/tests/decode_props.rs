@@ -10,7 +10,17 @@ use proptest::prelude::*;
 use prost::Message;
 
 const MAX: usize = 64 << 10;
-const REASONS: &[&str] = &["oversize", "invalid_utf8", "invalid_json", "missing_field", "invalid_field", "invalid_protobuf", "empty"];
+const REASONS: &[&str] = &[
+    "oversize",
+    "invalid_utf8",
+    "invalid_json",
+    "missing_field",
+    "invalid_field",
+    "invalid_protobuf",
+    "empty",
+    "schema_registry_required",
+    "invalid_framing",
+];
 
 fn cases(n: u32) -> ProptestConfig {
     let n = std::env::var("PROPTEST_CASES").ok().and_then(|v| v.parse().ok()).unwrap_or(n);
