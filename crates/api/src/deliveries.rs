@@ -267,6 +267,8 @@ pub async fn get(
             "extensions": (!e.extensions.is_empty()).then(|| e.extensions.iter().collect::<std::collections::BTreeMap<_, _>>()),
             // What the receiver's body carries (as accepted); a body that is not JSON stays out.
             "data": serde_json::from_slice::<Value>(&e.data_json).unwrap_or(Value::Null),
+            // The schema an upstream producer framed the record with (Confluent wire format); absent when unframed.
+            "registry_schema_id": (e.registry_schema_id != 0).then_some(e.registry_schema_id),
         })
     });
     Ok(Json(v))

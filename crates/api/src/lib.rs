@@ -100,6 +100,8 @@ pub struct ApiState {
     /// `ingest.publish_rate_per_s` / `ingest.publish_burst`: a tenant's publish quota unless it has its own.
     pub default_publish_quota: Option<hookline_core::rate_limit::RateLimit>,
     pub publish_quotas: publish_quota::PublishQuotas,
+    /// Decodes Avro and Protobuf framed events for replays (`[ingest.schema_registry]`), sharing the fan-out's cache.
+    pub registry: Option<Arc<hookline_schema_registry::Registry>>,
 }
 
 pub fn router(state: Arc<ApiState>, max_request_bytes: usize) -> Router {

@@ -65,15 +65,12 @@ pub async fn produce(s: &ApiState, tasks: Vec<DeliveryTask>) -> Result<usize, Re
 /// Every event accepted since `since_ms` (and up to `until_ms`) of the subscription's tenant that its filter
 /// matches.
 pub async fn since(s: &ApiState, entry: &SubscriptionEntry, since_ms: i64, until_ms: Option<i64>) -> Result<usize, ReplayError> {
+    use hookline_core::event_decode::{DecodeError, Decoded};
     let mut events = Vec::new();
-    scan(&s.kafka, s.topics.events(), Some(since_ms), SCAN_LIMIT, |m| {
-        let written = m.timestamp().to_millis().unwrap_or(0);
-        if until_ms.is_some_and(|u| written > u) {
-            return;
-        }
-        let Ok(hookline_core::event_decode::Decoded::Event(mut ev)) = hookline_kafka::event_record::decode(m, s.max_event_bytes) else {
-            return;
-        };
+    // Framed records whose schema is not cached yet, kept (in order) until the scan is over: the scan's callback
+    // cannot wait for a fetch.
+    let mut pending: Vec<rdkafka::message::OwnedMessage> = Vec::new();
+    let keep = |mut ev: Event, written: i64, events: &mut Vec<Event>| {
         // The fan-out's rule: only the subscription's own tenant's events.
         if !hookline_core::filter::delivers(&entry.sub.tenant, &entry.sub.event_types, &ev.tenant, &ev.r#type) {
             return;
@@ -89,8 +86,42 @@ pub async fn since(s: &ApiState, entry: &SubscriptionEntry, since_ms: i64, until
             ev.accepted_at_ms = written;
         }
         events.push(ev);
+    };
+    let no_registry = hookline_core::registry_framing::NoRegistry;
+    let registry: &(dyn hookline_core::registry_framing::PayloadDecoder + Sync) = match &s.registry {
+        Some(r) => r.as_ref(),
+        None => &no_registry,
+    };
+    scan(&s.kafka, s.topics.events(), Some(since_ms), SCAN_LIMIT, |m| {
+        let written = m.timestamp().to_millis().unwrap_or(0);
+        if until_ms.is_some_and(|u| written > u) {
+            return;
+        }
+        match hookline_kafka::event_record::decode_with(m, s.max_event_bytes, registry) {
+            Ok(Decoded::Event(ev)) => keep(ev, written, &mut events),
+            Err(DecodeError::SchemaPending(_)) => pending.push(m.detach()),
+            Ok(Decoded::NoData) | Err(DecodeError::Invalid(_)) => {}
+        }
     })
     .await?;
+    if let (Some(r), false) = (&s.registry, pending.is_empty()) {
+        // Bounded like the scan: a registry that does not answer within it leaves those events out of the replay.
+        let stop = tokio_util::sync::CancellationToken::new();
+        let _cancel = stop.clone().drop_guard();
+        let _ = tokio::time::timeout(SCAN_LIMIT, async {
+            for m in &pending {
+                if let Some(Ok(f)) = hookline_core::registry_framing::split(m.payload().unwrap_or_default()) {
+                    r.resolve(f.schema_id, &stop).await;
+                }
+                if let Ok(Decoded::Event(ev)) = hookline_kafka::event_record::decode_with(m, s.max_event_bytes, r.as_ref()) {
+                    keep(ev, m.timestamp().to_millis().unwrap_or(0), &mut events);
+                }
+            }
+        })
+        .await;
+        // Replays go in the order the events were accepted.
+        events.sort_by_key(|e| e.accepted_at_ms);
+    }
     let mut tasks = Vec::with_capacity(events.len());
     for ev in events {
         // The attempt count continues where the log has it (a delivery never made starts at 0).

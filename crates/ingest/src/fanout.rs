@@ -1,6 +1,7 @@
 //! The fan-out: each accepted event becomes one delivery task per matching subscription. The event's offset is
 //! stored only after every task (or its dead letter) is acknowledged.
 
+use std::collections::{HashMap, HashSet, VecDeque};
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
@@ -13,12 +14,13 @@ use hookline_kafka::state::{SubscriptionEntry, SubscriptionTable};
 use hookline_kafka::worker::{self, Control, Done, Handler, Liveness, Worker};
 use hookline_kafka::Topics;
 use prost::Message as _;
+use rdkafka::consumer::Consumer as _;
 use rdkafka::error::KafkaError;
-use rdkafka::message::BorrowedMessage;
-use rdkafka::Message;
+use rdkafka::message::{BorrowedMessage, OwnedMessage};
+use rdkafka::{Message, TopicPartitionList};
 use tokio_util::sync::CancellationToken;
 
-use crate::decode::Decoded;
+use crate::decode::{self, Decoded};
 
 /// Delivery tasks being produced at once, over every event in flight: an event matching 10,000 subscriptions
 /// counts 10,000 (bounding events instead let memory grow with the fan-out).
@@ -39,6 +41,8 @@ pub struct Fanout {
     pub settler: hookline_kafka::produce::Settler,
     /// Unreadable events since the last warning about them (one warning at most every [`INVALID_WARN_EVERY`]).
     pub invalid: Mutex<InvalidSince>,
+    /// Decodes Avro and Protobuf framed events (`[ingest.schema_registry]`); `None`: they are dead-lettered.
+    pub registry: Option<Arc<hookline_schema_registry::Registry>>,
 }
 
 /// At most one warning about unreadable events this often: a producer stuck writing garbage fills no log.
@@ -81,40 +85,161 @@ pub async fn run(f: Arc<Fanout>, config: &hookline_service::Config, client_id: &
     let liveness = Liveness::new(Duration::from_millis(config.kafka.max_poll_interval_ms));
     let worker = Worker::subscribe(&config.kafka, settings, liveness, None)?;
     let shutdown = f.shutdown.clone();
-    worker.run(&mut FanoutHandler(f), &shutdown).await;
+    let (resolved_tx, resolved) = tokio::sync::mpsc::unbounded_channel();
+    let mut handler = FanoutHandler { f, held: HashMap::new(), fetching: HashSet::new(), resolved_tx, resolved };
+    worker.run(&mut handler, &shutdown).await;
+    metrics::gauge!("hookline_schema_registry_held_partitions").set(0.0);
     Ok(())
 }
 
-struct FanoutHandler(Arc<Fanout>);
+/// The fan-out's handler, and the partitions it holds for a schema being fetched.
+///
+/// Ordering: a partition's events must be fanned out in offset order (ordered subscriptions rely on it), so a
+/// record whose schema is not cached yet is not skipped: it and every later record of its partition are held
+/// here, in order, and the partition is paused, until the schema is fetched (by a task, with capped backoff while
+/// the registry does not answer). The loop keeps polling meanwhile: other partitions go on, and the group never
+/// takes the member for dead, however long the registry is down (a `block_in_place` in `record` would stop the
+/// polls, and past `max.poll.interval.ms` lose the partitions). A record held here keeps its budget unit and its
+/// offset uncommitted; a revoked partition's held records are dropped uncommitted, for its next owner.
+struct FanoutHandler {
+    f: Arc<Fanout>,
+    /// Per partition of `events`: the records waiting for a schema, oldest first. Present only while non-empty.
+    held: HashMap<i32, VecDeque<Held>>,
+    /// Schema ids being fetched (one task each).
+    fetching: HashSet<u32>,
+    resolved_tx: tokio::sync::mpsc::UnboundedSender<u32>,
+    resolved: tokio::sync::mpsc::UnboundedReceiver<u32>,
+}
+
+struct Held {
+    m: OwnedMessage,
+    done: Done,
+    received_us: i64,
+}
+
+impl FanoutHandler {
+    /// Pauses `partition` of `events` (and again after the budget's resume-all, which would lift it).
+    fn pause(&self, ctl: &Control<'_>, partition: i32, pause: bool) {
+        let mut tpl = TopicPartitionList::new();
+        tpl.add_partition(self.f.topics.events(), partition);
+        let r = if pause { ctl.consumer().pause(&tpl) } else { ctl.consumer().resume(&tpl) };
+        if let Err(e) = r {
+            tracing::warn!(partition, pause, error = %e, "pausing or resuming a partition held for a schema failed");
+        }
+        metrics::gauge!("hookline_schema_registry_held_partitions").set(self.held.len() as f64);
+    }
+
+    /// Starts fetching `id` unless a fetch is under way; its end wakes the loop ([`Handler::wake`]).
+    fn fetch(&mut self, id: u32) {
+        let Some(registry) = self.f.registry.clone() else { return };
+        if !self.fetching.insert(id) {
+            return;
+        }
+        let (tx, shutdown) = (self.resolved_tx.clone(), self.f.shutdown.clone());
+        tokio::spawn(async move {
+            if registry.resolve(id, &shutdown).await.is_some() {
+                let _ = tx.send(id);
+            }
+        });
+    }
+
+    /// Handles the records held on `partition` from the oldest, up to one that still waits for a schema.
+    fn release(&mut self, partition: i32, ctl: &Control<'_>) {
+        let Some(mut queue) = self.held.remove(&partition) else { return };
+        while let Some(h) = queue.pop_front() {
+            if let Err((done, id)) = self.handle(&h.m, h.done, h.received_us) {
+                queue.push_front(Held { done, ..h });
+                self.fetch(id);
+                break;
+            }
+        }
+        if queue.is_empty() {
+            self.pause(ctl, partition, false);
+        } else {
+            self.held.insert(partition, queue);
+        }
+    }
+}
 
 impl Handler for FanoutHandler {
-    type Wake = ();
+    type Wake = Option<u32>;
 
-    fn rebalance(&mut self, ev: RebalanceEvent, _: &Control<'_>) {
-        let f = &self.0;
-        if matches!(ev, RebalanceEvent::Assigned(_)) && !f.readiness.is_ready() {
-            f.readiness.set(true);
-            tracing::info!("ingest ready");
+    fn rebalance(&mut self, ev: RebalanceEvent, ctl: &Control<'_>) {
+        let f = &self.f;
+        match &ev {
+            RebalanceEvent::Assigned(_) if !f.readiness.is_ready() => {
+                f.readiness.set(true);
+                tracing::info!("ingest ready");
+            }
+            RebalanceEvent::Revoked(parts) => {
+                // Their next owner reads them again from the last commit.
+                for (topic, p) in parts {
+                    if topic == f.topics.events() {
+                        self.held.remove(p);
+                    }
+                }
+                metrics::gauge!("hookline_schema_registry_held_partitions").set(self.held.len() as f64);
+            }
+            _ => {}
+        }
+        let _ = ctl;
+    }
+
+    fn wake(&mut self) -> impl std::future::Future<Output = Self::Wake> + Send + '_ {
+        self.resolved.recv()
+    }
+
+    fn woken(&mut self, id: Option<u32>, ctl: &Control<'_>) {
+        let Some(id) = id else { return };
+        self.fetching.remove(&id);
+        let partitions: Vec<i32> = self.held.keys().copied().collect();
+        for p in partitions {
+            self.release(p, ctl);
         }
     }
 
-    fn record(&mut self, m: &BorrowedMessage<'_>, done: Done, _: &Control<'_>) {
+    fn record(&mut self, m: &BorrowedMessage<'_>, done: Done, ctl: &Control<'_>) {
         // The latency split's receive stamp (proto: DeliveryTask.fanout_received_at_us).
         let received_us = hookline_service::now_us();
-        let f = &self.0;
+        metrics::counter!("hookline_events_consumed_total").increment(1);
+        let p = done.partition();
+        if let Some(queue) = self.held.get_mut(&p) {
+            // Behind a record waiting for its schema: its turn comes after it.
+            queue.push_back(Held { m: m.detach(), done, received_us });
+            self.pause(ctl, p, true);
+            return;
+        }
+        if let Err((done, id)) = self.handle(m, done, received_us) {
+            tracing::debug!(partition = p, offset = done.offset(), schema_id = id, "partition held until the schema is fetched");
+            self.held.insert(p, VecDeque::from([Held { m: m.detach(), done, received_us }]));
+            self.pause(ctl, p, true);
+            self.fetch(id);
+        }
+    }
+}
+
+impl FanoutHandler {
+    /// Decodes and fans out one record, or hands its `done` back with the schema id it waits for.
+    fn handle<M: Message>(&mut self, m: &M, done: Done, received_us: i64) -> Result<(), (Done, u32)> {
+        let f = &self.f;
         let events = f.topics.events();
         let (p, o) = (done.partition(), done.offset());
-        metrics::counter!("hookline_events_consumed_total").increment(1);
         let accepted_at = m.timestamp().to_millis().unwrap_or_else(crate::now_ms);
-        let mut ev = match hookline_kafka::event_record::decode(m, f.max_event_bytes) {
+        let payload = m.payload().unwrap_or_default();
+        let decoded = match &f.registry {
+            Some(r) => hookline_kafka::event_record::decode_with(m, f.max_event_bytes, r.as_ref()),
+            None => hookline_kafka::event_record::decode_with(m, f.max_event_bytes, &hookline_core::registry_framing::NoRegistry),
+        };
+        let mut ev = match decoded {
             Ok(Decoded::Event(ev)) => ev,
             Ok(Decoded::NoData) => {
                 // A CloudEvent without data (a tombstone, in the Kafka binding): nothing to deliver.
                 metrics::counter!("hookline_events_ignored_total", "reason" => "cloudevent_without_data").increment(1);
                 done.complete();
-                return;
+                return Ok(());
             }
-            Err(invalid) => {
+            Err(decode::DecodeError::SchemaPending(id)) => return Err((done, id)),
+            Err(decode::DecodeError::Invalid(invalid)) => {
                 metrics::counter!("hookline_events_invalid_total", "reason" => invalid.reason).increment(1);
                 tracing::debug!(partition = p, offset = o, %invalid, "invalid event dead-lettered");
                 if let Some(summary) = f.invalid.lock().unwrap_or_else(|e| e.into_inner()).count(invalid.reason, std::time::Instant::now())
@@ -159,7 +284,7 @@ impl Handler for FanoutHandler {
                         done.complete();
                     }
                 });
-                return;
+                return Ok(());
             }
         };
         if ev.accepted_at_ms == 0 {
@@ -169,6 +294,7 @@ impl Handler for FanoutHandler {
         let (tp, ts) = if f.tracer.is_on() { trace_headers(m) } else { (None, None) };
         let span = f.tracer.fanout(&mut ev, tp, ts);
         fan_out(f, ev, received_us, done, span);
+        Ok(())
     }
 }
 
@@ -400,6 +526,7 @@ mod tests {
             dlq: hookline_kafka::dead_letters::DeadLetterWriter::new(Default::default(), &kafka),
             settler: hookline_kafka::produce::Settler::new(&producer, CancellationToken::new()),
             invalid: Default::default(),
+            registry: None,
         });
         // An established producer, then the outage.
         hookline_kafka::produce::send_until_acked(&f.producer, topics.events(), "k", b"warm", None, &f.shutdown).await.unwrap();

@@ -36,6 +36,8 @@ pub enum IngestError {
     Permissions(#[from] hookline_kafka::acl_check::AclCheckError),
     #[error("the delivery log store ([log]): {0}")]
     Log(#[from] hookline_log::StoreError),
+    #[error(transparent)]
+    SchemaRegistry(#[from] hookline_schema_registry::SetupError),
     #[error("listening on {addr}: {source}")]
     Listen {
         addr: SocketAddr,
@@ -63,6 +65,11 @@ pub async fn run(config: Config, shutdown: CancellationToken, options: Options) 
     let instance = options.instance.unwrap_or_else(|| "hookline-ingest".into());
     let metrics = telemetry::metrics_handle();
     let readiness = options.readiness.clone();
+    // One client and schema cache for the fan-out and the API's replays.
+    let registry = hookline_schema_registry::Registry::from_settings(&config.ingest.schema_registry)?;
+    if let Some(r) = &registry {
+        tracing::info!(registry = r.url(), "Avro and Protobuf framed events are decoded through the schema registry");
+    }
     let topics = Topics::new(config.kafka.topic_prefix.clone());
     // A principal without what ingest does stops it here, the lacking ACLs named.
     let notify_group = format!("{}-notify", config.ingest.group_id);
@@ -149,6 +156,7 @@ pub async fn run(config: Config, shutdown: CancellationToken, options: Options) 
         schema_validation: config.ingest.schema_validation,
         default_publish_quota: api::publish_quota::limit_of(config.ingest.publish_rate_per_s, config.ingest.publish_burst, None),
         publish_quotas: Default::default(),
+        registry: registry.clone(),
     });
     // Dropped at once when there is no health listener: a caller waiting for its address learns there is none.
     let health_bound = options.health_bound;
@@ -217,6 +225,7 @@ pub async fn run(config: Config, shutdown: CancellationToken, options: Options) 
         dlq: hookline_kafka::dead_letters::DeadLetterWriter::new(config.dlq.format, &config.kafka),
         settler: hookline_kafka::produce::Settler::new(&producer, shutdown.clone()),
         invalid: Default::default(),
+        registry: registry.clone(),
     });
     // Owner e-mail for the ops topic, when `notify.smtp_addr` is set.
     let notifier = config.notify.smtp_addr.is_some().then(|| {

@@ -2,7 +2,8 @@
 //! structured mode, the content type), through the one decoder every reader of the topic shares.
 
 use hookline_core::cloudevents::{Binding, Context};
-use hookline_core::event_decode::{decode_record, Decoded, Invalid};
+use hookline_core::event_decode::{decode_record, decode_record_with, DecodeError, Decoded, Invalid};
+use hookline_core::registry_framing::PayloadDecoder;
 use rdkafka::message::{Headers, Message};
 
 /// The CloudEvents attributes, content type and key of a record. Records without headers cost nothing here.
@@ -15,4 +16,9 @@ pub fn context<M: Message>(m: &M) -> Context<'_> {
 /// Decodes one `events` record (`max_bytes`: the event size limit).
 pub fn decode<M: Message>(m: &M, max_bytes: usize) -> Result<Decoded, Invalid> {
     decode_record(m.payload(), &context(m), max_bytes, false)
+}
+
+/// [`decode`], with Schema Registry framed Avro and Protobuf values made JSON through `registry`.
+pub fn decode_with<M: Message>(m: &M, max_bytes: usize, registry: &dyn PayloadDecoder) -> Result<Decoded, DecodeError> {
+    decode_record_with(m.payload(), &context(m), max_bytes, false, registry)
 }

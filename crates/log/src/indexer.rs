@@ -34,6 +34,8 @@ pub enum IndexerError {
     Kafka(#[from] KafkaError),
     #[error(transparent)]
     Store(#[from] StoreError),
+    #[error("{0}")]
+    SchemaRegistry(String),
 }
 
 /// The group's name in `hookline_consumer_lag{group=…}`.
@@ -69,6 +71,13 @@ pub async fn run_with_store(
     let consumer: StreamConsumer<RebalanceContext> = cc.create_with_context(context)?;
     consumer.subscribe(&[topics.attempts(), topics.dlq(), topics.events()])?;
     let settings = &config.log;
+    // Its own client and cache (one fetch per schema id for the log too): events framed for a Schema Registry are
+    // kept as the fan-out decoded them.
+    let registry = hookline_schema_registry::Registry::from_settings(&config.ingest.schema_registry)
+        .map_err(|e| IndexerError::SchemaRegistry(e.to_string()))?;
+    // A registry that does not answer holds the log at most this long per record (a fraction of the poll interval,
+    // so the group keeps the member); past it the event is not kept (counted `skipped`).
+    let registry_wait = Duration::from_millis(config.kafka.max_poll_interval_ms / 4).min(Duration::from_secs(60));
     let batch_wait = Duration::from_millis(settings.batch_max_wait_ms);
     let mut maintenance = tokio::time::interval(MAINTENANCE_EVERY);
     maintenance.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
@@ -131,7 +140,10 @@ pub async fn run_with_store(
                             "delivery log: records removed by the broker before the indexer read them (retention shorter than its lag)");
                     }
                     next.insert((source, m.partition()), m.offset() + 1);
-                    add(&mut batch, source, &m, ts);
+                    if let (Source::Events, Some(r)) = (source, &registry) {
+                        await_schema(r, m.payload().unwrap_or_default(), registry_wait, &shutdown).await;
+                    }
+                    add(&mut batch, source, &m, ts, registry.as_deref());
                     if read >= settings.batch_max_records { break; }
                 }
             }
@@ -271,7 +283,19 @@ async fn write(store: &LogStore, batch: Batch, retention_days: u32, shutdown: &C
     }
 }
 
-fn add(batch: &mut Batch, source: Source, m: &BorrowedMessage<'_>, ts: i64) {
+/// Until the schema of a framed Avro or Protobuf `value` is known to `r`, at most `limit`.
+async fn await_schema(r: &hookline_schema_registry::Registry, value: &[u8], limit: Duration, shutdown: &CancellationToken) {
+    use hookline_core::registry_framing::{split, PayloadDecoder as _, Resolved};
+    let Some(Ok(framed)) = split(value) else { return };
+    if r.to_json(framed) != Resolved::Pending {
+        return;
+    }
+    if tokio::time::timeout(limit, r.resolve(framed.schema_id, shutdown)).await.is_err() {
+        tracing::warn!(schema_id = framed.schema_id, "delivery log: the schema registry did not answer in time; this event is not kept");
+    }
+}
+
+fn add(batch: &mut Batch, source: Source, m: &BorrowedMessage<'_>, ts: i64, registry: Option<&hookline_schema_registry::Registry>) {
     let payload = m.payload().unwrap_or_default();
     if source == Source::Attempts {
         // Leases (phase STARTED) live on `inflight`; only finished tries are attempts.
@@ -285,8 +309,12 @@ fn add(batch: &mut Batch, source: Source, m: &BorrowedMessage<'_>, ts: i64) {
             Err(_) => metrics::counter!("hookline_log_indexed_total", "kind" => "skipped").increment(1),
         }
     } else {
-        match hookline_kafka::event_record::decode(m, usize::MAX) {
-            Ok(hookline_core::event_decode::Decoded::Event(mut ev)) => {
+        let decoded = match registry {
+            Some(r) => hookline_kafka::event_record::decode_with(m, usize::MAX, r).ok(),
+            None => hookline_kafka::event_record::decode(m, usize::MAX).ok(),
+        };
+        match decoded {
+            Some(hookline_core::event_decode::Decoded::Event(mut ev)) => {
                 if ev.accepted_at_ms == 0 {
                     ev.accepted_at_ms = ts;
                 }

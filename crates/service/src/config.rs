@@ -255,6 +255,9 @@ pub struct IngestSettings {
     /// What `POST /v1/events` does with an event whose `data` fails its catalogued type's JSON Schema, for types
     /// that do not choose (`validation` of `/v1/event-types`).
     pub schema_validation: SchemaValidation,
+    /// The Schema Registry that decodes Avro and Protobuf framed events (`[ingest.schema_registry]`; unset `url`:
+    /// none).
+    pub schema_registry: hookline_schema_registry::SchemaRegistrySettings,
 }
 
 /// How publishing checks an event's `data` against its type's JSON Schema.
@@ -295,6 +298,7 @@ impl Default for IngestSettings {
             publish_burst: 0,
             portal: PortalSettings::default(),
             schema_validation: SchemaValidation::default(),
+            schema_registry: Default::default(),
         }
     }
 }
@@ -573,6 +577,7 @@ impl Config {
         self.log.validate()?;
         self.telemetry.validate()?;
         self.ingest.portal.validate()?;
+        self.ingest.schema_registry.validate().map_err(|e| ConfigError::Invalid(e.to_string()))?;
         self.ingest.http.validate("ingest.http").map_err(ConfigError::Invalid)?;
         self.ingest.health_http.validate("ingest.health_http").map_err(ConfigError::Invalid)?;
         for (key, v, max) in [
@@ -946,6 +951,26 @@ mod tests {
         assert_eq!(c.kafka.properties.get("socket.keepalive.enable").map(String::as_str), Some("yes"));
         assert_eq!(c.kafka.security_protocol, hookline_kafka::settings::SecurityProtocol::Ssl);
         assert!(!c.kafka.tls.check_hostname, "nested [kafka.tls] keys take env overrides too");
+    }
+
+    #[test]
+    fn the_schema_registry_table_takes_env_overrides_and_names_its_bad_keys() {
+        let c = Config::from_toml_with_env(
+            "[ingest.schema_registry]\nrequest_timeout_ms = 2000\n",
+            "t",
+            env(&[("HOOKLINE_INGEST__SCHEMA_REGISTRY__URL", "http://registry:8081")]),
+        )
+        .unwrap();
+        assert_eq!(c.ingest.schema_registry.url.as_deref(), Some("http://registry:8081"));
+        assert_eq!(c.ingest.schema_registry.request_timeout_ms, 2000);
+        for (toml, key) in [
+            ("[ingest.schema_registry]\nurl = \"registry:8081\"\n", "ingest.schema_registry.url"),
+            ("[ingest.schema_registry]\nurl = \"http://r\"\nretry_max_ms = 0\n", "ingest.schema_registry.retry_max_ms"),
+            ("[ingest.schema_registry]\nurl_typo = \"http://r\"\n", "url_typo"),
+        ] {
+            let e = Config::from_toml_with_env(toml, "t", env(&[])).unwrap_err().to_string();
+            assert!(e.contains(key), "{e}");
+        }
     }
 
     #[test]
