@@ -25,6 +25,7 @@ mod parking;
 mod pipeline;
 mod rebalance;
 mod redo;
+mod schema_registry;
 mod sealed_headers;
 mod support;
 mod tansu;
