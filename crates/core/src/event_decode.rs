@@ -134,7 +134,11 @@ fn decode_unframed(bytes: &[u8], ctx: &Context<'_>, max_bytes: usize, json_only:
 /// it JSON. Then it is read as the record says: the envelope (or a structured CloudEvent), or in binary mode the
 /// CloudEvent's data (JSON now, whatever `content-type` said of the framed bytes). The event keeps the schema id; a
 /// rejection's detail names it.
-fn decode_framed(framed: Result<Framed<'_>, FramingError>, ctx: &Context<'_>, registry: &dyn PayloadDecoder) -> Result<Decoded, DecodeError> {
+fn decode_framed(
+    framed: Result<Framed<'_>, FramingError>,
+    ctx: &Context<'_>,
+    registry: &dyn PayloadDecoder,
+) -> Result<Decoded, DecodeError> {
     let framed = framed.map_err(|e| invalid(Reason::EventInvalidFraming, e.to_string()))?;
     let id = framed.schema_id;
     let named = |i: Invalid| Invalid { detail: format!("schema id {id}: {}", i.detail), ..i };
@@ -584,10 +588,18 @@ mod tests {
         // Binary mode: the decoded JSON is the CloudEvent's data, whatever content type the framed bytes had.
         let ctx = Context::from_headers(
             crate::cloudevents::Binding::Kafka,
-            [("ce_specversion", &b"1.0"[..]), ("ce_id", b"c1"), ("ce_source", b"/s"), ("ce_type", b"t.x"), ("content-type", b"application/avro")],
+            [
+                ("ce_specversion", &b"1.0"[..]),
+                ("ce_id", b"c1"),
+                ("ce_source", b"/s"),
+                ("ce_type", b"t.x"),
+                ("content-type", b"application/avro"),
+            ],
             None,
         );
-        let Ok(Decoded::Event(ce)) = decode_record_with(Some(b"\x00\x00\x00\x00\x2a\x02"), &ctx, MAX, false, &Avro) else { panic!("a CloudEvent") };
+        let Ok(Decoded::Event(ce)) = decode_record_with(Some(b"\x00\x00\x00\x00\x2a\x02"), &ctx, MAX, false, &Avro) else {
+            panic!("a CloudEvent")
+        };
         assert_eq!((ce.id.as_str(), ce.r#type.as_str(), ce.registry_schema_id), ("c1", "t.x", 42));
         assert_eq!(serde_json::from_slice::<serde_json::Value>(&ce.data_json).unwrap()["id"], "a");
     }

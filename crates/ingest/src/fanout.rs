@@ -225,7 +225,6 @@ impl FanoutHandler {
         let events = f.topics.events();
         let (p, o) = (done.partition(), done.offset());
         let accepted_at = m.timestamp().to_millis().unwrap_or_else(crate::now_ms);
-        let payload = m.payload().unwrap_or_default();
         let decoded = match &f.registry {
             Some(r) => hookline_kafka::event_record::decode_with(m, f.max_event_bytes, r.as_ref()),
             None => hookline_kafka::event_record::decode_with(m, f.max_event_bytes, &hookline_core::registry_framing::NoRegistry),
