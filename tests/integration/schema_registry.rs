@@ -128,8 +128,11 @@ fn order(id: &str, total: i64) -> Value {
 async fn avro_json_schema_and_protobuf_events_are_delivered_as_json_with_their_schema_id_visible() {
     let Some(py) = python() else { return };
     let registry = Registry::start(&py);
-    let values =
-        serialize(&py, &registry.url, &[("avro", order("e_avro", 42)), ("json", order("e_json", 7)), ("protobuf", order("e_proto", 9))]);
+    let values = serialize(
+        &py,
+        &registry.url,
+        &[("avro", order("e_avro", 42)), ("json", order("e_json", 7)), ("protobuf", order("e_proto", 9)), ("avro", order("e_ce_data", 3))],
+    );
     let ids: Vec<u32> = values.iter().map(|v| schema_id(v)).collect();
     let url = registry.url.clone();
     let p = Pipeline::start_with(1, |c| c.ingest.schema_registry.url = Some(url)).await;
@@ -137,9 +140,19 @@ async fn avro_json_schema_and_protobuf_events_are_delivered_as_json_with_their_s
     // An id the registry never gave, with an Avro-looking payload.
     let unknown = [&[0u8, 0, 0, 0x03, 0xe7][..], b"\x02x"].concat();
     produce(&p, &[&values[0], &values[1], &unknown, &values[2]]).await;
-    wait_requests(&p, "r", 3).await;
+    // CloudEvents binary mode: the framed value is the event's data, its context in `ce_*` headers.
+    let producer = hookline_kafka::client::producer(&p.config.kafka, "schema-registry-ce").expect("producer");
+    let headers = rdkafka::message::OwnedHeaders::new()
+        .insert(rdkafka::message::Header { key: "ce_specversion", value: Some("1.0") })
+        .insert(rdkafka::message::Header { key: "ce_id", value: Some("e_ce") })
+        .insert(rdkafka::message::Header { key: "ce_source", value: Some("/shop") })
+        .insert(rdkafka::message::Header { key: "ce_type", value: Some("order.paid") })
+        .insert(rdkafka::message::Header { key: "content-type", value: Some("application/avro") });
+    hookline_kafka::produce::send_with_headers(&producer, "hookline.events", "order-1", &values[3], Some(headers)).await.expect("produced");
+    wait_requests(&p, "r", 4).await;
     let got = bodies(&p, "r");
-    assert_eq!(got.iter().map(|b| b["id"].as_str().unwrap()).collect::<Vec<_>>(), ["e_avro", "e_json", "e_proto"], "in order");
+    assert_eq!(got.iter().map(|b| b["id"].as_str().unwrap()).collect::<Vec<_>>(), ["e_avro", "e_json", "e_proto", "e_ce"], "in order");
+    assert_eq!(got[3]["data"], order("e_ce_data", 3), "the decoded Avro is the CloudEvent's data: {}", got[3]);
     assert_eq!(got[0]["data"], json!({"total": 42, "note": "n42"}), "Avro decoded to JSON: {}", got[0]);
     assert_eq!(got[1]["data"], json!({"total": 7, "note": "n7"}), "JSON Schema delivered as it was: {}", got[1]);
     assert_eq!(got[2]["data"], json!({"total": 9, "note": "n9"}), "Protobuf decoded to JSON: {}", got[2]);
