@@ -73,7 +73,7 @@ impl Drop for Registry {
 /// Each `(format, event)` framed by Confluent's serializer of that format, for the events topic.
 fn serialize(python: &str, registry: &str, events: &[(&str, Value)]) -> Vec<Vec<u8>> {
     let mut child = Command::new(python)
-        .arg(repo().join("tests/integration/schema_registry_serialize.py"))
+        .arg(repo().join("tests/integration/interop/schema_registry_serialize.py"))
         .args([registry, "hookline.events"])
         .stdin(Stdio::piped())
         .stdout(Stdio::piped())
