@@ -208,6 +208,7 @@ async fn ingest_start_error(config: hookline_service::Config) -> (String, Durati
 
 fn base_config(k: &ExternalKafka) -> hookline_service::Config {
     let mut c = hookline_service::Config::dev(&k.bootstrap, 1, crate::support::TOKEN);
+    c.kafka.check_acls_at_start = true;
     crate::support::use_prefix(&mut c, &ExternalKafka::fresh_prefix());
     c.telemetry.log_level = "warn".into();
     c

@@ -584,6 +584,7 @@ impl ExternalKafka {
                 // A real broker answers a fetch as soon as records arrive; the wait bounds only idle polls.
                 c.kafka.fetch_wait_max_ms = 100;
                 c.kafka.offsets_by_time = true;
+                c.kafka.check_acls_at_start = true;
                 edit(c);
             },
             true,

@@ -46,6 +46,10 @@ pub struct KafkaSettings {
     /// Whether the broker answers offset-by-time lookups (real Kafka does). Replays "since a time" use it to
     /// start near the time; without it (the embedded mock broker) they scan from the beginning.
     pub offsets_by_time: bool,
+    /// Whether each service asks the broker, at start, for its principal's permissions on the topics and groups it
+    /// uses, and stops naming what is lacking (docs/operations.md, "ACLs"). The embedded mock broker cannot answer
+    /// (dev mode turns it off).
+    pub check_acls_at_start: bool,
     /// Group consumers' `session.timeout.ms`: how long a member that stopped heartbeating (killed, frozen, cut
     /// off) keeps its partitions before the group reassigns them. Shorter recovers sooner from a crash; too short
     /// turns a GC-free but briefly stalled host into a rebalance. Heartbeats go every tenth of it.
@@ -96,6 +100,7 @@ impl Default for KafkaSettings {
             delivery_timeout_ms: 120_000,
             linger_ms: 5,
             offsets_by_time: true,
+            check_acls_at_start: true,
             fetch_wait_max_ms: 100,
             message_max_bytes: 1_000_000,
             session_timeout_ms: 10_000,
@@ -574,6 +579,7 @@ impl std::fmt::Debug for KafkaSettings {
             .field("message_max_bytes", &self.message_max_bytes)
             .field("fetch_wait_max_ms", &self.fetch_wait_max_ms)
             .field("offsets_by_time", &self.offsets_by_time)
+            .field("check_acls_at_start", &self.check_acls_at_start)
             .field("session_timeout_ms", &self.session_timeout_ms)
             .field("max_poll_interval_ms", &self.max_poll_interval_ms)
             .field("group_instance_id", &self.group_instance_id)

@@ -742,6 +742,8 @@ impl Config {
         c.kafka.replication_factor = 1;
         c.kafka.linger_ms = 1;
         c.kafka.offsets_by_time = false;
+        // The mock broker answers no admin request for authorized operations.
+        c.kafka.check_acls_at_start = false;
         // The mock broker holds an empty fetch for the whole wait: keep hops short.
         c.kafka.fetch_wait_max_ms = 10;
         c.ingest.listen_addr = "127.0.0.1:0".parse().expect("literal address");

@@ -109,6 +109,7 @@ fn on_cluster(config: &mut hookline_service::Config, brokers: &str) {
     config.log.group_id = format!("{prefix}log-indexer");
     config.kafka.fetch_wait_max_ms = hookline_kafka::KafkaSettings::default().fetch_wait_max_ms;
     config.kafka.offsets_by_time = true;
+    config.kafka.check_acls_at_start = true;
 }
 
 /// Creates the topics of `--brokers` and waits until the cluster shows every one with leaders: the services stop
