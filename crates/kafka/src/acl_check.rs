@@ -88,6 +88,20 @@ impl AclCheckError {
 /// Asks the broker what the principal may do and returns what it lacks of `needs`. A topic that does not exist
 /// lacks everything asked of it (the message says so through the operation); describing is implied by the others.
 pub async fn check(settings: &KafkaSettings, client_id: &str, needs: &[Need]) -> Result<(), AclCheckError> {
+    // A topic created a moment ago may not be in every broker's metadata yet: asked again before it counts as missing.
+    let mut tries = 0u32;
+    loop {
+        match check_once(settings, client_id, needs).await {
+            Err(AclCheckError::NoTopics { .. }) if tries < 4 => {
+                tries += 1;
+                tokio::time::sleep(Duration::from_millis(500)).await;
+            }
+            other => return other,
+        }
+    }
+}
+
+async fn check_once(settings: &KafkaSettings, client_id: &str, needs: &[Need]) -> Result<(), AclCheckError> {
     let admin = crate::client::admin(settings, client_id).map_err(|e| AclCheckError::Broker(e.to_string()))?;
     let needs = needs.to_vec();
     // An answer in seconds, as any metadata request; the same bound whatever the producer timeouts are.
@@ -270,8 +284,10 @@ unsafe fn allowed(error: *const rd::rd_kafka_error_t, ops: *const rd::rd_kafka_A
     if !error.is_null() {
         match rd::rd_kafka_error_code(error) {
             E::RD_KAFKA_RESP_ERR_NO_ERROR => {}
+            E::RD_KAFKA_RESP_ERR_TOPIC_AUTHORIZATION_FAILED | E::RD_KAFKA_RESP_ERR_GROUP_AUTHORIZATION_FAILED => return Allowed::Refused,
             E::RD_KAFKA_RESP_ERR_UNKNOWN_TOPIC_OR_PART | E::RD_KAFKA_RESP_ERR_GROUP_ID_NOT_FOUND => return Allowed::Absent,
-            _ => return Allowed::Refused,
+            // Anything else (a coordinator loading or moving, a leader election) says nothing about permissions.
+            _ => return Allowed::NotReported,
         }
     }
     if ops.is_null() || n == 0 {
