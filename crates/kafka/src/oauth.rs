@@ -164,24 +164,31 @@ impl OAuthClient {
     /// [`OAuthClient::fetch`] from synchronous code (librdkafka's hook): on a thread of its own with its own
     /// runtime, so it works on a runtime worker, a blocking thread or a plain thread alike.
     pub fn fetch_blocking(&self) -> Result<Token, TokenError> {
-        let run = || {
-            std::thread::scope(|s| {
-                s.spawn(|| {
-                    let rt = tokio::runtime::Builder::new_current_thread()
-                        .enable_all()
-                        .build()
-                        .map_err(|e| self.request_error(format!("starting a runtime: {e}")))?;
-                    rt.block_on(self.fetch())
-                })
-                .join()
-                .unwrap_or_else(|_| Err(self.request_error("the token fetch panicked".into())))
+        block_on_own_runtime(|| self.fetch()).unwrap_or_else(|why| Err(self.request_error(format!("the token fetch {why}"))))
+    }
+}
+
+/// Runs the future `make` returns from synchronous code (librdkafka's token hook) on a thread of its own with its
+/// own runtime, so it works on a runtime worker, a blocking thread or a plain thread alike. `Err` says why it did
+/// not run to its end.
+pub(crate) fn block_on_own_runtime<T: Send, F: std::future::Future<Output = T>>(make: impl FnOnce() -> F + Send) -> Result<T, String> {
+    let run = || {
+        std::thread::scope(|s| {
+            s.spawn(|| {
+                let rt = tokio::runtime::Builder::new_current_thread()
+                    .enable_all()
+                    .build()
+                    .map_err(|e| format!("could not start a runtime: {e}"))?;
+                Ok(rt.block_on(make()))
             })
-        };
-        // On a multi-threaded runtime's worker, hand its other tasks to another thread while this one waits.
-        match tokio::runtime::Handle::try_current().map(|h| h.runtime_flavor()) {
-            Ok(tokio::runtime::RuntimeFlavor::MultiThread) => tokio::task::block_in_place(run),
-            _ => run(),
-        }
+            .join()
+            .unwrap_or_else(|_| Err("panicked".to_owned()))
+        })
+    };
+    // On a multi-threaded runtime's worker, hand its other tasks to another thread while this one waits.
+    match tokio::runtime::Handle::try_current().map(|h| h.runtime_flavor()) {
+        Ok(tokio::runtime::RuntimeFlavor::MultiThread) => tokio::task::block_in_place(run),
+        _ => run(),
     }
 }
 

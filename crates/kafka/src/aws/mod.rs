@@ -67,24 +67,7 @@ impl MskIamClient {
     /// [`MskIamClient::token`] from librdkafka's synchronous hook, with the process's environment and credential
     /// cache, on a thread and runtime of its own (as the OIDC fetch).
     pub fn token_blocking(&self) -> Result<Token, CredentialsError> {
-        let run = || {
-            std::thread::scope(|s| {
-                s.spawn(|| {
-                    let rt = tokio::runtime::Builder::new_current_thread()
-                        .enable_all()
-                        .build()
-                        .map_err(|e| CredentialsError::Source { source_name: "hookline", message: format!("starting a runtime: {e}") })?;
-                    rt.block_on(self.token(Environment::process(), &CREDENTIALS, SystemTime::now()))
-                })
-                .join()
-                .unwrap_or_else(|_| {
-                    Err(CredentialsError::Source { source_name: "hookline", message: "the credential fetch panicked".into() })
-                })
-            })
-        };
-        match tokio::runtime::Handle::try_current().map(|h| h.runtime_flavor()) {
-            Ok(tokio::runtime::RuntimeFlavor::MultiThread) => tokio::task::block_in_place(run),
-            _ => run(),
-        }
+        crate::oauth::block_on_own_runtime(|| self.token(Environment::process(), &CREDENTIALS, SystemTime::now()))
+            .unwrap_or_else(|why| Err(CredentialsError::Source { source_name: "hookline", message: format!("the credential fetch {why}") }))
     }
 }
