@@ -48,6 +48,23 @@ async fn apache_kafka_cloudevents_from_the_sdk_are_delivered_filtered_ignored_or
     crate::cloudevents::cloudevents_from_the_sdk_on_kafka_on(k.pipeline(2, |_| {}).await, &py).await;
 }
 
+/// Ordering by key on a real broker: a failing head parks its key's later deliveries on the `ordered` topic (read
+/// back by offset when the head concludes) while other keys flow.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn apache_kafka_a_failing_key_holds_only_its_own_later_events_while_other_keys_flow() {
+    let Some((k, _shared)) = shared().await else { return };
+    crate::ordering::a_failing_key_holds_only_its_own_later_events_while_other_keys_flow_on(k.pipeline(2, |_| {}).await).await;
+}
+
+/// Scaling out and in on a real group coordinator (cooperative-sticky, with the revoke drain): only the partitions
+/// that change owner move, and each event is delivered once, although here commits during a rebalance succeed.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn apache_kafka_scaling_out_and_in_moves_only_the_partitions_that_change_owner_and_delivers_each_event_once() {
+    let Some((k, _shared)) = shared().await else { return };
+    let p = k.pipeline_without_dispatcher(crate::rebalance::PARTITIONS, crate::rebalance::revoke_drain).await;
+    crate::rebalance::scaling_out_and_in_moves_only_the_partitions_that_change_owner_and_delivers_each_event_once_on(p).await;
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn apache_kafka_retries_go_through_the_tiers_and_are_never_early() {
     let Some((k, _shared)) = shared().await else { return };

@@ -103,7 +103,11 @@ fn assert_after_in_order(r: &Receiver, head: &str, later: &[&str]) {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_failing_key_holds_only_its_own_later_events_while_other_keys_flow() {
-    let p = Pipeline::start(2).await;
+    a_failing_key_holds_only_its_own_later_events_while_other_keys_flow_on(Pipeline::start(2).await).await;
+}
+
+/// The body of the test above, on any broker's pipeline (also run on Apache Kafka: `apache_kafka.rs`).
+pub(crate) async fn a_failing_key_holds_only_its_own_later_events_while_other_keys_flow_on(p: Pipeline) {
     let (r, url) = Receiver::start().await;
     // The fields are checked, each refusal naming its field.
     for (body, field) in [

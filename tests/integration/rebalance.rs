@@ -15,13 +15,15 @@ use tokio_util::sync::CancellationToken;
 use crate::support::{wait_for, Pipeline};
 
 const LIMIT: Duration = Duration::from_secs(60);
-const PARTITIONS: i32 = 4;
+pub(crate) const PARTITIONS: i32 = 4;
 const SUBSCRIPTIONS: usize = 8;
 /// Events published once both rebalances are over.
 const EVENTS_AFTER: usize = 20;
 
 /// A dispatcher of the pipeline's group, run by the test, with what its rebalances told it.
 struct Member {
+    /// The pipeline's `deliveries` topic.
+    topic: String,
     stop: CancellationToken,
     run: tokio::task::JoinHandle<()>,
     events: Arc<Mutex<Vec<RebalanceEvent>>>,
@@ -43,17 +45,18 @@ impl Member {
         let stop = CancellationToken::new();
         let options = hookline_dispatcher::Options { instance: Some(name.into()), rebalances: Some(tx), ..Default::default() };
         let run = hookline_dispatcher::run(p.config.clone(), stop.clone(), options);
-        Member { stop, run: tokio::spawn(async move { run.await.expect("dispatcher runs") }), events, changed }
+        let topic = Topics::new(p.config.kafka.topic_prefix.clone()).deliveries().to_owned();
+        Member { topic, stop, run: tokio::spawn(async move { run.await.expect("dispatcher runs") }), events, changed }
     }
 
     /// The `deliveries` partitions it owns now, from the deltas it was given.
     fn owned(&self) -> BTreeSet<i32> {
-        let topic = Topics::new("hookline.").deliveries().to_owned();
+        let topic = &self.topic;
         let mut owned = BTreeSet::new();
         for ev in self.events.lock().unwrap().iter() {
             match ev {
-                RebalanceEvent::Assigned(ps) => owned.extend(ps.iter().filter(|(t, _)| *t == topic).map(|(_, p)| *p)),
-                RebalanceEvent::Revoked(ps) => ps.iter().filter(|(t, _)| *t == topic).for_each(|(_, p)| {
+                RebalanceEvent::Assigned(ps) => owned.extend(ps.iter().filter(|(t, _)| t == topic).map(|(_, p)| *p)),
+                RebalanceEvent::Revoked(ps) => ps.iter().filter(|(t, _)| t == topic).for_each(|(_, p)| {
                     owned.remove(p);
                 }),
             }
@@ -63,12 +66,12 @@ impl Member {
 
     /// Every partition it was ever made to give up.
     fn revoked(&self) -> BTreeSet<i32> {
-        let topic = Topics::new("hookline.").deliveries().to_owned();
+        let topic = &self.topic;
         let events = self.events.lock().unwrap();
         events
             .iter()
             .filter_map(|ev| match ev {
-                RebalanceEvent::Revoked(ps) => Some(ps.iter().filter(|(t, _)| *t == topic).map(|(_, p)| *p)),
+                RebalanceEvent::Revoked(ps) => Some(ps.iter().filter(|(t, _)| t == topic).map(|(_, p)| *p)),
                 RebalanceEvent::Assigned(_) => None,
             })
             .flatten()
@@ -98,15 +101,25 @@ fn deliveries(p: &Pipeline) -> BTreeMap<(String, String), usize> {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn scaling_out_and_in_moves_only_the_partitions_that_change_owner_and_delivers_each_event_once() {
     let p = Pipeline::start_without_dispatcher(PARTITIONS, |c| {
-        // Deliveries in flight on a partition that moves finish (and their outcomes are written) before the next
-        // owner reads what was concluded; the mock broker refuses commits during a rebalance, and the redo check
-        // then acknowledges that work without sending it again.
-        c.dispatcher.revoke_drain_ms = 5_000;
+        revoke_drain(c);
         // The mock broker waits the session timeout less 1 s for members to rejoin, in each of a cooperative
         // rebalance's two rounds.
         c.kafka.session_timeout_ms = 3_000;
     })
     .await;
+    scaling_out_and_in_moves_only_the_partitions_that_change_owner_and_delivers_each_event_once_on(p).await;
+}
+
+/// Deliveries in flight on a partition that moves finish (and their outcomes are written) before the next owner
+/// reads what was concluded; the mock broker refuses commits during a rebalance, and the redo check then
+/// acknowledges that work without sending it again.
+pub(crate) fn revoke_drain(c: &mut hookline_service::Config) {
+    c.dispatcher.revoke_drain_ms = 5_000;
+}
+
+/// The body of the test above on a pipeline without a dispatcher, with [`PARTITIONS`] partitions (also run on
+/// Apache Kafka: `apache_kafka.rs`).
+pub(crate) async fn scaling_out_and_in_moves_only_the_partitions_that_change_owner_and_delivers_each_event_once_on(p: Pipeline) {
     for i in 0..SUBSCRIPTIONS {
         p.subscribe(json!({"url": p.url(&format!("s{i}")), "event_types": ["*"]})).await;
     }

@@ -573,6 +573,23 @@ impl ExternalKafka {
 
     /// Like [`ExternalKafka::pipeline`] on topics that exist: a restarted pipeline reads what the one before left.
     pub async fn pipeline_on(&self, prefix: &str, partitions: i32, edit: impl FnOnce(&mut hookline_service::Config)) -> Pipeline {
+        self.start_on(prefix, partitions, edit, true).await
+    }
+
+    /// Like [`ExternalKafka::pipeline`], without a dispatcher: the test runs its own (`hookline_dispatcher::run`).
+    pub async fn pipeline_without_dispatcher(&self, partitions: i32, edit: impl FnOnce(&mut hookline_service::Config)) -> Pipeline {
+        let prefix = Self::fresh_prefix();
+        self.create_topics(&prefix, partitions, &[]).await;
+        self.start_on(&prefix, partitions, edit, false).await
+    }
+
+    async fn start_on(
+        &self,
+        prefix: &str,
+        partitions: i32,
+        edit: impl FnOnce(&mut hookline_service::Config),
+        dispatcher: bool,
+    ) -> Pipeline {
         let replication = self.replication();
         Pipeline::start_at(
             None,
@@ -587,7 +604,7 @@ impl ExternalKafka {
                 c.kafka.check_acls_at_start = true;
                 edit(c);
             },
-            true,
+            dispatcher,
         )
         .await
     }

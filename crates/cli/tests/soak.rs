@@ -25,9 +25,13 @@ fn soak(faults: &[&str]) -> Value {
 }
 
 fn soak_with(faults: &[&str], extra: &[&str]) -> Value {
+    soak_at(EVENTS, RATE, faults, extra)
+}
+
+fn soak_at(events: &str, rate: &str, faults: &[&str], extra: &[&str]) -> Value {
     let _serial = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
     let mut cmd = Command::new(env!("CARGO_BIN_EXE_hookline"));
-    cmd.args(["soak", "--events", EVENTS, "--rate", RATE, "--fault-every-s", "2", "--max-in-flight", &MAX_IN_FLIGHT.to_string()]);
+    cmd.args(["soak", "--events", events, "--rate", rate, "--fault-every-s", "2", "--max-in-flight", &MAX_IN_FLIGHT.to_string()]);
     for f in faults {
         cmd.args(["--fault", f]);
     }
@@ -44,7 +48,7 @@ fn soak_with(faults: &[&str], extra: &[&str]) -> Value {
     assert_eq!(n("log_missing"), 0, "finished deliveries missing from the delivery log store: {report}");
     assert!(report["log_lag_s"].as_f64().is_some_and(|s| s < 30.0), "{report}");
     assert_eq!(n("events_rejected"), 0, "every event was accepted in the end: {report}");
-    assert_eq!(n("events_accepted"), EVENTS.parse::<u64>().unwrap(), "{report}");
+    assert_eq!(n("events_accepted"), events.parse::<u64>().unwrap(), "{report}");
     assert!(n("accepted") >= n("events_accepted"), "{report}");
     assert_eq!(n("final_states"), n("accepted"), "{report}");
     assert_eq!(n("unexpected_final"), 0, "a delivery ended in a state its endpoint does not imply: {report}");
@@ -96,12 +100,83 @@ fn sigterm_of_each_binary_drains_without_duplicates() {
     }
 }
 
+/// Every fault the embedded broker injects, in turn: down, failing produce, fetch, commit and group requests, slow.
 #[test]
-fn broker_outage_and_request_errors_lose_nothing() {
-    soak(&["broker-down", "produce-errors", "fetch-errors", "commit-errors"]);
+fn broker_outage_request_errors_and_a_slow_broker_lose_nothing() {
+    soak(&["broker-down", "produce-errors", "fetch-errors", "commit-errors", "broker-slow", "group-errors"]);
 }
 
+/// A cluster of three Apache Kafka nodes (`scripts/kafka start --nodes 3`: replication factor 3,
+/// `min.insync.replicas` 2), stopped when dropped.
+struct ThreeNodes {
+    script: std::path::PathBuf,
+    dir: String,
+    file: std::path::PathBuf,
+}
+
+impl ThreeNodes {
+    /// `None` (the test skips, saying so) without Java, unless `HOOKLINE_TEST_REQUIRE_KAFKA` is set, as scripts/test
+    /// does: then a cluster that does not start fails the test.
+    fn start() -> Option<ThreeNodes> {
+        let required = std::env::var_os("HOOKLINE_TEST_REQUIRE_KAFKA").is_some();
+        if !required && Command::new("java").arg("-version").output().is_err() {
+            eprintln!("skipped: no Java for scripts/kafka (set HOOKLINE_TEST_REQUIRE_KAFKA to make this a failure)");
+            return None;
+        }
+        let script = std::path::PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../../scripts/kafka");
+        // In a temp dir of its own, which `stop` removes.
+        let out = Command::new(&script).args(["start", "--nodes", "3"]).output().expect("run scripts/kafka");
+        assert!(out.status.success(), "scripts/kafka start --nodes 3: {}", String::from_utf8_lossy(&out.stderr));
+        let line: Value = serde_json::from_slice(&out.stdout).expect("scripts/kafka's JSON line");
+        let dir = line["dir"].as_str().expect("the cluster's dir").to_owned();
+        let file = std::path::Path::new(&dir).join("cluster.json");
+        Some(ThreeNodes { script, dir, file })
+    }
+}
+
+impl Drop for ThreeNodes {
+    fn drop(&mut self) {
+        let _ = Command::new(&self.script).args(["stop", "--dir", &self.dir]).output();
+    }
+}
+
+/// On three Apache Kafka nodes, under a steady flow: the node leading the most `deliveries` partitions killed with
+/// SIGKILL and started again, a node frozen (SIGSTOP) past the controller's session timeout, the active controller
+/// killed, and every node killed at once. Nothing accepted is lost, duplicates stay within the in-flight windows,
+/// and deliveries flow again within a minute of each node coming back.
 #[test]
-fn a_slow_broker_and_failing_group_requests_lose_nothing() {
-    soak(&["broker-slow", "group-errors"]);
+fn on_three_apache_kafka_nodes_broker_loss_a_frozen_broker_and_the_controller_killed_lose_nothing() {
+    let Some(cluster) = ThreeNodes::start() else { return };
+    let file = cluster.file.display().to_string();
+    let faults = ["kill-broker", "stop-broker", "kill-controller", "restart-cluster"];
+    let r = soak_at("2400", "40", &faults, &["--kafka-cluster", &file]);
+    assert_eq!(r["broker"], "apache-kafka", "{r}");
+    assert_eq!(r["replication_factor"], 3, "{r}");
+    for l in r["faults"].as_array().unwrap() {
+        assert!(l["nodes"].as_array().is_some_and(|n| !n.is_empty()), "the fault names its nodes: {l}");
+        if l["at_s"].as_f64().is_some_and(|_| l["resumed_s"].is_number()) {
+            assert!(l["resumed_s"].as_f64().unwrap() < 60.0, "deliveries flowed again within a minute: {l}");
+        }
+    }
+    assert!(
+        r["faults"].as_array().unwrap().iter().filter(|l| l["resumed_s"].is_number()).count() >= 2,
+        "the faults landed while events flowed: {r}"
+    );
+}
+
+/// A fault the broker cannot take is refused before anything starts, naming the flag and what it needs.
+#[test]
+fn a_node_fault_without_a_cluster_and_an_injected_fault_on_a_cluster_are_refused_naming_the_flag() {
+    let run = |args: &[&str]| {
+        let out = Command::new(env!("CARGO_BIN_EXE_hookline")).arg("soak").args(args).output().expect("run hookline soak");
+        assert!(!out.status.success(), "{args:?} was accepted");
+        String::from_utf8_lossy(&out.stderr).into_owned()
+    };
+    let e = run(&["--fault", "kill-broker"]);
+    assert!(e.contains("--fault kill-broker") && e.contains("--kafka-cluster"), "{e}");
+    let e = run(&["--fault", "produce-errors", "--brokers", "127.0.0.1:1"]);
+    assert!(e.contains("--fault produce-errors") && e.contains("embedded broker"), "{e}");
+    let missing = std::env::temp_dir().join("hookline-soak-no-such-cluster.json");
+    let e = run(&["--kafka-cluster", &missing.display().to_string()]);
+    assert!(e.contains("--kafka-cluster") && e.contains("hookline-soak-no-such-cluster.json"), "{e}");
 }

@@ -133,7 +133,7 @@ mod tests {
     #[test]
     fn health_shows_what_is_switched_off_then_failures() {
         let failing = EndpointState { condition: EndpointCondition::Failing as i32, consecutive_failures: 46, ..Default::default() };
-        // The case of issue 16: an active subscription whose endpoint failed 46 times in a row is not healthy.
+        // An active subscription whose endpoint failed 46 times in a row is not healthy.
         assert_eq!(health(&Activity::Active, Some(&failing)), Health::Failing);
         assert_eq!(health(&Activity::Active, None), Health::Healthy);
         assert_eq!(health(&Activity::Active, Some(&EndpointState::default())), Health::Healthy);

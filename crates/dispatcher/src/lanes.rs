@@ -160,7 +160,7 @@ const RELATIVE_PACE: f64 = 0.25;
 const EXEMPT_DRAIN_FACTOR: u32 = 6;
 /// The share of what all lanes hold that a lane exempt by its relative pace must exceed to be parked for its
 /// drain time (`StuckCause::Deep`): more than all the others together. Drain times alone are not relative: when
-/// the whole host stalls (session 7: load 15–26) every lane's pace falls together, and healthy lanes a few hundred
+/// the whole host stalls (load average 15–26 in the bench) every lane's pace falls together, and healthy lanes a few hundred
 /// deep each needed over 30 s, so the bound parked them (5,869 `deep` spills in one bench run) and fed the retry
 /// ladder on the cores the deliveries needed. A lane's share of the work does not move when all slow alike.
 const DEEP_SHARE: f64 = 0.5;
@@ -547,7 +547,7 @@ mod tests {
         assert!(s.drain > Duration::from_secs(30), "{s:?}");
     }
 
-    /// Session 7 (#17): when the whole host stalls every lane's pace falls together, and healthy lanes a few
+    /// When the whole host stalls every lane's pace falls together, and healthy lanes a few
     /// hundred deep each need over 30 s to drain at it. None of them is behind the others: none is parked.
     #[tokio::test(start_paused = true)]
     async fn a_host_wide_slowdown_parks_no_lane() {
@@ -610,7 +610,7 @@ mod tests {
         assert_eq!((lanes.depth("a"), lanes.held.load(Ordering::Relaxed)), (0, 3), "a's five finished; b holds 3");
     }
 
-    /// Session 6 (#17): in the bench's run B a healthy lane 1,000–2,000 deep (the consumer fetched its partition
+    /// In the bench's run B a healthy lane 1,000–2,000 deep (the consumer fetched its partition
     /// ahead) needed 5–8 s at its pace and was parked once it held 4 × `max_queued_per_subscription`: ~950
     /// healthy deliveries round the retry ladder, the run's tail stretched and the isolation ratio fell to 0.8.
     #[tokio::test(start_paused = true)]

@@ -99,7 +99,7 @@ pub fn run(args: DevArgs) -> anyhow::Result<ExitCode> {
 
 /// `--brokers`: the cluster, a fresh topic prefix under the config's, consumer groups named after it, and the
 /// settings of a real broker (which answers a fetch as soon as records arrive, and offsets by time).
-fn on_cluster(config: &mut hookline_service::Config, brokers: &str) {
+pub(crate) fn on_cluster(config: &mut hookline_service::Config, brokers: &str) {
     let prefix = format!("{}dev-{}-{:06x}.", config.kafka.topic_prefix, std::process::id(), rand::random::<u32>() >> 8);
     config.kafka.bootstrap_servers = brokers.to_owned();
     config.kafka.topic_prefix = prefix.clone();
@@ -116,7 +116,7 @@ fn on_cluster(config: &mut hookline_service::Config, brokers: &str) {
 /// at start on a topic their broker does not know yet. Unless the config set another replication factor than dev
 /// mode's (`dev_replication`, 1), a cluster of three or more brokers gets 3: its `min.insync.replicas` may well be
 /// 2, which a topic of one replica can never satisfy.
-async fn create_topics(config: &mut hookline_service::Config, dev_replication: i32) -> anyhow::Result<()> {
+pub(crate) async fn create_topics(config: &mut hookline_service::Config, dev_replication: i32) -> anyhow::Result<()> {
     let limit = Duration::from_secs(30);
     let admin = hookline_kafka::client::admin(&config.kafka, "hookline-dev")?;
     if config.kafka.replication_factor == dev_replication {

@@ -156,6 +156,11 @@ impl Ledger {
         let _ = tokio::time::timeout(limit, self.changed.notified()).await;
     }
 
+    /// The requests the receiver has seen so far.
+    pub fn requests(&self) -> u64 {
+        self.recorded.requests()
+    }
+
     /// Until the receiver has seen `n` requests, or `limit`.
     pub async fn wait_requests(&self, n: u64, limit: Duration) -> bool {
         let deadline = Instant::now() + limit;

@@ -1,5 +1,6 @@
-//! `hookline soak`: the reliability harness. It runs the broker (`hookline dev-broker --control`), ingest, two
-//! dispatchers and the retry-scheduler as separate processes, a receiver whose endpoints succeed, fail, hang and
+//! `hookline soak`: the reliability harness. It runs the broker (`hookline dev-broker --control`, or an existing
+//! cluster: `--brokers`, or an Apache Kafka cluster of `scripts/kafka` whose nodes it can kill: `--kafka-cluster`),
+//! ingest, two dispatchers and the retry-scheduler as separate processes, a receiver whose endpoints succeed, fail, hang and
 //! go away, publishes a bounded stream of events through the API while injecting faults, waits until every
 //! accepted delivery has a final state, and reports `accepted`, `final_states`, `missing` (must be 0),
 //! `duplicates` and the fault schedule as one JSON line; then checks the delivery log store holds every accepted
@@ -7,6 +8,7 @@
 //! there). The exit code is 0 only when nothing is missing, from the deliveries or the log, and every delivery
 //! ended in the state its endpoint implies.
 
+mod cluster;
 mod faults;
 mod ledger;
 mod log_check;
@@ -27,7 +29,7 @@ use serde_json::{json, Value};
 use tokio_util::sync::CancellationToken;
 
 pub use faults::FaultKind;
-use faults::Fleet;
+use faults::{Brokers, Fleet, Target};
 use ledger::Ledger;
 use procs::{Broker, Role, Service};
 use publish::Publisher;
@@ -53,9 +55,19 @@ pub struct SoakArgs {
     /// long as events are being published, and each at least once.
     #[arg(long = "fault", value_enum)]
     pub faults: Vec<FaultKind>,
-    /// Every fault, in turn (the same as listing them all).
+    /// Every fault the broker can take, in turn: hookline's processes always; the injected errors on the embedded
+    /// broker; the node faults with --kafka-cluster.
     #[arg(long, conflicts_with = "faults")]
     pub all_faults: bool,
+    /// Run on this Kafka cluster (HOST:PORT,...) instead of the embedded broker, under a fresh topic prefix; only
+    /// hookline's processes take faults.
+    #[arg(long, conflicts_with = "kafka_cluster")]
+    pub brokers: Option<String>,
+    /// Run on the Apache Kafka cluster that `scripts/kafka start` describes in this file (its JSON line, also in
+    /// DIR/cluster.json), under a fresh topic prefix, with its nodes as fault targets (kill-broker, stop-broker,
+    /// kill-controller, restart-cluster).
+    #[arg(long, value_name = "FILE")]
+    pub kafka_cluster: Option<PathBuf>,
     /// Seconds from the end of one fault to the start of the next (and before the first).
     #[arg(long, default_value = "3", value_parser = crate::cmd::numbers::seconds_up_to(3600.0))]
     pub fault_every_s: Duration,
@@ -130,17 +142,54 @@ fn free_port() -> anyhow::Result<u16> {
     Ok(std::net::TcpListener::bind("127.0.0.1:0")?.local_addr()?.port())
 }
 
+/// The faults of the run: `--all-faults` keeps those the broker can take; a `--fault` it cannot take is an error
+/// naming the flag.
+fn chosen_faults(args: &SoakArgs, broker: &Brokers) -> anyhow::Result<Vec<FaultKind>> {
+    let all = <FaultKind as clap::ValueEnum>::value_variants();
+    if args.all_faults {
+        return Ok(all.iter().copied().filter(|f| broker.takes(f.target())).collect());
+    }
+    for f in &args.faults {
+        match f.target() {
+            t if broker.takes(t) => {}
+            Target::Cluster => anyhow::bail!("--fault {}: needs --kafka-cluster (an Apache Kafka cluster of scripts/kafka)", f.name()),
+            _ => anyhow::bail!(
+                "--fault {}: needs the embedded broker (it is injected there; not with --brokers or --kafka-cluster)",
+                f.name()
+            ),
+        }
+    }
+    Ok(args.faults.clone())
+}
+
 async fn soak(args: SoakArgs) -> anyhow::Result<Value> {
-    let faults: Vec<FaultKind> =
-        if args.all_faults { <FaultKind as clap::ValueEnum>::value_variants().to_vec() } else { args.faults.clone() };
     anyhow::ensure!(args.dispatchers >= 1, "--dispatchers: at least 1");
     anyhow::ensure!(args.rate >= 1, "--rate: at least 1 event per second");
     let t0 = Instant::now();
     let hookline = std::env::current_exe().context("locating the hookline executable")?;
     let bin_dir = procs::bin_dir(args.bin_dir.as_deref())?;
 
-    let broker = Broker::start(&hookline, args.partitions, args.verbose)?;
-    let mut config = Config::dev(&broker.bootstrap_servers, args.partitions, TOKEN);
+    let broker = match (&args.kafka_cluster, &args.brokers) {
+        (Some(file), _) => Brokers::Cluster(cluster::Cluster::from_file(file)?),
+        (None, Some(_)) => Brokers::External,
+        (None, None) => Brokers::Embedded(None),
+    };
+    let faults = chosen_faults(&args, &broker)?;
+    let broker = match broker {
+        Brokers::Embedded(None) => Brokers::Embedded(Some(Broker::start(&hookline, args.partitions, args.verbose)?)),
+        other => other,
+    };
+    let bootstrap = match (&broker, &args.brokers) {
+        (Brokers::Embedded(b), _) => b.as_ref().map(|b| b.bootstrap_servers.clone()).unwrap_or_default(),
+        (Brokers::Cluster(c), _) => c.bootstrap_servers.clone(),
+        (Brokers::External, brokers) => brokers.clone().unwrap_or_default(),
+    };
+    let mut config = Config::dev(&bootstrap, args.partitions, TOKEN);
+    if !matches!(broker, Brokers::Embedded(_)) {
+        // Topics under a fresh prefix, groups of their own, and a real broker's settings, as `hookline dev --brokers`.
+        crate::cmd::dev::on_cluster(&mut config, &bootstrap);
+        crate::cmd::dev::create_topics(&mut config, 1).await?;
+    }
     config.kafka.session_timeout_ms = args.session_timeout_ms;
     config.dispatcher.max_in_flight = args.max_in_flight;
     config.ingest.listen_addr = format!("127.0.0.1:{}", free_port()?).parse()?;
@@ -155,8 +204,11 @@ async fn soak(args: SoakArgs) -> anyhow::Result<Value> {
     let service = |role: Role, name: String| Service::new(role, name, &bin_dir, &config_path, args.verbose);
 
     let receiver = Receiver::start(HANG).await?;
+    let topics = Topics::new(config.kafka.topic_prefix.clone());
     let mut fleet = Fleet {
         broker,
+        deliveries_topic: topics.deliveries().to_owned(),
+        kafka: config.kafka.clone(),
         ingest: service(Role::Ingest, "ingest".into())?,
         dispatchers: (0..args.dispatchers).map(|k| service(Role::Dispatcher, format!("dispatcher-{k}"))).collect::<Result<_, _>>()?,
         scheduler: service(Role::RetryScheduler, "retry-scheduler".into())?,
@@ -184,7 +236,6 @@ async fn soak(args: SoakArgs) -> anyhow::Result<Value> {
     }
 
     let stop = CancellationToken::new();
-    let topics = Topics::new(config.kafka.topic_prefix.clone());
     let ledger = Ledger::start(&config, &topics, endpoint_of, receiver.recorded.clone(), stop.clone()).await?;
 
     let run_tag = format!("soak{}", std::process::id());
@@ -201,7 +252,7 @@ async fn soak(args: SoakArgs) -> anyhow::Result<Value> {
         tokio::time::sleep(every).await;
         fleet.revive()?;
         let fault = faults[turn % faults.len()];
-        schedule.push(fleet.apply(fault, turn / faults.len(), t0).await?);
+        schedule.push(fleet.apply(fault, turn / faults.len(), t0, &ledger).await?);
         turn += 1;
     }
     let published = publishing.await.context("the publisher")?;
@@ -278,6 +329,12 @@ async fn soak(args: SoakArgs) -> anyhow::Result<Value> {
         "max_in_flight": args.max_in_flight,
         "partitions": args.partitions,
         "session_timeout_ms": args.session_timeout_ms,
+        "broker": match &fleet.broker {
+            Brokers::Embedded(_) => "embedded",
+            Brokers::Cluster(_) => "apache-kafka",
+            Brokers::External => "external",
+        },
+        "replication_factor": config.kafka.replication_factor,
         "seconds_publish": round1(publish_done_s),
         "seconds_to_settle": round1(settled_s - publish_done_s),
         "seconds_total": round1(t0.elapsed().as_secs_f64()),
