@@ -65,6 +65,42 @@ async fn apache_kafka_scaling_out_and_in_moves_only_the_partitions_that_change_o
     crate::rebalance::scaling_out_and_in_moves_only_the_partitions_that_change_owner_and_delivers_each_event_once_on(p).await;
 }
 
+/// The same, with KIP-848's consumer group protocol: the broker computes the assignment, incrementally.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn apache_kafka_scaling_out_and_in_with_the_consumer_group_protocol_moves_only_what_changes_owner() {
+    let Some((k, _shared)) = shared().await else { return };
+    let p = k
+        .pipeline_without_dispatcher(crate::rebalance::PARTITIONS, |c| {
+            crate::rebalance::revoke_drain(c);
+            c.kafka.group_protocol = hookline_kafka::settings::GroupProtocol::Consumer;
+        })
+        .await;
+    crate::rebalance::scaling_out_and_in_moves_only_the_partitions_that_change_owner_and_delivers_each_event_once_on(p).await;
+}
+
+/// Endpoint-state writes fenced by owner epoch, on a real broker: a former owner's late write is ignored.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn apache_kafka_a_former_owners_late_endpoint_state_is_ignored_by_the_api_and_the_next_owner() {
+    let Some((k, _shared)) = shared().await else { return };
+    let p = k.pipeline_without_dispatcher(1, |_| {}).await;
+    crate::fencing::a_former_owners_late_endpoint_state_is_ignored_by_the_api_and_the_next_owner_on(p).await;
+}
+
+/// Two tenants publishing the same event id each keep their own event, through the log, resends and replays.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn apache_kafka_the_same_event_id_from_two_tenants_stays_each_tenants() {
+    let Some((k, _shared)) = shared().await else { return };
+    crate::tenants::the_same_event_id_from_two_tenants_stays_each_tenants(k.pipeline(2, |_| {}).await).await;
+}
+
+/// The delivery log on a real broker: an attempt's detail (headers, the verdict's reasoning), and a resend.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn apache_kafka_the_delivery_log_keeps_each_attempt_and_a_resend_arrives_with_the_same_event_id() {
+    let Some((k, _shared)) = shared().await else { return };
+    crate::delivery_log::attempt_detail_keeps_headers_and_reasoning(k.pipeline(2, |_| {}).await).await;
+    crate::delivery_log::a_delivery_that_succeeded_is_resent_and_arrives_with_the_same_event_id_on(k.pipeline(2, |_| {}).await).await;
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn apache_kafka_retries_go_through_the_tiers_and_are_never_early() {
     let Some((k, _shared)) = shared().await else { return };

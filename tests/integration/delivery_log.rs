@@ -25,7 +25,11 @@ fn ids(list: &Value, key: &str) -> Vec<String> {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_delivery_that_succeeded_is_resent_and_arrives_with_the_same_event_id() {
-    let p = Pipeline::start(2).await;
+    a_delivery_that_succeeded_is_resent_and_arrives_with_the_same_event_id_on(Pipeline::start(2).await).await;
+}
+
+/// The body of the test above, on any broker's pipeline (also run on Apache Kafka: `apache_kafka.rs`).
+pub(crate) async fn a_delivery_that_succeeded_is_resent_and_arrives_with_the_same_event_id_on(p: Pipeline) {
     let (sub, _) = p.subscribe(json!({"url": p.url("ok"), "event_types": ["*"], "policy_toml": quick("gauge")})).await;
     p.publish("evt_resend1", "order.created").await;
     p.wait_final_of(&sub, 1, LIMIT).await;
@@ -205,7 +209,7 @@ fn header<'a>(headers: &'a Value, name: &str) -> Option<&'a str> {
 
 /// Through the whole pipeline: the request headers as sent (the signature redacted, never stored), the receiver's
 /// response headers, and the policy's reasoning (rule, next due time) of a retried attempt, read back from the API.
-async fn attempt_detail_keeps_headers_and_reasoning(p: crate::support::Pipeline) {
+pub(crate) async fn attempt_detail_keeps_headers_and_reasoning(p: crate::support::Pipeline) {
     p.script("hdr", vec![Some((503, Some("0"))), Some((200, None))]);
     let body = json!({
         "url": p.url("hdr"), "event_types": ["*"], "policy_toml": quick("standard"),

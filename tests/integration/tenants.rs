@@ -95,7 +95,7 @@ async fn an_event_reaches_only_its_own_tenants_subscriptions() {
 /// Two tenants use the same event id (their own order numbers), in both orders: A first then B (`order-2000`), and B
 /// first then A (`order-3000`). Each tenant's API key and A's read-only portal link read the tenant's own delivery
 /// with its own event, and a resend and a replay of each delivery send the tenant's own bytes.
-async fn the_same_event_id_from_two_tenants_stays_each_tenants(p: Pipeline) {
+pub(crate) async fn the_same_event_id_from_two_tenants_stays_each_tenants(p: Pipeline) {
     p.tenant("tenant-a").await;
     p.tenant("tenant-b").await;
     let (_, key_a) = p.api_key("tenant-a").await;
