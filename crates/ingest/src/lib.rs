@@ -13,7 +13,7 @@ use hookline_notify as notify;
 use std::net::SocketAddr;
 use std::sync::Arc;
 
-use hookline_kafka::client::producer;
+use hookline_kafka::client::delivery_path_producer;
 use hookline_kafka::state::{SecretMode, StateTables};
 use hookline_kafka::table::{self, TableError};
 use hookline_kafka::Topics;
@@ -106,7 +106,8 @@ pub async fn run(config: Config, shutdown: CancellationToken, options: Options) 
         reader_stop.clone(),
     )
     .await?;
-    let producer = producer(&config.kafka, &instance)?;
+    // Every delivery waits on this producer twice (the accepted event, its delivery task): it lingers least.
+    let producer = delivery_path_producer(&config.kafka, &instance)?;
     // The delivery log is a store (opened in constant time whatever its history) that an indexer fills from
     // Kafka; nothing here waits for it to catch up.
     let log = Arc::new(hookline_log::LogStore::open(&hookline_log::Target::from_settings(&config.log)?).await?);

@@ -103,6 +103,19 @@ pub fn producer(settings: &KafkaSettings, client_id: &str) -> KafkaResult<Produc
     Producer::from_config(&producer_config(settings, client_id)?)
 }
 
+/// [`producer_config`] for the hops a delivery waits on (ingest's: the accepted event, the delivery tasks), which
+/// linger `delivery_path_linger_ms` instead of `linger_ms`.
+pub fn delivery_path_producer_config(settings: &KafkaSettings, client_id: &str) -> KafkaResult<ClientConfig> {
+    let mut c = producer_config(settings, client_id)?;
+    c.set("linger.ms", settings.delivery_path_linger_ms.to_string());
+    Ok(c)
+}
+
+/// A producer with [`delivery_path_producer_config`].
+pub fn delivery_path_producer(settings: &KafkaSettings, client_id: &str) -> KafkaResult<Producer> {
+    Producer::from_config(&delivery_path_producer_config(settings, client_id)?)
+}
+
 /// An admin client (topic creation) with hookline's connection and security settings.
 pub fn admin(settings: &KafkaSettings, client_id: &str) -> KafkaResult<AdminClient<KafkaContext>> {
     let admin = AdminClient::from_config_and_context(&base(settings, client_id)?, KafkaContext)?;

@@ -33,10 +33,16 @@ pub struct KafkaSettings {
     pub properties: BTreeMap<String, String>,
     /// How long a producer keeps retrying a record before reporting failure.
     pub delivery_timeout_ms: u64,
-    /// Producer batching delay (`linger.ms`). 5 ms, librdkafka's own default and Kafka 4.0's: fewer, larger produce
-    /// requests cost the broker and the clients less CPU per record, and on a busy broker the latency they save
-    /// outweighs the wait (docs/benchmarks.md, "Dispatcher CPU per delivery").
+    /// Producer batching delay (`linger.ms`) of the hops no delivery waits on: the dispatcher's attempt records,
+    /// retry tiers and state, the retry-scheduler's. 5 ms, librdkafka's own default and Kafka 4.0's: fewer, larger
+    /// produce requests cost the broker and the clients less CPU per record (docs/benchmarks.md, "Dispatcher CPU
+    /// per delivery").
     pub linger_ms: u64,
+    /// `linger.ms` of ingest's producer, the hops every delivery waits on: the event the API accepts and the
+    /// delivery tasks the fan-out writes. 0: on Apache Kafka each millisecond here is a millisecond of publish →
+    /// receiver latency, twice (docs/benchmarks.md, "On Apache Kafka"); under load librdkafka still batches what
+    /// arrives while a request is in flight.
+    pub delivery_path_linger_ms: u64,
     /// Largest record a producer sends (`message.max.bytes`); keep it at or below the brokers' and topics' limit.
     pub message_max_bytes: usize,
     /// Longest a consumer's fetch waits at the broker for data. Real Kafka answers as soon as data arrives, so this
@@ -99,6 +105,7 @@ impl Default for KafkaSettings {
             properties: BTreeMap::new(),
             delivery_timeout_ms: 120_000,
             linger_ms: 5,
+            delivery_path_linger_ms: 0,
             offsets_by_time: true,
             check_acls_at_start: true,
             fetch_wait_max_ms: 100,
@@ -576,6 +583,7 @@ impl std::fmt::Debug for KafkaSettings {
             .field("properties", &properties)
             .field("delivery_timeout_ms", &self.delivery_timeout_ms)
             .field("linger_ms", &self.linger_ms)
+            .field("delivery_path_linger_ms", &self.delivery_path_linger_ms)
             .field("message_max_bytes", &self.message_max_bytes)
             .field("fetch_wait_max_ms", &self.fetch_wait_max_ms)
             .field("offsets_by_time", &self.offsets_by_time)
@@ -787,6 +795,16 @@ mod tests {
         assert_eq!(c.get("ssl.key.password"), Some("keypw"));
         assert_eq!(c.get("ssl.endpoint.identification.algorithm"), Some("none"));
         assert_eq!(c.get("sasl.mechanism"), None);
+    }
+
+    /// Ingest's producer (the event, the delivery tasks) lingers `delivery_path_linger_ms`; the others `linger_ms`.
+    #[test]
+    fn the_delivery_path_producer_has_its_own_linger() {
+        let s = KafkaSettings { linger_ms: 7, delivery_path_linger_ms: 2, ..Default::default() };
+        assert_eq!(crate::client::producer_config(&s, "p").unwrap().get("linger.ms"), Some("7"));
+        assert_eq!(crate::client::delivery_path_producer_config(&s, "p").unwrap().get("linger.ms"), Some("2"));
+        assert_eq!(crate::client::delivery_path_producer_config(&s, "p").unwrap().get("acks"), Some("all"));
+        assert_eq!(KafkaSettings::default().delivery_path_linger_ms, 0);
     }
 
     #[test]

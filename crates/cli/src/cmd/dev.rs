@@ -129,23 +129,7 @@ pub(crate) async fn create_topics(config: &mut hookline_service::Config, dev_rep
     for (name, result) in super::topics::create_each(config, limit).await? {
         result.map_err(|e| anyhow::anyhow!("creating topic {name} on {}: {e}", config.kafka.bootstrap_servers))?;
     }
-    let names: Vec<String> = Topics::new(config.kafka.topic_prefix.clone()).all().into_iter().map(|t| t.name).collect();
-    let deadline = Instant::now() + limit;
-    loop {
-        let md = tokio::task::block_in_place(|| admin.inner().fetch_metadata(None, Duration::from_secs(10)))?;
-        let ready = names.iter().all(|name| {
-            md.topics().iter().any(|t| {
-                t.name() == name && t.error().is_none() && !t.partitions().is_empty() && t.partitions().iter().all(|p| p.leader() >= 0)
-            })
-        });
-        if ready {
-            return Ok(());
-        }
-        if Instant::now() > deadline {
-            anyhow::bail!("the topics under {} had no leaders after {limit:?}", config.kafka.topic_prefix);
-        }
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    }
+    super::topics::wait_for_leaders(config, limit).await
 }
 
 /// The warning box, sized to its longest line.

@@ -114,6 +114,29 @@ async fn create(config: &hookline_service::Config, timeout: Duration) -> anyhow:
     Ok(if failed { ExitCode::FAILURE } else { ExitCode::SUCCESS })
 }
 
+/// Waits until the cluster shows every topic of `config` with a leader for each partition: the services stop at
+/// start on a topic their broker does not know yet, and a new topic takes a moment to reach every broker.
+pub(crate) async fn wait_for_leaders(config: &hookline_service::Config, limit: Duration) -> anyhow::Result<()> {
+    let admin = hookline_kafka::client::admin(&config.kafka, "hookline-topics")?;
+    let names: Vec<String> = Topics::new(config.kafka.topic_prefix.clone()).all().into_iter().map(|t| t.name).collect();
+    let deadline = std::time::Instant::now() + limit;
+    loop {
+        let md = tokio::task::block_in_place(|| admin.inner().fetch_metadata(None, Duration::from_secs(10)))?;
+        let ready = names.iter().all(|name| {
+            md.topics().iter().any(|t| {
+                t.name() == name && t.error().is_none() && !t.partitions().is_empty() && t.partitions().iter().all(|p| p.leader() >= 0)
+            })
+        });
+        if ready {
+            return Ok(());
+        }
+        if std::time::Instant::now() > deadline {
+            anyhow::bail!("the topics under {} had no leaders after {limit:?}", config.kafka.topic_prefix);
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+}
+
 /// Creates every topic of `config` (CreateTopics): per topic, `Ok(true)` created, `Ok(false)` it existed, or the
 /// error. Also `hookline dev --brokers`'s.
 pub(crate) async fn create_each(

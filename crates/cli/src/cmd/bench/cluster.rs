@@ -640,7 +640,7 @@ async fn create_topics(config: &Config) -> anyhow::Result<()> {
             anyhow::bail!("creating topic {name}: {code}");
         }
     }
-    Ok(())
+    crate::cmd::topics::wait_for_leaders(config, Duration::from_secs(30)).await
 }
 
 async fn delete_topics(config: &Config) -> anyhow::Result<()> {

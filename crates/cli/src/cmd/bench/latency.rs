@@ -22,7 +22,7 @@ pub async fn run(args: &BenchArgs) -> anyhow::Result<(Map<String, Value>, bool)>
         .map(|k| json!({"url": recv.url(&format!("ok/{k}")), "event_types": [format!("lat.{k}"), "bench.warm"], "policy": "standard"}))
         .collect();
     cluster.subscribe_all(bodies).await?;
-    let publisher = Publisher::new(cluster.producer(cluster.config.kafka.linger_ms)?, cluster.topics().events().to_owned());
+    let publisher = Publisher::new(cluster.producer(cluster.config.kafka.delivery_path_linger_ms)?, cluster.topics().events().to_owned());
     cluster.warm_up(&publisher, &recv, subs).await?;
     let reader = if args.no_split { None } else { Some(super::split::Reader::start(&cluster, "l").await?) };
     // Let the warm-up traffic settle (and the split's reader take its assignment) before measuring.

@@ -76,7 +76,7 @@ pub async fn run(args: &BenchArgs) -> anyhow::Result<(Map<String, Value>, bool)>
     )
     .await?;
 
-    let publisher = Publisher::new(cluster.producer(cluster.config.kafka.linger_ms)?, cluster.topics().events().to_owned());
+    let publisher = Publisher::new(cluster.producer(cluster.config.kafka.delivery_path_linger_ms)?, cluster.topics().events().to_owned());
     cluster.warm_up(&publisher, &recv, cases.len()).await?;
     let total = cases.len() * args.per_wait.max(1);
     let spread = Duration::from_secs(10);

@@ -32,7 +32,7 @@ pub async fn run(args: &BenchArgs) -> anyhow::Result<(Map<String, Value>, bool)>
         .map(|k| json!({"url": recv.url(&format!("ok/{k}")), "event_types": [format!("scale.{k}"), "bench.warm"], "policy": "standard"}))
         .collect();
     cluster.subscribe_all(bodies).await?;
-    let publisher = Publisher::new(cluster.producer(cluster.config.kafka.linger_ms)?, cluster.topics().events().to_owned());
+    let publisher = Publisher::new(cluster.producer(cluster.config.kafka.delivery_path_linger_ms)?, cluster.topics().events().to_owned());
     let mut cluster = Arc::try_unwrap(cluster).map_err(|_| anyhow::anyhow!("cluster still shared"))?;
     cluster.warm_up(&publisher, &recv, SUBS).await?;
     tokio::time::sleep(Duration::from_secs(1)).await;

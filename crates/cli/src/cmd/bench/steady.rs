@@ -42,7 +42,7 @@ pub async fn run(args: &BenchArgs) -> anyhow::Result<(Map<String, Value>, bool)>
     }));
     let subs = bodies.len();
     cluster.subscribe_all(bodies).await?;
-    let publisher = Publisher::new(cluster.producer(cluster.config.kafka.linger_ms)?, cluster.topics().events().to_owned());
+    let publisher = Publisher::new(cluster.producer(cluster.config.kafka.delivery_path_linger_ms)?, cluster.topics().events().to_owned());
     cluster.warm_up(&publisher, &recv, subs).await?;
 
     let rate = args.rate.max(1);
