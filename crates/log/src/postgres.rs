@@ -281,19 +281,34 @@ impl PgStore {
     pub async fn delivery(&self, id: String) -> Result<Option<DeliveryDetail>, StoreError> {
         let r = self.reader().await?;
         let q = format!("SELECT {} FROM deliveries WHERE delivery_id = $1", sql::DELIVERY_COLS);
-        let Some(row) = r.query_opt(&q, &[&id]).await? else { return Ok(None) };
-        let delivery = sql::delivery(&row)?;
         // The lower time bound lets the planner skip partitions older than the delivery.
-        let q = format!(
+        let qa = format!(
             "SELECT {} FROM attempts WHERE delivery_id = $1 AND started_at_ms >= $2 ORDER BY started_at_ms, attempt, try_no LIMIT $3",
             sql::ATTEMPT_COLS
         );
-        let attempts = r
-            .query(&q, &[&id, &delivery.first_at_ms, &(MAX_ATTEMPTS_RETURNED as i64)])
-            .await?
-            .iter()
-            .map(sql::attempt)
-            .collect::<Result<Vec<_>, _>>()?;
+        let Some(row) = r.query_opt(&q, &[&id]).await? else { return Ok(None) };
+        let mut delivery = sql::delivery(&row)?;
+        // The reader connection is shared (no transaction of its own), so each statement sees the indexer's latest
+        // commit: the attempts are taken as one snapshot with the summary once the summary read after them is the
+        // one read before (the indexer writes an attempt and its summary in one transaction). A few tries at most.
+        let mut tries = 0u32;
+        let attempts = loop {
+            let attempts = r
+                .query(&qa, &[&id, &delivery.first_at_ms, &(MAX_ATTEMPTS_RETURNED as i64)])
+                .await?
+                .iter()
+                .map(sql::attempt)
+                .collect::<Result<Vec<_>, _>>()?;
+            let Some(row) = r.query_opt(&q, &[&id]).await? else { return Ok(None) };
+            let after = sql::delivery(&row)?;
+            tries = tries.saturating_add(1);
+            let same =
+                (after.last_at_ms, after.attempts_made, after.state) == (delivery.last_at_ms, delivery.attempts_made, delivery.state);
+            delivery = after;
+            if same || tries >= 3 {
+                break attempts;
+            }
+        };
         let event = event(&r, &delivery.tenant, &delivery.event_id).await?;
         Ok(Some(DeliveryDetail { delivery, attempts, event }))
     }

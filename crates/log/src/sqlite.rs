@@ -201,6 +201,9 @@ impl SqliteStore {
 
     pub async fn delivery(&self, id: String) -> Result<Option<DeliveryDetail>, StoreError> {
         self.read(move |c| {
+            // One read transaction, so the summary and its attempts are one snapshot: in WAL mode each statement
+            // outside one sees the indexer's latest commit, which can land between the two reads.
+            let c = c.unchecked_transaction()?;
             let Some(delivery) = c.query_row(&q::delivery(), [&id], |r| Ok(sql::delivery(r))).optional()?.transpose()? else {
                 return Ok(None);
             };
@@ -209,7 +212,9 @@ impl SqliteStore {
                 .query_map(params![id, delivery.first_at_ms, MAX_ATTEMPTS_RETURNED as i64], |r| Ok(sql::attempt(r)))?
                 .map(|r| r.map_err(StoreError::from).and_then(|x| x))
                 .collect::<Result<Vec<_>, _>>()?;
-            let event = event(c, &delivery.tenant, &delivery.event_id)?;
+            let event = event(&c, &delivery.tenant, &delivery.event_id)?;
+            drop(stmt);
+            c.commit()?;
             Ok(Some(DeliveryDetail { delivery, attempts, event }))
         })
         .await
