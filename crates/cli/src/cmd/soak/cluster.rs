@@ -44,7 +44,10 @@ impl Cluster {
         let pids = std::fs::read_to_string(self.dir.join("pids")).with_context(|| format!("reading {}/pids", self.dir.display()))?;
         let line = usize::try_from(id).ok().and_then(|i| i.checked_sub(1)).and_then(|i| pids.lines().nth(i));
         let pid = line.with_context(|| format!("node {id} has no line in {}/pids", self.dir.display()))?.trim();
-        pid.parse().with_context(|| format!("node {id}'s pid {pid:?}"))
+        let pid: libc::pid_t = pid.parse().with_context(|| format!("node {id}'s pid {pid:?}"))?;
+        // kill(2) reads 0 and negative pids as process groups, 1 is init: never a node.
+        anyhow::ensure!(pid > 1, "node {id}'s pid {pid} in {}/pids is not a process of its own", self.dir.display());
+        Ok(pid)
     }
 
     fn signal(&self, id: i32, sig: libc::c_int) -> anyhow::Result<()> {
