@@ -403,9 +403,7 @@ async fn apache_kafka_mutual_tls_refuses_no_certificate_and_a_principal_without_
 async fn apache_kafka_services_restarted_after_compaction_rebuild_the_same_subscriptions() {
     let Some((k, _shared)) = shared().await else { return };
     let prefix = ExternalKafka::fresh_prefix();
-    let compacted =
-        [("segment.ms", "100"), ("min.cleanable.dirty.ratio", "0.01"), ("min.compaction.lag.ms", "0"), ("delete.retention.ms", "100")];
-    k.create_topics(&prefix, 1, &compacted).await;
+    k.create_topics(&prefix, 1, &COMPACTING).await;
     let p = k.pipeline_on(&prefix, 1, |_| {}).await;
     let (a, _) = p.subscribe(json!({"url": p.url("a0"), "event_types": ["*"]})).await;
     for i in 1..=5 {
@@ -471,6 +469,233 @@ async fn apache_kafka_services_restarted_after_compaction_rebuild_the_same_subsc
     let mut paths: Vec<&str> = paths.iter().map(String::as_str).collect();
     paths.sort_unstable();
     assert_eq!(paths, ["a5", "b"], "only the latest URL of A, and B");
+    p.stop().await;
+}
+
+/// What the compaction tests give the state topics: segments rolled every 100 ms, any dirty ratio, tombstones kept
+/// 100 ms, so the log cleaner (scripts/kafka: every second) compacts during the test.
+const COMPACTING: [(&str, &str); 4] =
+    [("segment.ms", "100"), ("min.cleanable.dirty.ratio", "0.01"), ("min.compaction.lag.ms", "0"), ("delete.retention.ms", "100")];
+
+/// Each key's values on `topic` (`None`: a tombstone), in log order.
+async fn values_by_key(k: &ExternalKafka, topic: &str) -> std::collections::HashMap<String, Vec<Option<Vec<u8>>>> {
+    let mut out = std::collections::HashMap::<String, Vec<Option<Vec<u8>>>>::new();
+    hookline_kafka::scan::scan(&k.admin_settings(), topic, None, LIMIT, |m| {
+        use rdkafka::Message as _;
+        let key = String::from_utf8_lossy(m.key().unwrap_or_default()).into_owned();
+        out.entry(key).or_default().push(m.payload().map(<[u8]>::to_vec));
+    })
+    .await
+    .expect("scan a state topic");
+    out
+}
+
+/// A tombstone for a key no reader knows, on every compacted topic: it rolls the segment holding the records
+/// before it (the cleaner never touches the active segment).
+async fn roll_compacted_segments(k: &ExternalKafka, prefix: &str) {
+    let producer = hookline_kafka::client::producer(&k.admin_settings(), "roll-segments").unwrap();
+    for spec in Topics::new(prefix).all().iter().filter(|s| s.cleanup == hookline_kafka::topics::Cleanup::Compact) {
+        hookline_kafka::produce::send_tombstone(&producer, &spec.name, "\u{0}roll").await.unwrap();
+    }
+}
+
+/// Tenants, API keys, endpoint state (fenced against a former owner's late write) and parked positions, each
+/// written several times, compacted by the log cleaner; services started after it rebuild the same state: the
+/// tenant's latest name and the deleted one gone, the live key accepted and the revoked one refused, the endpoint
+/// paused for its failures (not the former owner's "healthy" the cleaner would otherwise have kept), and parked
+/// deliveries released on resume.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn apache_kafka_services_restarted_after_compaction_rebuild_tenants_keys_endpoint_state_and_parked_deliveries() {
+    use hookline_core::model::{EndpointCondition, EndpointState};
+    use prost::Message as _;
+    let Some((k, _shared)) = shared().await else { return };
+    let prefix = ExternalKafka::fresh_prefix();
+    k.create_topics(&prefix, 1, &COMPACTING).await;
+    let p = k.pipeline_on(&prefix, 1, |_| {}).await;
+    let topics = Topics::new(prefix.clone());
+
+    // Tenants: one renamed three times, one deleted. Keys: one used, one revoked.
+    p.tenant("keep").await;
+    for name in ["Keep 1", "Keep 2", "Keep 3"] {
+        let (status, v) = p.call("PATCH", "/v1/tenants/keep", Some(json!({"name": name}))).await;
+        assert_eq!(status, 200, "{v}");
+    }
+    p.tenant("gone").await;
+    let (status, v) = p.call("DELETE", "/v1/tenants/gone", None).await;
+    assert_eq!(status, 200, "{v}");
+    let (live_id, live) = p.api_key("keep").await;
+    let (revoked_id, revoked) = p.api_key("keep").await;
+    assert_eq!(p.call_as(Some(&revoked), "GET", "/v1/tenants/keep", None).await.0, 200);
+    let (status, v) = p.call("DELETE", &format!("/v1/tenants/keep/api-keys/{revoked_id}"), None).await;
+    assert_eq!(status, 204, "{v}");
+    assert_eq!(p.call_as(Some(&live), "GET", "/v1/tenants/keep", None).await.0, 200);
+
+    // Endpoint state: LuciBook scaled down pauses the endpoint after two failures; the event after is held.
+    let mut lb = hookline_core::policy::builtin("lucibook").unwrap();
+    lb.schedule.waits_s = Some(vec![1.0]);
+    lb.schedule.max_attempts = Some(1);
+    lb.disable.as_mut().unwrap().after_consecutive_failures = Some(2);
+    p.script("sick", vec![Some((500, None)), Some((500, None)), Some((204, None))]);
+    let (sick, _) =
+        p.subscribe(json!({"url": p.url("sick"), "event_types": ["sick.*"], "policy_toml": toml::to_string(&lb).unwrap()})).await;
+    for i in 0..2 {
+        p.publish(&format!("evt_sick{i}"), "sick.happened").await;
+        p.wait_final_of(&sick, i + 1, LIMIT).await;
+    }
+    p.subscription_when(&sick, |v| v["state"] == "paused").await;
+    p.publish("evt_sick_held", "sick.happened").await;
+
+    // Parked positions: held, released, held again (the topic has a position, its tombstone, a position).
+    let parked = crate::parking::paused(&p, "parked", "parked.happened").await;
+    p.publish("evt_parked0", "parked.happened").await;
+    let (status, _) = p.call("POST", &format!("/v1/subscriptions/{parked}/resume"), None).await;
+    assert_eq!(status, 200);
+    p.wait_final_of(&parked, 1, LIMIT).await;
+    let (status, _) = p.call("POST", &format!("/v1/subscriptions/{parked}/pause"), None).await;
+    assert_eq!(status, 200);
+    p.publish("evt_parked1", "parked.happened").await;
+    p.publish("evt_parked2", "parked.happened").await;
+
+    // A former owner, late, writes the endpoint healthy: ignored, and the owner writes the paused state again.
+    let epoch = *crate::fencing::fences(&p).await.last().expect("the dispatcher fenced the partition");
+    let late = EndpointState { subscription_id: sick.clone(), owner_epoch: epoch - 1, ..Default::default() };
+    let producer = hookline_kafka::client::producer(&k.admin_settings(), "former-owner").unwrap();
+    hookline_kafka::produce::send(&producer, topics.endpoint_state(), &sick, &late.encode_to_vec()).await.unwrap();
+
+    // Until the cleaner has taken every earlier version (and the tombstones themselves).
+    let deadline = Instant::now() + LIMIT;
+    loop {
+        let tenants = values_by_key(&k, topics.tenants()).await;
+        let keys = values_by_key(&k, topics.api_keys()).await;
+        let states = values_by_key(&k, topics.endpoint_state()).await;
+        let positions = values_by_key(&k, topics.parked()).await;
+        let count = |m: &std::collections::HashMap<String, Vec<Option<Vec<u8>>>>, key: &str| m.get(key).map_or(0, Vec::len);
+        let live_positions = positions.get(&parked).map_or(0, |v| v.iter().filter(|v| v.is_some()).count());
+        let compacted = count(&tenants, "keep") == 1
+            && count(&tenants, "gone") == 0
+            && count(&keys, &live_id) == 1
+            && count(&keys, &revoked_id) == 0
+            && count(&states, &sick) == 1
+            && count(&positions, &parked) == 1
+            && live_positions == 1;
+        if compacted {
+            let last = EndpointState::decode(states[&sick][0].as_deref().unwrap_or_default()).unwrap();
+            assert_eq!(
+                (last.condition, last.owner_epoch),
+                (EndpointCondition::Paused as i32, epoch),
+                "the endpoint's record left after compaction is its owner's: {last:?}"
+            );
+            break;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "not compacted within {LIMIT:?}: tenants {:?}, keys {}/{}, endpoint states {}, parked {}",
+            (count(&tenants, "keep"), count(&tenants, "gone")),
+            count(&keys, &live_id),
+            count(&keys, &revoked_id),
+            count(&states, &sick),
+            count(&positions, &parked),
+        );
+        tokio::time::sleep(Duration::from_millis(500)).await;
+        roll_compacted_segments(&k, &prefix).await;
+    }
+    let secrets = p.config.secrets.clone();
+    let received = p.seen.clone();
+    tokio::time::timeout(LIMIT, p.stop()).await.expect("the services stop in time");
+
+    let p = k.pipeline_on(&prefix, 1, |c| c.secrets = secrets).await;
+    let v = p.get_when("/v1/tenants/keep", |v| v["name"].is_string()).await;
+    assert_eq!(v["name"], "Keep 3", "{v}");
+    assert_eq!(p.call("GET", "/v1/tenants/gone", None).await.0, 404, "the deleted tenant stays deleted");
+    assert_eq!(p.call_as(Some(&live), "GET", "/v1/tenants/keep", None).await.0, 200, "the live key still works");
+    assert_eq!(p.call_as(Some(&revoked), "GET", "/v1/tenants/keep", None).await.0, 401, "the revoked key stays revoked");
+    let v = p.subscription_when(&sick, |v| v["state"].is_string()).await;
+    assert_eq!((v["state"].as_str(), v["consecutive_failures"].as_u64()), (Some("paused"), Some(2)), "{v}");
+
+    // Both resumed: their parked deliveries go out, each once.
+    for id in [&sick, &parked] {
+        let (status, v) = p.call("POST", &format!("/v1/subscriptions/{id}/resume"), None).await;
+        assert_eq!(status, 200, "{v}");
+    }
+    let seen = received.clone();
+    wait_for(&received.changed, LIMIT, "the parked deliveries after the restart", || {
+        let got = seen.requests.lock().unwrap();
+        got.iter().filter(|r| r.path == "sick").count() >= 3 && got.iter().filter(|r| r.path == "parked").count() >= 3
+    })
+    .await;
+    // Released concurrently: in any order.
+    let ids = |path: &str| -> Vec<String> {
+        let got = received.requests.lock().unwrap();
+        let mut ids: Vec<String> =
+            got.iter().filter(|r| r.path == path).map(|r| r.headers["webhook-id"].to_str().unwrap().to_owned()).collect();
+        ids.sort_unstable();
+        ids
+    };
+    assert_eq!(ids("sick"), ["evt_sick0", "evt_sick1", "evt_sick_held"]);
+    assert_eq!(ids("parked"), ["evt_parked0", "evt_parked1", "evt_parked2"]);
+    p.stop().await;
+}
+
+/// In-flight leases (`in_flight = "count"`) under compaction: finished attempts leave a lease and its tombstone,
+/// which the cleaner removes; the lease of an attempt lost with its dispatcher stays, and the partition's next
+/// owner, started after the compaction, counts that attempt (`lease_expired`) and retries it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn apache_kafka_an_attempt_in_flight_when_its_dispatcher_stopped_counts_after_its_lease_was_compacted() {
+    let Some((k, _shared)) = shared().await else { return };
+    let prefix = ExternalKafka::fresh_prefix();
+    k.create_topics(&prefix, 1, &COMPACTING).await;
+    let p = k.start_on(&prefix, 1, |c| c.dispatcher.drain_timeout_ms = 200, false).await;
+    let topics = Topics::new(prefix.clone());
+    let mut lb = hookline_core::policy::builtin("lucibook").unwrap();
+    assert_eq!(lb.in_flight, hookline_core::policy::InFlightRule::Count);
+    lb.schedule.waits_s = Some(vec![1.0]);
+    lb.schedule.max_attempts = Some(2);
+    // The lost request hangs past the test: only the next owner concludes its attempt.
+    lb.attempt.timeout_ms = hookline_core::policy::MAX_TIMEOUT_MS;
+    p.script("leased", vec![Some((204, None)), Some((204, None)), Some((204, None)), None, Some((204, None))]);
+    let (id, _) = p.subscribe(json!({"url": p.url("leased"), "event_types": ["*"], "policy_toml": toml::to_string(&lb).unwrap()})).await;
+
+    let dispatcher = |name: &str| {
+        let stop = CancellationToken::new();
+        let options = hookline_dispatcher::Options { instance: Some(name.into()), ..Default::default() };
+        let run = hookline_dispatcher::run(p.config.clone(), stop.clone(), options);
+        (stop, tokio::spawn(async move { run.await.expect("dispatcher runs") }))
+    };
+    let (stop, first) = dispatcher("first-owner");
+    for i in 0..3 {
+        p.publish(&format!("evt_done{i}"), "thing.happened").await;
+        p.wait_final_of(&id, i + 1, LIMIT).await;
+    }
+    p.publish("evt_lost", "thing.happened").await;
+    let seen = p.seen.clone();
+    wait_for(&p.seen.changed, LIMIT, "the fourth request, hanging", || seen.requests.lock().unwrap().len() >= 4).await;
+    // Stopped with the attempt in flight: the drain gives up on it, its lease stays and its offset uncommitted.
+    stop.cancel();
+    first.await.unwrap();
+
+    let deadline = Instant::now() + LIMIT;
+    loop {
+        let leases = values_by_key(&k, topics.inflight()).await;
+        let kept: Vec<&Vec<Option<Vec<u8>>>> = leases.iter().filter(|(key, _)| !key.starts_with('\u{0}')).map(|(_, v)| v).collect();
+        // The three finished leases gone with their tombstones; the lost one's lease alone.
+        if kept.len() == 1 && kept[0].len() == 1 && kept[0][0].is_some() {
+            break;
+        }
+        assert!(Instant::now() < deadline, "the in-flight topic was not compacted within {LIMIT:?}: {leases:?}");
+        tokio::time::sleep(Duration::from_millis(500)).await;
+        roll_compacted_segments(&k, &prefix).await;
+    }
+
+    let (stop, second) = dispatcher("second-owner");
+    let finals = p.wait_final_of(&id, 4, LIMIT).await;
+    let attempts: Vec<_> = p.attempts.items.lock().unwrap().iter().filter(|a| a.event_id == "evt_lost").cloned().collect();
+    let lost = attempts.iter().find(|a| a.outcome == "lease_expired").unwrap_or_else(|| panic!("the lost attempt counts: {attempts:?}"));
+    assert_eq!((lost.attempt, lost.verdict.as_str()), (1, "retry"), "{attempts:?}");
+    let done = finals.iter().find(|a| a.event_id == "evt_lost" && !a.final_state.is_empty()).expect("evt_lost ended");
+    assert_eq!((done.final_state.as_str(), done.attempt), ("succeeded", 2), "{done:?}");
+    assert_eq!(p.requests_for("leased", "evt_lost"), 2, "the lost request and its retry");
+    stop.cancel();
+    second.await.unwrap();
     p.stop().await;
 }
 

@@ -26,7 +26,7 @@ fn dispatcher(p: &Pipeline, name: &str) -> (CancellationToken, tokio::task::Join
 }
 
 /// The epochs of every fence record on the endpoint-state topic, in order.
-async fn fences(p: &Pipeline) -> Vec<u64> {
+pub(crate) async fn fences(p: &Pipeline) -> Vec<u64> {
     let mut out = Vec::new();
     scan(&p.config.kafka, Topics::new(p.config.kafka.topic_prefix.clone()).endpoint_state(), None, LIMIT, |m| {
         if m.key() == Some(FENCE_KEY.as_bytes()) {

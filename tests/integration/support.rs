@@ -583,7 +583,8 @@ impl ExternalKafka {
         self.start_on(&prefix, partitions, edit, false).await
     }
 
-    async fn start_on(
+    /// The pipeline on topics that exist under `prefix`, with a dispatcher or without one (the test runs its own).
+    pub async fn start_on(
         &self,
         prefix: &str,
         partitions: i32,

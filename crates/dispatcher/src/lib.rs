@@ -18,6 +18,7 @@ mod outcomes;
 mod rate;
 mod records;
 pub mod sender;
+mod shadowed;
 mod stalls;
 
 use std::panic::AssertUnwindSafe;
@@ -302,6 +303,7 @@ pub async fn run(config: Config, shutdown: CancellationToken, options: Options) 
 
     tokio::spawn(ctx.stalls.clone().detect_freezes(reader_stop.clone()));
     tokio::spawn(forget::forget_deleted_every(ctx.clone(), forget::SWEEP_EVERY, reader_stop.clone()));
+    tokio::spawn(shadowed::rewrite_shadowed(ctx.clone(), reader_stop.clone()));
     let deliveries = topics.deliveries();
     let revoke = Revoke {
         limit: Duration::from_millis(config.dispatcher.revoke_drain_ms),

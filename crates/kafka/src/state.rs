@@ -536,6 +536,25 @@ struct States {
     by_id: HashMap<String, EndpointState>,
     /// Per partition, the highest fence epoch read so far: records below it come from former owners.
     fences: HashMap<i32, u64>,
+    /// Per partition, the subscriptions whose last record there came from a former owner. Compaction keeps only a
+    /// key's last record, so the state that record shadows would be lost: the owner writes it again
+    /// ([`EndpointStates::take_shadowed`]).
+    shadowed: HashMap<i32, HashSet<String>>,
+}
+
+impl States {
+    fn shadow(&mut self, partition: i32, id: String) {
+        self.shadowed.entry(partition).or_default().insert(id);
+    }
+
+    fn unshadow(&mut self, partition: i32, id: &str) {
+        if let Some(ids) = self.shadowed.get_mut(&partition) {
+            ids.remove(id);
+            if ids.is_empty() {
+                self.shadowed.remove(&partition);
+            }
+        }
+    }
 }
 
 /// Endpoint states by subscription id. The dispatcher owning a partition writes its states; everyone else reads.
@@ -544,21 +563,45 @@ struct States {
 /// fence record with the next epoch and stamps that epoch on its own writes. A former owner that still writes
 /// (a zombie: frozen past its session, or drained out late) stamps an older epoch, and readers that have read the
 /// fence — the API, the retry-scheduler, every later owner — ignore it.
+///
+/// Compaction would undo the fence where a former owner's record is a key's last: the cleaner keeps it and drops
+/// the current state under it. So a key whose last record is fenced is remembered, and its owner writes the current
+/// state again (or a tombstone, when there is none): the owning process as soon as it reads such a record, a new
+/// owner once it has synced. The same key's next state does it too.
 #[derive(Clone, Default)]
 pub struct EndpointStates {
     map: Arc<RwLock<States>>,
     owned: Arc<Mutex<HashMap<i32, Owner>>>,
     assignments: Arc<std::sync::atomic::AtomicU64>,
+    /// Woken when an owned partition has shadowed states to write again.
+    shadowed_on_owned: Arc<tokio::sync::Notify>,
 }
 
 impl EndpointStates {
     /// Applies one record of the endpoint-state topic, unless this process owns (writes) that partition.
     pub fn apply(&self, partition: i32, key: &[u8], value: Option<&[u8]>) {
-        if matches!(self.owned.lock().expect("ownership lock").get(&partition), Some(Owner { state: Ownership::Owned, .. })) {
+        let owned_epoch = match self.owned.lock().expect("ownership lock").get(&partition) {
+            Some(Owner { state: Ownership::Owned, epoch, .. }) => Some(*epoch),
+            _ => None,
+        };
+        let decoded = value.filter(|v| !v.is_empty()).map(EndpointState::decode);
+        if let Some(epoch) = owned_epoch {
+            // This process writes the partition, so its own states are already applied. A former owner's late
+            // write is not applied either, but would outlive the current state under compaction.
+            if key != FENCE_KEY.as_bytes() {
+                if let Some(Ok(st)) = &decoded {
+                    if st.owner_epoch < epoch {
+                        metrics::counter!("hookline_endpoint_state_fenced_total").increment(1);
+                        let id = String::from_utf8_lossy(key).into_owned();
+                        tracing::warn!(subscription = %id, partition, epoch = st.owner_epoch, fence = epoch, "endpoint state from a former owner ignored; writing the current one again");
+                        self.map.write().expect("endpoint state lock").shadow(partition, id);
+                        self.shadowed_on_owned.notify_one();
+                    }
+                }
+            }
             return;
         }
         let mut states = self.map.write().expect("endpoint state lock");
-        let decoded = value.filter(|v| !v.is_empty()).map(EndpointState::decode);
         if key == FENCE_KEY.as_bytes() {
             if let Some(Ok(fence)) = decoded {
                 let f = states.fences.entry(partition).or_default();
@@ -569,6 +612,7 @@ impl EndpointStates {
         let id = String::from_utf8_lossy(key).into_owned();
         match decoded {
             None => {
+                states.unshadow(partition, &id);
                 states.by_id.remove(&id);
             }
             Some(Ok(st)) => {
@@ -576,8 +620,10 @@ impl EndpointStates {
                 if st.owner_epoch < fence {
                     metrics::counter!("hookline_endpoint_state_fenced_total").increment(1);
                     tracing::warn!(subscription = %id, partition, epoch = st.owner_epoch, fence, "endpoint state from a former owner ignored");
+                    states.shadow(partition, id);
                     return;
                 }
+                states.unshadow(partition, &id);
                 states.by_id.insert(id, st);
             }
             Some(Err(e)) => tracing::warn!(subscription = %id, error = %e, "undecodable endpoint state ignored"),
@@ -595,10 +641,45 @@ impl EndpointStates {
     pub fn update<R>(&self, id: &str, partition: i32, f: impl FnOnce(&mut EndpointState) -> R) -> R {
         let epoch = self.epoch(partition);
         let mut states = self.map.write().expect("endpoint state lock");
+        // This write is the key's last record now: nothing of a former owner's is left to shadow it.
+        states.unshadow(partition, id);
         let state =
             states.by_id.entry(id.to_owned()).or_insert_with(|| EndpointState { subscription_id: id.to_owned(), ..Default::default() });
         state.owner_epoch = epoch;
         f(state)
+    }
+
+    /// Takes the shadowed states of the partitions this process owns (see [`EndpointStates`]): each is written
+    /// again with [`EndpointStates::rewrite`].
+    pub fn take_shadowed(&self) -> Vec<(i32, String)> {
+        let owned: Vec<i32> =
+            self.owned.lock().expect("ownership lock").iter().filter(|(_, o)| o.state == Ownership::Owned).map(|(p, _)| *p).collect();
+        let mut states = self.map.write().expect("endpoint state lock");
+        owned
+            .into_iter()
+            .filter_map(|p| Some((p, states.shadowed.remove(&p)?)))
+            .flat_map(|(p, ids)| ids.into_iter().map(move |id| (p, id)))
+            .collect()
+    }
+
+    /// Resolves once an owned partition may have shadowed states to write again (at once if one was found since
+    /// the last call).
+    pub async fn shadowed_on_owned(&self) {
+        self.shadowed_on_owned.notified().await;
+    }
+
+    /// Writes one subscription's current state again, under the table lock like [`EndpointStates::update`]: `f`
+    /// gets the state stamped with `partition`'s epoch, or `None` when there is none (write a tombstone).
+    pub fn rewrite<R>(&self, id: &str, partition: i32, f: impl FnOnce(Option<&EndpointState>) -> R) -> R {
+        let epoch = self.epoch(partition);
+        let mut states = self.map.write().expect("endpoint state lock");
+        match states.by_id.get_mut(id) {
+            Some(state) => {
+                state.owner_epoch = epoch;
+                f(Some(state))
+            }
+            None => f(None),
+        }
     }
 
     /// Forgets a deleted subscription's state (its record stays on the topic until compaction).
@@ -643,6 +724,10 @@ impl EndpointStates {
                 o.state = Ownership::Owned;
                 o.epoch = epoch;
                 o.ready.send_replace(true);
+                // What the sync found shadowed is the new owner's to write again.
+                if self.map.read().expect("endpoint state lock").shadowed.contains_key(&a.partition) {
+                    self.shadowed_on_owned.notify_one();
+                }
                 true
             }
             _ => false,
@@ -663,5 +748,79 @@ impl EndpointStates {
         let mut rx = rx;
         let ready = rx.wait_for(|r| *r).await.is_ok();
         ready
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use futures::FutureExt as _;
+    use hookline_core::model::EndpointCondition;
+
+    use super::*;
+
+    fn fence(epoch: u64) -> Vec<u8> {
+        EndpointState { owner_epoch: epoch, ..Default::default() }.encode_to_vec()
+    }
+
+    fn state(id: &str, condition: EndpointCondition, epoch: u64) -> Vec<u8> {
+        EndpointState { subscription_id: id.into(), condition: condition as i32, owner_epoch: epoch, ..Default::default() }.encode_to_vec()
+    }
+
+    fn condition(states: &EndpointStates, id: &str) -> Option<i32> {
+        states.get(id).map(|s| s.condition)
+    }
+
+    #[test]
+    fn a_former_owners_late_record_is_ignored_and_the_state_it_shadows_is_the_next_owners_to_write_again() {
+        let states = EndpointStates::default();
+        states.apply(0, FENCE_KEY.as_bytes(), Some(&fence(1)));
+        states.apply(0, b"sub_a", Some(&state("sub_a", EndpointCondition::Disabled, 1)));
+        states.apply(0, FENCE_KEY.as_bytes(), Some(&fence(2)));
+        // Owner 1, late: ignored, but it is sub_a's last record now, and sub_b's only one.
+        states.apply(0, b"sub_a", Some(&state("sub_a", EndpointCondition::Healthy, 1)));
+        states.apply(0, b"sub_b", Some(&state("sub_b", EndpointCondition::Paused, 1)));
+        assert_eq!(condition(&states, "sub_a"), Some(EndpointCondition::Disabled as i32));
+        assert_eq!(condition(&states, "sub_b"), None);
+        assert!(states.take_shadowed().is_empty(), "only an owner writes");
+
+        let a = states.assign(0);
+        assert!(states.synced(a, 3));
+        assert!(states.shadowed_on_owned().now_or_never().is_some(), "the new owner is woken");
+        let mut shadowed = states.take_shadowed();
+        shadowed.sort();
+        assert_eq!(shadowed, [(0, "sub_a".to_owned()), (0, "sub_b".to_owned())]);
+        // sub_a's current state, stamped with the owner's epoch; nothing for sub_b (a tombstone).
+        let a_again = states.rewrite("sub_a", 0, |st| st.cloned()).unwrap();
+        assert_eq!((a_again.condition, a_again.owner_epoch), (EndpointCondition::Disabled as i32, 3));
+        assert!(states.rewrite("sub_b", 0, |st| st.is_none()));
+        assert!(states.take_shadowed().is_empty(), "each is written once");
+    }
+
+    #[test]
+    fn a_late_record_read_by_the_owning_process_wakes_it_and_a_newer_record_settles_the_key() {
+        let states = EndpointStates::default();
+        let a = states.assign(4);
+        assert!(states.synced(a, 7));
+        assert!(states.shadowed_on_owned().now_or_never().is_none(), "nothing shadowed yet");
+        // The owner's own write and the fence are not shadows.
+        states.apply(4, FENCE_KEY.as_bytes(), Some(&fence(7)));
+        states.apply(4, b"sub_a", Some(&state("sub_a", EndpointCondition::Healthy, 7)));
+        assert!(states.shadowed_on_owned().now_or_never().is_none());
+
+        states.apply(4, b"sub_a", Some(&state("sub_a", EndpointCondition::Disabled, 6)));
+        assert!(states.shadowed_on_owned().now_or_never().is_some());
+        assert_eq!(states.take_shadowed(), [(4, "sub_a".to_owned())]);
+
+        // A reader (not the owner) settles a shadowed key on the key's next valid record, or its tombstone.
+        let reader = EndpointStates::default();
+        reader.apply(1, FENCE_KEY.as_bytes(), Some(&fence(2)));
+        reader.apply(1, b"sub_c", Some(&state("sub_c", EndpointCondition::Paused, 1)));
+        reader.apply(1, b"sub_c", Some(&state("sub_c", EndpointCondition::Paused, 2)));
+        reader.apply(1, b"sub_d", Some(&state("sub_d", EndpointCondition::Paused, 1)));
+        reader.apply(1, b"sub_d", None);
+        let a = reader.assign(1);
+        assert!(reader.synced(a, 3));
+        assert!(reader.take_shadowed().is_empty());
+        assert_eq!(condition(&reader, "sub_c"), Some(EndpointCondition::Paused as i32));
     }
 }

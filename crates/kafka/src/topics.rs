@@ -43,6 +43,8 @@ pub struct TopicSpec {
     pub co_partitioned: bool,
     /// Retention for delete topics (ms); None = broker default.
     pub retention_ms: Option<u64>,
+    /// How long a record stays out of the log cleaner's reach (compacted topics; None = broker default, 0).
+    pub min_compaction_lag_ms: Option<u64>,
 }
 
 /// Topic names under a prefix (default `hookline.`), built once: they are looked up for every record produced.
@@ -152,28 +154,115 @@ impl Topics {
     pub fn all(&self) -> Vec<TopicSpec> {
         let day = 24 * 3_600_000u64;
         let mut specs = vec![
-            TopicSpec { name: self.events.clone(), cleanup: Cleanup::Delete, co_partitioned: false, retention_ms: Some(30 * day) },
-            TopicSpec { name: self.deliveries.clone(), cleanup: Cleanup::Delete, co_partitioned: true, retention_ms: Some(7 * day) },
+            TopicSpec {
+                name: self.events.clone(),
+                cleanup: Cleanup::Delete,
+                co_partitioned: false,
+                retention_ms: Some(30 * day),
+                min_compaction_lag_ms: None,
+            },
+            TopicSpec {
+                name: self.deliveries.clone(),
+                cleanup: Cleanup::Delete,
+                co_partitioned: true,
+                retention_ms: Some(7 * day),
+                min_compaction_lag_ms: None,
+            },
         ];
         specs.extend(TIERS.iter().map(|t| TopicSpec {
             name: self.retry(t).to_owned(),
             cleanup: Cleanup::Delete,
             co_partitioned: true,
             retention_ms: Some(7 * day),
+            min_compaction_lag_ms: None,
         }));
         specs.extend([
-            TopicSpec { name: self.held.clone(), cleanup: Cleanup::Delete, co_partitioned: true, retention_ms: Some(30 * day) },
-            TopicSpec { name: self.parked.clone(), cleanup: Cleanup::Compact, co_partitioned: true, retention_ms: None },
-            TopicSpec { name: self.ordered.clone(), cleanup: Cleanup::Delete, co_partitioned: true, retention_ms: Some(30 * day) },
-            TopicSpec { name: self.dlq.clone(), cleanup: Cleanup::Delete, co_partitioned: false, retention_ms: Some(30 * day) },
-            TopicSpec { name: self.subscriptions.clone(), cleanup: Cleanup::Compact, co_partitioned: true, retention_ms: None },
-            TopicSpec { name: self.endpoint_state.clone(), cleanup: Cleanup::Compact, co_partitioned: true, retention_ms: None },
-            TopicSpec { name: self.inflight.clone(), cleanup: Cleanup::Compact, co_partitioned: true, retention_ms: None },
-            TopicSpec { name: self.attempts.clone(), cleanup: Cleanup::Delete, co_partitioned: true, retention_ms: Some(30 * day) },
-            TopicSpec { name: self.ops.clone(), cleanup: Cleanup::Delete, co_partitioned: false, retention_ms: Some(30 * day) },
-            TopicSpec { name: self.tenants.clone(), cleanup: Cleanup::Compact, co_partitioned: false, retention_ms: None },
-            TopicSpec { name: self.api_keys.clone(), cleanup: Cleanup::Compact, co_partitioned: false, retention_ms: None },
-            TopicSpec { name: self.event_types.clone(), cleanup: Cleanup::Compact, co_partitioned: false, retention_ms: None },
+            TopicSpec {
+                name: self.held.clone(),
+                cleanup: Cleanup::Delete,
+                co_partitioned: true,
+                retention_ms: Some(30 * day),
+                min_compaction_lag_ms: None,
+            },
+            TopicSpec {
+                name: self.parked.clone(),
+                cleanup: Cleanup::Compact,
+                co_partitioned: true,
+                retention_ms: None,
+                min_compaction_lag_ms: None,
+            },
+            TopicSpec {
+                name: self.ordered.clone(),
+                cleanup: Cleanup::Delete,
+                co_partitioned: true,
+                retention_ms: Some(30 * day),
+                min_compaction_lag_ms: None,
+            },
+            TopicSpec {
+                name: self.dlq.clone(),
+                cleanup: Cleanup::Delete,
+                co_partitioned: false,
+                retention_ms: Some(30 * day),
+                min_compaction_lag_ms: None,
+            },
+            TopicSpec {
+                name: self.subscriptions.clone(),
+                cleanup: Cleanup::Compact,
+                co_partitioned: true,
+                retention_ms: None,
+                min_compaction_lag_ms: None,
+            },
+            TopicSpec {
+                name: self.endpoint_state.clone(),
+                cleanup: Cleanup::Compact,
+                co_partitioned: true,
+                retention_ms: None,
+                // A former owner's late write is a key's last record until the owner writes the state again; a
+                // day out of the cleaner's reach covers a partition with no owner to do it (EndpointStates).
+                min_compaction_lag_ms: Some(day),
+            },
+            TopicSpec {
+                name: self.inflight.clone(),
+                cleanup: Cleanup::Compact,
+                co_partitioned: true,
+                retention_ms: None,
+                min_compaction_lag_ms: None,
+            },
+            TopicSpec {
+                name: self.attempts.clone(),
+                cleanup: Cleanup::Delete,
+                co_partitioned: true,
+                retention_ms: Some(30 * day),
+                min_compaction_lag_ms: None,
+            },
+            TopicSpec {
+                name: self.ops.clone(),
+                cleanup: Cleanup::Delete,
+                co_partitioned: false,
+                retention_ms: Some(30 * day),
+                min_compaction_lag_ms: None,
+            },
+            TopicSpec {
+                name: self.tenants.clone(),
+                cleanup: Cleanup::Compact,
+                co_partitioned: false,
+                retention_ms: None,
+                min_compaction_lag_ms: None,
+            },
+            TopicSpec {
+                name: self.api_keys.clone(),
+                cleanup: Cleanup::Compact,
+                co_partitioned: false,
+                retention_ms: None,
+                min_compaction_lag_ms: None,
+            },
+            TopicSpec {
+                name: self.event_types.clone(),
+                cleanup: Cleanup::Compact,
+                co_partitioned: false,
+                retention_ms: None,
+                min_compaction_lag_ms: None,
+            },
         ]);
         specs
     }

@@ -51,6 +51,7 @@ pub fn run(cmd: TopicsCmd) -> anyhow::Result<ExitCode> {
                         Cleanup::Delete => "delete",
                     },
                     retention_ms: spec.retention_ms,
+                    min_compaction_lag_ms: spec.min_compaction_lag_ms,
                     co_partitioned: spec.co_partitioned,
                     topic: spec.name,
                 })
@@ -82,6 +83,8 @@ struct TopicRow {
     cleanup: &'static str,
     #[serde(rename = "retention.ms")]
     retention_ms: Option<u64>,
+    #[serde(rename = "min.compaction.lag.ms", skip_serializing_if = "Option::is_none")]
+    min_compaction_lag_ms: Option<u64>,
     co_partitioned: bool,
 }
 
@@ -146,10 +149,11 @@ pub(crate) async fn create_each(
     let admin = hookline_kafka::client::admin(&config.kafka, "hookline-topics").context("creating the Kafka admin client")?;
     let specs = Topics::new(config.kafka.topic_prefix.clone()).all();
     let retention: Vec<Option<String>> = specs.iter().map(|s| s.retention_ms.map(|r| r.to_string())).collect();
+    let lag: Vec<Option<String>> = specs.iter().map(|s| s.min_compaction_lag_ms.map(|l| l.to_string())).collect();
     let new_topics: Vec<NewTopic<'_>> = specs
         .iter()
-        .zip(&retention)
-        .map(|(s, r)| {
+        .zip(retention.iter().zip(&lag))
+        .map(|(s, (r, lag))| {
             let partitions = if s.co_partitioned { config.kafka.partitions } else { config.kafka.event_partitions };
             let mut t = NewTopic::new(&s.name, partitions, TopicReplication::Fixed(config.kafka.replication_factor));
             t = t.set(
@@ -161,6 +165,9 @@ pub(crate) async fn create_each(
             );
             if let Some(r) = r {
                 t = t.set("retention.ms", r);
+            }
+            if let Some(lag) = lag {
+                t = t.set("min.compaction.lag.ms", lag);
             }
             if config.kafka.replication_factor >= 3 {
                 t = t.set("min.insync.replicas", "2");
