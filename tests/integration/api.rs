@@ -133,7 +133,7 @@ async fn the_list_shows_each_endpoints_health_and_its_24h_success_rate() {
 async fn state_keys(p: &Pipeline) -> Vec<String> {
     use rdkafka::Message as _;
     let mut keys = Vec::new();
-    let topic = hookline_kafka::Topics::new("hookline.");
+    let topic = p.topics();
     hookline_kafka::scan::scan(&p.config.kafka, topic.endpoint_state(), None, LIMIT, |m| {
         keys.extend(m.key().map(|k| String::from_utf8_lossy(k).into_owned()));
     })

@@ -22,7 +22,7 @@ struct Record {
 
 async fn read_dlq(p: &Pipeline) -> Vec<Record> {
     let mut out = Vec::new();
-    hookline_kafka::scan::scan(&p.config.kafka, "hookline.dlq", None, LIMIT, |m| {
+    hookline_kafka::scan::scan(&p.config.kafka, p.topics().dlq(), None, LIMIT, |m| {
         let headers = m
             .headers()
             .map(|h| h.iter().map(|h| (h.key.to_owned(), String::from_utf8_lossy(h.value.unwrap_or_default()).into_owned())).collect())
@@ -49,7 +49,7 @@ async fn two_dead_letters(format: DlqFormat) -> (Pipeline, String) {
         .await;
     assert_eq!(status, 202, "{v}");
     let producer = hookline_kafka::client::producer(&p.config.kafka, "dlq-test").expect("producer");
-    hookline_kafka::produce::send(&producer, "hookline.events", "k", b"{not json").await.expect("produced");
+    hookline_kafka::produce::send(&producer, p.topics().events(), "k", b"{not json").await.expect("produced");
     let dlq = p.dlq.clone();
     wait_for(&p.dlq.changed, LIMIT, "two dead letters", || dlq.items.lock().unwrap().len() >= 2).await;
     (p, sub)
@@ -97,7 +97,7 @@ async fn json_dead_letters_are_documents_with_headers_and_redrive_delivers_them_
     assert!(!input.headers.contains_key("hookline-tenant"));
     let doc: Value = serde_json::from_slice(&input.value).unwrap();
     assert_eq!((doc["event"].clone(), doc["raw_base64"].clone()), (Value::Null, json!("e25vdCBqc29u")), "{doc}");
-    assert_eq!(doc["source"]["topic"], "hookline.events");
+    assert_eq!(doc["source"]["topic"], p.topics().events());
 
     // The redrive reads the JSON record and sends the same event again.
     let (status, v) = p.call("POST", "/v1/dlq/redrive", Some(json!({"subscription_id": sub, "reason": "terminal_outcome"}))).await;
@@ -112,13 +112,14 @@ async fn json_dead_letters_are_documents_with_headers_and_redrive_delivers_them_
     p.stop().await;
 }
 
-/// Debian's kcat (librdkafka's own CLI) reads the topic from the embedded broker, and jq picks the reason.
+/// Debian's kcat (librdkafka's own CLI) reads the topic from the broker, and jq picks the reason.
 async fn kcat_and_jq_read_the_reason(p: &Pipeline, sub: &str) {
     let bootstrap = p.config.kafka.bootstrap_servers.clone();
+    let dlq = p.topics().dlq().to_owned();
     let sub = sub.to_owned();
     let out = tokio::task::spawn_blocking(move || {
         let script = format!(
-            "set -o pipefail; kcat -C -b '{bootstrap}' -t hookline.dlq -o beginning -e -q -f '%h\\t%s\\n' \
+            "set -o pipefail; kcat -C -b '{bootstrap}' -t '{dlq}' -o beginning -e -q -f '%h\\t%s\\n' \
              | grep 'hookline-subscription={sub}' | cut -f2- | jq -r '.reason'"
         );
         std::process::Command::new("bash").args(["-c", &script]).output()
@@ -160,7 +161,7 @@ async fn a_large_unreadable_event_still_gets_a_json_dead_letter_that_fits_a_reco
     // Not JSON, just under the event limit: its base64 in a JSON document would not fit a Kafka record whole.
     let big = vec![b'{'; 900_000];
     let producer = hookline_kafka::client::producer(&p.config.kafka, "dlq-test").expect("producer");
-    hookline_kafka::produce::send(&producer, "hookline.events", "k", &big).await.expect("produced");
+    hookline_kafka::produce::send(&producer, p.topics().events(), "k", &big).await.expect("produced");
     let dlq = p.dlq.clone();
     wait_for(&p.dlq.changed, LIMIT, "the dead letter", || !dlq.items.lock().unwrap().is_empty()).await;
     let records = read_dlq(&p).await;

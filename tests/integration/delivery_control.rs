@@ -185,7 +185,7 @@ async fn verification_holds_deliveries_until_the_endpoint_echoes_the_challenge()
         let (held, changed) = (held.clone(), held_changed.clone());
         hookline_kafka::table::spawn(
             &p.config.kafka,
-            hookline_kafka::Topics::new("hookline.").held(),
+            p.topics().held(),
             "held-collector",
             move |_, _, val| {
                 if let Some(t) = val.and_then(|b| <hookline_core::model::DeliveryTask as prost::Message>::decode(b).ok()) {

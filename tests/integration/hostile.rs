@@ -14,7 +14,6 @@ use std::time::Duration;
 use bytes::Bytes;
 use hookline_core::model::{AttemptRecord, Event};
 use hookline_core::policy::{self, Policy};
-use hookline_kafka::Topics;
 use http_body_util::{BodyExt, Full};
 use prost::Message as _;
 use rdkafka::producer::{FutureProducer, FutureRecord};
@@ -385,7 +384,7 @@ async fn hostile_events_are_dead_lettered_with_their_reason_and_bytes_and_never_
     let p = Pipeline::start_with(1, |c| c.ingest.max_event_bytes = MAX_EVENT).await;
     p.subscribe(json!({"url": p.url("ok"), "event_types": ["*"]})).await;
     let producer = hookline_kafka::client::producer(&p.config.kafka, "test-hostile-upstream").unwrap();
-    let events = Topics::new("hookline.").events().to_owned();
+    let events = p.topics().events().to_owned();
 
     let deep_data = format!("{{\"id\":\"a\",\"type\":\"t\",\"data\":{}{}}}", "[".repeat(10_000), "]".repeat(10_000));
     let deep_top = format!("{}{}", "[".repeat(10_000), "]".repeat(10_000));
@@ -606,7 +605,7 @@ async fn a_malformed_record_near_max_event_bytes_is_dead_lettered() {
     let mut cfg = hookline_kafka::client::producer_config(&p.config.kafka, "test-big-upstream").unwrap();
     cfg.set("message.max.bytes", "4000000");
     let producer: FutureProducer = cfg.create().unwrap();
-    let events = Topics::new("hookline.").events().to_owned();
+    let events = p.topics().events().to_owned();
     let big = format!("{{not json {}", "x".repeat(1_020_000));
     producer.send(FutureRecord::<str, [u8]>::to(&events).key("k").payload(big.as_bytes()), Duration::from_secs(5)).await.unwrap();
     let dlq = p.dlq.clone();

@@ -244,9 +244,9 @@ fn deliveries_committed(p: &Pipeline) -> i64 {
         .create()
         .unwrap();
     let mut tpl = TopicPartitionList::new();
-    tpl.add_partition("hookline.deliveries", 0);
+    tpl.add_partition(p.topics().deliveries(), 0);
     let committed = consumer.committed_offsets(tpl, Duration::from_secs(10)).unwrap();
-    match committed.find_partition("hookline.deliveries", 0).map(|e| e.offset()) {
+    match committed.find_partition(p.topics().deliveries(), 0).map(|e| e.offset()) {
         Some(Offset::Offset(o)) => o,
         _ => 0,
     }

@@ -11,7 +11,6 @@ use futures::future::BoxFuture;
 use hookline_core::model::Subscription;
 use hookline_dispatcher::connector::Resolve;
 use hookline_kafka::scan::scan;
-use hookline_kafka::Topics;
 use prost::Message as _;
 use rdkafka::Message as _;
 use serde_json::json;
@@ -47,7 +46,7 @@ async fn a_delivery_that_panics_is_dead_lettered_and_its_partition_goes_on() {
     let (ok, _) = p.subscribe(json!({"url": p.url("ok"), "event_types": ["*"]})).await;
     // The API resolves a name when it is saved, so the name that makes the dispatcher panic is written to the
     // subscriptions table directly (same record, another host).
-    let topics = Topics::new("hookline.");
+    let topics = p.topics();
     let mut record = None;
     scan(&p.config.kafka, topics.subscriptions(), None, LIMIT, |m| {
         if let Some(Ok(sub)) = m.payload().map(Subscription::decode) {

@@ -63,7 +63,7 @@ fn follow_parked(p: &Pipeline, stop: CancellationToken) -> Arc<crate::support::C
     tokio::spawn(async move {
         hookline_kafka::table::spawn(
             &config.kafka,
-            hookline_kafka::Topics::new("hookline.").parked(),
+            hookline_kafka::Topics::new(config.kafka.topic_prefix.clone()).parked(),
             "parking-test",
             move |_, k, v| {
                 c2.items.lock().unwrap().push((String::from_utf8_lossy(k).into_owned(), v.filter(|v| !v.is_empty()).map(<[u8]>::to_vec)));
@@ -89,13 +89,13 @@ fn held_committed_and_end(p: &Pipeline) -> (i64, i64) {
         .create()
         .unwrap();
     let mut tpl = TopicPartitionList::new();
-    tpl.add_partition("hookline.held", 0);
+    tpl.add_partition(p.topics().held(), 0);
     let committed = consumer.committed_offsets(tpl, Duration::from_secs(10)).unwrap();
-    let at = match committed.find_partition("hookline.held", 0).map(|e| e.offset()) {
+    let at = match committed.find_partition(p.topics().held(), 0).map(|e| e.offset()) {
         Some(Offset::Offset(o)) => o,
         _ => 0,
     };
-    let (_, end) = consumer.fetch_watermarks("hookline.held", 0, Duration::from_secs(10)).unwrap();
+    let (_, end) = consumer.fetch_watermarks(p.topics().held(), 0, Duration::from_secs(10)).unwrap();
     (at, end)
 }
 
@@ -164,14 +164,14 @@ async fn parked_deliveries_survive_a_restart_after_their_offsets_were_committed(
         tokio::time::sleep(Duration::from_millis(100)).await;
     }
     let bootstrap = p.config.kafka.bootstrap_servers.clone();
-    let secrets = p.config.secrets.clone();
+    let successor = p.successor_config();
     // The receiver outlives the services (A's URL names it).
     let receiver = p.seen.clone();
     p.stop().await;
 
     // New processes on the same broker (and master key): they start after every held record, so only the parked
     // position finds A's.
-    let p = Pipeline::start_at(None, &bootstrap, 1, |c| c.secrets = secrets, true).await;
+    let p = Pipeline::start_at(None, &bootstrap, 1, successor, true).await;
     let (status, _) = p.call("POST", &format!("/v1/subscriptions/{a}/resume"), None).await;
     assert_eq!(status, 200);
     wait_received(&receiver, "a", 5, Duration::from_secs(20)).await;

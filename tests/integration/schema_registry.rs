@@ -103,7 +103,7 @@ async fn produce(p: &Pipeline, values: &[&[u8]]) {
     let producer = hookline_kafka::client::producer(&p.config.kafka, "schema-registry-test").expect("producer");
     for v in values {
         // One key: one partition, in this order.
-        hookline_kafka::produce::send(&producer, "hookline.events", "order-1", v).await.expect("produced");
+        hookline_kafka::produce::send(&producer, p.topics().events(), "order-1", v).await.expect("produced");
     }
 }
 
@@ -148,7 +148,9 @@ async fn avro_json_schema_and_protobuf_events_are_delivered_as_json_with_their_s
         .insert(rdkafka::message::Header { key: "ce_source", value: Some("/shop") })
         .insert(rdkafka::message::Header { key: "ce_type", value: Some("order.paid") })
         .insert(rdkafka::message::Header { key: "content-type", value: Some("application/avro") });
-    hookline_kafka::produce::send_with_headers(&producer, "hookline.events", "order-1", &values[3], Some(headers)).await.expect("produced");
+    hookline_kafka::produce::send_with_headers(&producer, p.topics().events(), "order-1", &values[3], Some(headers))
+        .await
+        .expect("produced");
     wait_requests(&p, "r", 4).await;
     let got = bodies(&p, "r");
     assert_eq!(got.iter().map(|b| b["id"].as_str().unwrap()).collect::<Vec<_>>(), ["e_avro", "e_json", "e_proto", "e_ce"], "in order");

@@ -351,9 +351,29 @@ async fn receive(State(s): State<Arc<ReceiverState>>, Path(path): Path<String>, 
 // Added for the reliability suite (hostile.rs, faults.rs).
 
 impl Pipeline {
-    /// The embedded broker, for fault injection (`broker().cluster()` is librdkafka's mock cluster).
+    /// The pipeline's topics (under its prefix: `hookline.`, or a fresh one on a shared cluster).
+    pub fn topics(&self) -> Topics {
+        Topics::new(self.config.kafka.topic_prefix.clone())
+    }
+
+    /// What a pipeline started after this one needs to take over from it: the same cluster connection, topics,
+    /// consumer groups and master keys.
+    pub fn successor_config(&self) -> impl FnOnce(&mut hookline_service::Config) {
+        let prior = self.config.clone();
+        move |c| {
+            c.kafka = prior.kafka;
+            c.ingest.group_id = prior.ingest.group_id;
+            c.dispatcher.group_id = prior.dispatcher.group_id;
+            c.retry_scheduler.group_id = prior.retry_scheduler.group_id;
+            c.log.group_id = prior.log.group_id;
+            c.secrets = prior.secrets;
+        }
+    }
+
+    /// The embedded broker, for fault injection (`broker().cluster()` is librdkafka's mock cluster). Tests that
+    /// use it skip under `HOOKLINE_TEST_BROKER=kafka` first ([`on_the_mock_only`]).
     pub fn broker(&self) -> &DevBroker {
-        self.broker.as_ref().expect("the broker lives as long as the pipeline")
+        self.broker.as_ref().expect("the embedded broker: this test injects faults through it (see on_the_mock_only)")
     }
 
     /// Like [`Pipeline::start`], with `edit` applied to the config before any service starts (e.g. a small
@@ -368,6 +388,9 @@ impl Pipeline {
     }
 
     async fn start_services(partitions: i32, edit: impl FnOnce(&mut hookline_service::Config), dispatcher: bool) -> Pipeline {
+        if let Some(k) = ExternalKafka::for_the_whole_suite() {
+            return k.pipeline_with(partitions, edit, dispatcher, true).await;
+        }
         let topics = Topics::new("hookline.");
         let broker = DevBroker::start(&topics, partitions, partitions).expect("mock broker");
         let bootstrap = broker.bootstrap_servers();
@@ -376,6 +399,9 @@ impl Pipeline {
 
     /// Like [`Pipeline::start_with`], without a retry-scheduler: the test runs its own (`hookline_retry_scheduler::run`).
     pub async fn start_without_scheduler(partitions: i32, edit: impl FnOnce(&mut hookline_service::Config)) -> Pipeline {
+        if let Some(k) = ExternalKafka::for_the_whole_suite() {
+            return k.pipeline_with(partitions, edit, true, false).await;
+        }
         let topics = Topics::new("hookline.");
         let broker = DevBroker::start(&topics, partitions, partitions).expect("mock broker");
         let bootstrap = broker.bootstrap_servers();
@@ -494,6 +520,20 @@ impl Pipeline {
 // ---------------------------------------------------------------------------------------------------------
 // An external broker: the real-Kafka suite (apache_kafka.rs) runs against a cluster the run provides.
 
+/// `kafka` runs every pipeline a test does not build on a broker of its own (`Pipeline::start*`) on the cluster
+/// `HOOKLINE_TEST_KAFKA` names, each under a fresh topic prefix; `mock` (the default) on the embedded broker.
+pub const BROKER_ENV: &str = "HOOKLINE_TEST_BROKER";
+
+/// True (after saying so) when the suite runs on Apache Kafka (`HOOKLINE_TEST_BROKER=kafka`): the caller injects
+/// faults through the embedded broker, so it skips.
+pub fn on_the_mock_only() -> bool {
+    let elsewhere = matches!(std::env::var(BROKER_ENV).as_deref(), Ok("kafka"));
+    if elsewhere {
+        eprintln!("skipped under {BROKER_ENV}=kafka: this test injects faults through the embedded broker");
+    }
+    elsewhere
+}
+
 /// The variable naming the external cluster: the JSON line `scripts/kafka start` prints, the path of a file holding
 /// it (`DIR/cluster.json`), or plain bootstrap servers (PLAINTEXT only: the secured-listener tests then skip).
 pub const KAFKA_ENV: &str = "HOOKLINE_TEST_KAFKA";
@@ -535,6 +575,18 @@ impl ExternalKafka {
         }
     }
 
+    /// The cluster every `Pipeline::start*` runs on under `HOOKLINE_TEST_BROKER=kafka`, else `None`.
+    pub fn for_the_whole_suite() -> Option<ExternalKafka> {
+        match std::env::var(BROKER_ENV).as_deref() {
+            Ok("kafka") => {
+                let k = ExternalKafka::from_env();
+                Some(k.unwrap_or_else(|| panic!("{BROKER_ENV}=kafka needs {KAFKA_ENV} (scripts/kafka start prints it)")))
+            }
+            Ok("mock" | "") | Err(_) => None,
+            Ok(other) => panic!("{BROKER_ENV}={other}: expected `mock` or `kafka`"),
+        }
+    }
+
     /// Replicas per partition: three on a cluster of three or more nodes (or bootstrap servers), else one.
     pub fn replication(&self) -> i32 {
         let nodes = self.info["nodes"].as_array().map_or_else(|| self.bootstrap.split(',').count(), Vec::len);
@@ -566,9 +618,7 @@ impl ExternalKafka {
     /// The pipeline (ingest, a dispatcher, the retry-scheduler) on this cluster under a fresh prefix, its topics
     /// created first; `edit` may change the connection (another listener) and anything else.
     pub async fn pipeline(&self, partitions: i32, edit: impl FnOnce(&mut hookline_service::Config)) -> Pipeline {
-        let prefix = Self::fresh_prefix();
-        self.create_topics(&prefix, partitions, &[]).await;
-        self.pipeline_on(&prefix, partitions, edit).await
+        self.pipeline_with(partitions, edit, true, true).await
     }
 
     /// Like [`ExternalKafka::pipeline`] on topics that exist: a restarted pipeline reads what the one before left.
@@ -578,9 +628,7 @@ impl ExternalKafka {
 
     /// Like [`ExternalKafka::pipeline`], without a dispatcher: the test runs its own (`hookline_dispatcher::run`).
     pub async fn pipeline_without_dispatcher(&self, partitions: i32, edit: impl FnOnce(&mut hookline_service::Config)) -> Pipeline {
-        let prefix = Self::fresh_prefix();
-        self.create_topics(&prefix, partitions, &[]).await;
-        self.start_on(&prefix, partitions, edit, false).await
+        self.pipeline_with(partitions, edit, false, true).await
     }
 
     /// The pipeline on topics that exist under `prefix`, with a dispatcher or without one (the test runs its own).
@@ -591,8 +639,32 @@ impl ExternalKafka {
         edit: impl FnOnce(&mut hookline_service::Config),
         dispatcher: bool,
     ) -> Pipeline {
+        self.start_on_with(prefix, partitions, edit, dispatcher, true).await
+    }
+
+    /// A pipeline under a fresh prefix, its topics created, with or without a dispatcher and a retry-scheduler.
+    async fn pipeline_with(
+        &self,
+        partitions: i32,
+        edit: impl FnOnce(&mut hookline_service::Config),
+        dispatcher: bool,
+        scheduler: bool,
+    ) -> Pipeline {
+        let prefix = Self::fresh_prefix();
+        self.create_topics(&prefix, partitions, &[]).await;
+        self.start_on_with(&prefix, partitions, edit, dispatcher, scheduler).await
+    }
+
+    async fn start_on_with(
+        &self,
+        prefix: &str,
+        partitions: i32,
+        edit: impl FnOnce(&mut hookline_service::Config),
+        dispatcher: bool,
+        scheduler: bool,
+    ) -> Pipeline {
         let replication = self.replication();
-        Pipeline::start_at(
+        Pipeline::start_at_with(
             None,
             &self.bootstrap,
             partitions,
@@ -604,8 +676,11 @@ impl ExternalKafka {
                 c.kafka.offsets_by_time = true;
                 c.kafka.check_acls_at_start = true;
                 edit(c);
+                // Tuned for the mock broker, a test may ask less than Apache Kafka's group.min.session.timeout.ms.
+                c.kafka.session_timeout_ms = c.kafka.session_timeout_ms.max(6_000);
             },
             dispatcher,
+            scheduler,
         )
         .await
     }

@@ -14,7 +14,6 @@ use axum::body::Bytes;
 use axum::extract::State;
 use axum::http::StatusCode;
 use hookline_core::trace::TraceParent;
-use hookline_kafka::Topics;
 use http_body_util::{BodyExt, Full};
 use hyper_util::client::legacy::Client;
 use hyper_util::rt::TokioExecutor;
@@ -288,7 +287,7 @@ async fn a_kafka_header_is_continued_and_an_invalid_or_missing_traceparent_start
         .insert(Header { key: "traceparent", value: Some(&format!("00-{kafka_trace}-b7ad6b7169203331-01")) })
         .insert(Header { key: "tracestate", value: Some("congo=t61rcWkgMzE") });
     let record = br#"{"id":"evt_kafka_tp","type":"x.y","data":{}}"#;
-    let events = Topics::new("hookline.").events().to_owned();
+    let events = p.topics().events().to_owned();
     producer
         .send(FutureRecord::<str, [u8]>::to(&events).key("k").payload(&record[..]).headers(headers), Duration::from_secs(5))
         .await
