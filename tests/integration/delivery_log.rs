@@ -57,6 +57,41 @@ pub(crate) async fn a_delivery_that_succeeded_is_resent_and_arrives_with_the_sam
     p.stop().await;
 }
 
+/// The list's `history`: an event record whose Kafka timestamp is a minute old (a backlog the indexer reaches a
+/// minute late) makes the page say the history was a minute behind; the next delivery, indexed at once, brings it
+/// back under a few seconds. Before the indexer's first batch there is nothing to say.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_list_says_how_far_the_history_trails_kafka() {
+    use rdkafka::producer::FutureRecord;
+    let p = Pipeline::start(1).await;
+    let (sub, _) = p.subscribe(json!({"url": p.url("ok"), "event_types": ["now.*"]})).await;
+    let path = format!("/v1/subscriptions/{sub}/deliveries");
+    let (status, v) = p.call("GET", &path, None).await;
+    assert_eq!((status, &v["history"]), (200, &Value::Null), "nothing indexed yet: {v}");
+
+    // An event nobody subscribes to, its record stamped a minute ago: the batch that holds it alone is a minute late.
+    let producer = hookline_kafka::client::producer(&p.config.kafka, "late-upstream").unwrap();
+    let minute_ago = hookline_service::now_ms() - 60_000;
+    let record = br#"{"id":"evt_late","type":"late.unwatched","data":{}}"#;
+    producer
+        .send(
+            FutureRecord::<str, [u8]>::to(p.topics().events()).key("k").payload(&record[..]).timestamp(minute_ago),
+            Duration::from_secs(5),
+        )
+        .await
+        .unwrap();
+    let v = p.get_when(&path, |v| v["history"]["behind_ms"].as_i64().is_some_and(|b| b >= 60_000)).await;
+    let history = &v["history"];
+    assert!(history["behind_ms"].as_i64().is_some_and(|b| (60_000..120_000).contains(&b)), "a minute behind: {v}");
+    assert!(history["as_of_ms"].as_i64().is_some_and(|t| t > minute_ago), "{v}");
+
+    p.publish("evt_now", "now.happened").await;
+    p.wait_final_of(&sub, 1, LIMIT).await;
+    let v = p.get_when(&path, |v| v["history"]["behind_ms"].as_i64().is_some_and(|b| b < 5_000)).await;
+    assert_eq!(ids(&v, "event_id"), ["evt_now"], "{v}");
+    p.stop().await;
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_list_filters_by_state_status_type_time_and_event_and_refuses_bad_filters() {
     let p = Pipeline::start(2).await;

@@ -52,6 +52,7 @@ test('the delivery log in the portal: search, attempt detail, resend', async (t)
   const stamp = Date.now();
   const eventId = `evt_portal_log_${stamp}`;
   let deliveryId;
+  let subId;
 
   await t.test('an event is delivered to a subscription of this test', async () => {
     const sub = await api('POST', '/v1/subscriptions', {
@@ -61,6 +62,7 @@ test('the delivery log in the portal: search, attempt detail, resend', async (t)
       description: `portal log spec ${stamp}`,
     });
     assert.equal(sub.status, 201, JSON.stringify(sub.body));
+    subId = sub.body.id;
     const ev = await api('POST', '/v1/events', { id: eventId, type: 'portallog.ping', data: { n: 1 } });
     assert.equal(ev.status, 202, JSON.stringify(ev.body));
     await until('the receiver got the event', async () => received.length === 1);
@@ -129,6 +131,27 @@ test('the delivery log in the portal: search, attempt detail, resend', async (t)
     assert.equal(received[1].body, received[0].body, 'the same event');
     // The portal's delivery view refreshes to the resend's attempt.
     await until('two attempts in the portal', async () => (await page.locator('#found-delivery table.attempts > tbody > tr').count()) === 2);
+    assert.deepEqual(browser.pageErrors, []);
+  });
+
+  await t.test('the log says when its history trails Kafka, and nothing while it keeps up', async () => {
+    // hookline dev's indexer keeps up: the page's `history` is a fraction of a second behind, and no notice shows.
+    const r = await api('GET', `/v1/subscriptions/${encodeURIComponent(subId)}/deliveries`);
+    assert.ok(r.body.history && r.body.history.behind_ms < 5000, JSON.stringify(r.body.history));
+    await page.goto(`${API}/portal/#/subscriptions/${encodeURIComponent(subId)}`);
+    await page.locator('#log tr[data-delivery]').first().waitFor();
+    assert.equal(await page.locator('[data-testid=log-lag]').isHidden(), true);
+    // The API's own page, with the `history` an indexer 42 s behind writes (a flood on a slow store).
+    const lists = '**/v1/subscriptions/*/deliveries*';
+    await page.route(lists, async (route) => {
+      const response = await route.fetch();
+      const body = await response.json();
+      body.history = { behind_ms: 42_000, as_of_ms: Date.now() };
+      await route.fulfill({ response, json: body });
+    });
+    await page.reload();
+    await page.locator('[data-testid=log-lag]', { hasText: 'History is 42 s behind' }).waitFor();
+    await page.unroute(lists);
     assert.deepEqual(browser.pageErrors, []);
   });
 });

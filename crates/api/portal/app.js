@@ -6,6 +6,8 @@ import { renderChart } from './chart.js';
 const TOKEN_KEY = 'hookline.portal.token';
 const REFRESH_MS = 3000;
 const PAGE = 25;
+/// From this far behind Kafka the delivery log says so above its list (the page's `history.behind_ms`).
+const LAG_SHOWN_MS = 5000;
 
 const $ = (id) => document.getElementById(id);
 const state = {
@@ -482,6 +484,7 @@ async function loadLog() {
     until_ms: localToMs($('f-until').value),
   };
   const page = await api('GET', `/v1/subscriptions/${encodeURIComponent(state.subId)}/deliveries${q(params)}`);
+  showLag(page.history);
   state.logNext = page.next_after;
   $('log-newer').disabled = state.logCursor.length <= 1;
   $('log-older').disabled = !page.next_after;
@@ -509,6 +512,14 @@ async function loadLog() {
       h('thead', {}, h('tr', {}, ...['Event', 'Event type', 'State', 'Attempts', 'Last attempt', 'Actions'].map((t) => h('th', { scope: 'col' }, t)))),
       h('tbody', {}, shown.map(([d, att]) => logRows(d, att))));
   });
+}
+
+/// The log's indexer trails Kafka (a flood, a slow store): the newest deliveries may be missing from the list.
+function showLag(history) {
+  const behind = history ? history.behind_ms : 0;
+  const el = $('log-lag');
+  el.hidden = behind < LAG_SHOWN_MS;
+  el.textContent = el.hidden ? '' : `History is ${behind >= 120000 ? `${Math.round(behind / 60000)} min` : `${Math.round(behind / 1000)} s`} behind: deliveries newer than that may not be listed yet.`;
 }
 
 function attemptResult(a) {

@@ -199,9 +199,13 @@ pub async fn search(
 
 async fn page_view(s: &ApiState, items: Vec<DeliveryRow>, next: Option<Cursor>) -> Result<Value, ApiError> {
     let last = s.log.last_attempts(&items).await.map_err(ApiError::log_unavailable)?;
+    let progress = s.log.progress().await.map_err(ApiError::log_unavailable)?;
     Ok(json!({
         "items": items.iter().map(|d| list_view(d, &last)).collect::<Vec<_>>(),
         "next_after": next.map(|c| c.encode()),
+        // How far the history trailed the topics when the indexer last wrote (a page may lack the newest
+        // deliveries by that much; null before the indexer's first batch).
+        "history": progress.map(|p| json!({"behind_ms": p.behind_ms(), "as_of_ms": p.indexed_at_ms})),
     }))
 }
 

@@ -32,11 +32,14 @@ fn migrate_applies_once_then_reports_the_version() {
     let dir = temp("migrate");
     let url = format!("sqlite:{}", dir.join("nested/log.sqlite3").display());
     let first = json(&hookline(&["log", "migrate", "--url", &url, "--json"], &[]));
-    assert_eq!((first["applied"].clone(), first["schema_version"].clone()), (serde_json::json!([1, 2, 3, 4, 5, 6]), serde_json::json!(6)));
+    assert_eq!(
+        (first["applied"].clone(), first["schema_version"].clone()),
+        (serde_json::json!([1, 2, 3, 4, 5, 6, 7]), serde_json::json!(7))
+    );
     let again = json(&hookline(&["log", "migrate", "--url", &url, "--json"], &[]));
     assert_eq!(again["applied"], serde_json::json!([]));
     let human = hookline(&["log", "migrate", "--url", &url, "--format", "human"], &[]);
-    assert!(String::from_utf8_lossy(&human.stdout).contains("schema version 6, nothing to apply"));
+    assert!(String::from_utf8_lossy(&human.stdout).contains("schema version 7, nothing to apply"));
     // Without --url: the config's [log] table, with its environment overrides.
     let path = dir.join("other.sqlite3");
     let from_env = json(&hookline(&["log", "migrate", "--json"], &[("HOOKLINE_LOG__SQLITE_PATH", path.to_str().unwrap())]));

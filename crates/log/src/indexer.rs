@@ -157,7 +157,7 @@ pub async fn run_with_store(
             continue;
         }
         let (store, days, stop) = (store.clone(), settings.retention_days, shutdown.clone());
-        let task = tokio::spawn(async move { write(&store, batch, days, &stop).await });
+        let task = tokio::spawn(async move { write(&store, batch, days, newest_ts, &stop).await });
         in_flight = Some(InFlight { task, offsets: Offsets { next, newest_ts } });
     }
     if let Some(InFlight { task, offsets }) = in_flight.take() {
@@ -255,11 +255,14 @@ fn conclude(
 }
 
 /// Writes a batch, retrying with backoff until it is stored (true) or shutdown (false).
-async fn write(store: &LogStore, batch: Batch, retention_days: u32, shutdown: &CancellationToken) -> bool {
+async fn write(store: &LogStore, batch: Batch, retention_days: u32, newest_ts: i64, shutdown: &CancellationToken) -> bool {
     let mut wait = RETRY_MIN;
     let records = batch.len();
     // Folded once (the cutoff is the first try's: a retry within the hour keeps the same rows).
-    let folded = Arc::new(crate::fold(batch, retention_days, hookline_service::now_ms()));
+    let now = hookline_service::now_ms();
+    let mut folded = crate::fold(batch, retention_days, now);
+    folded.progress = (newest_ts > 0).then_some(crate::model::Progress { newest_record_ms: newest_ts, indexed_at_ms: now });
+    let folded = Arc::new(folded);
     loop {
         let started = std::time::Instant::now();
         match store.index_folded(folded.clone()).await {

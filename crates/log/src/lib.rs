@@ -21,7 +21,7 @@ use prost::Message as _;
 
 pub use model::{
     AttemptPoint, AttemptRow, Batch, Cursor, DeliveryDetail, DeliveryRow, DeliveryState, IndexSummary, InvalidCursor, ListQuery, Page,
-    Scope, Stats, UnknownState, MAX_ATTEMPT_POINTS,
+    Progress, Scope, Stats, UnknownState, MAX_ATTEMPT_POINTS,
 };
 
 #[derive(Debug, thiserror::Error)]
@@ -160,6 +160,14 @@ impl LogStore {
         match self {
             Self::Sqlite(s) => s.store_id().await,
             Self::Postgres(s) => s.store_id().await,
+        }
+    }
+
+    /// How far behind the topics the indexer was when it wrote its latest batch (`None` before its first).
+    pub async fn progress(&self) -> Result<Option<model::Progress>, StoreError> {
+        match self {
+            Self::Sqlite(s) => s.progress().await,
+            Self::Postgres(s) => s.progress().await,
         }
     }
 

@@ -299,7 +299,39 @@ pub struct Folded {
     pub attempts: Vec<AttemptRow>,
     pub deliveries: Vec<DeliveryRow>,
     pub skipped: usize,
+    /// How far behind Kafka this batch was, written with it (the indexer's; none for batches of other origins).
+    pub progress: Option<Progress>,
 }
+
+/// How far the indexer was behind the topics when it wrote its latest batch, stored with the batch so every API
+/// replica reads the same figure (`store_meta`, key `indexer_progress`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub struct Progress {
+    /// The newest record's Kafka timestamp in the batch.
+    pub newest_record_ms: i64,
+    /// When the batch was made (the indexer's clock).
+    pub indexed_at_ms: i64,
+}
+
+impl Progress {
+    /// How far behind the topics the history was at `indexed_at_ms` (never negative).
+    pub fn behind_ms(&self) -> i64 {
+        self.indexed_at_ms.saturating_sub(self.newest_record_ms).max(0)
+    }
+
+    /// The stored form: `<newest record ms> <indexed at ms>`.
+    pub fn encode(&self) -> String {
+        format!("{} {}", self.newest_record_ms, self.indexed_at_ms)
+    }
+
+    pub fn decode(s: &str) -> Option<Self> {
+        let (a, b) = s.split_once(' ')?;
+        Some(Self { newest_record_ms: a.parse().ok()?, indexed_at_ms: b.parse().ok()? })
+    }
+}
+
+/// The `store_meta` key of [`Progress`].
+pub const PROGRESS_KEY: &str = "indexer_progress";
 
 fn clamp_u16(v: u32) -> u16 {
     u16::try_from(v).unwrap_or(0)

@@ -269,6 +269,13 @@ impl PgStore {
             )
             .await?;
         }
+        if let Some(p) = f.progress {
+            tx.execute(
+                "INSERT INTO store_meta (key, value) VALUES ($1, $2) ON CONFLICT (key) DO UPDATE SET value = EXCLUDED.value",
+                &[&crate::model::PROGRESS_KEY, &p.encode()],
+            )
+            .await?;
+        }
         tx.commit().await?;
         Ok(IndexSummary { attempts: f.attempts.len(), deliveries: f.deliveries.len(), events: f.events.len(), skipped: f.skipped })
     }
@@ -276,6 +283,12 @@ impl PgStore {
     pub async fn store_id(&self) -> Result<String, StoreError> {
         let r = self.reader().await?;
         Ok(r.query_one("SELECT value FROM store_meta WHERE key = 'store_id'", &[]).await?.try_get(0)?)
+    }
+
+    pub async fn progress(&self) -> Result<Option<crate::model::Progress>, StoreError> {
+        let r = self.reader().await?;
+        let row = r.query_opt("SELECT value FROM store_meta WHERE key = $1", &[&crate::model::PROGRESS_KEY]).await?;
+        Ok(row.and_then(|row| row.try_get::<_, String>(0).ok()).and_then(|v| crate::model::Progress::decode(&v)))
     }
 
     pub async fn delivery(&self, id: String) -> Result<Option<DeliveryDetail>, StoreError> {

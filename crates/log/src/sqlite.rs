@@ -195,6 +195,15 @@ impl SqliteStore {
         self.read(|c| Ok(c.query_row("SELECT value FROM store_meta WHERE key = 'store_id'", [], |r| r.get::<_, String>(0))?)).await
     }
 
+    pub async fn progress(&self) -> Result<Option<crate::model::Progress>, StoreError> {
+        self.read(|c| {
+            let value: Option<String> =
+                c.query_row("SELECT value FROM store_meta WHERE key = ?1", [crate::model::PROGRESS_KEY], |r| r.get(0)).optional()?;
+            Ok(value.and_then(|v| crate::model::Progress::decode(&v)))
+        })
+        .await
+    }
+
     pub async fn index(&self, folded: Arc<Folded>) -> Result<IndexSummary, StoreError> {
         self.write(move |c| index(c, &folded)).await
     }
@@ -469,6 +478,10 @@ fn index(c: &mut Connection, f: &Folded) -> Result<IndexSummary, StoreError> {
         s.raw_bind_parameter(b + 14, &d.dead_letter_reason)
     };
     insert_all(&tx, q::upsert_deliveries, DELIVERY_WIDTH, q::DELIVERY_ROWS, &deliveries, bind)?;
+    if let Some(p) = f.progress {
+        tx.prepare_cached("INSERT OR REPLACE INTO store_meta (key, value) VALUES (?1, ?2)")?
+            .execute(rusqlite::params![crate::model::PROGRESS_KEY, p.encode()])?;
+    }
     tx.commit()?;
     Ok(IndexSummary { attempts: f.attempts.len(), deliveries: f.deliveries.len(), events: f.events.len(), skipped: f.skipped })
 }

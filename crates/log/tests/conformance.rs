@@ -5,7 +5,7 @@ mod support;
 
 use hookline_core::model::{AttemptRecord, DeadLetter, Event};
 use hookline_log::model::MAX_PAGE;
-use hookline_log::{Batch, Cursor, DeliveryState, ListQuery, LogStore, Scope, StoreError, Target};
+use hookline_log::{Batch, Cursor, DeliveryState, ListQuery, LogStore, Progress, Scope, StoreError, Target};
 
 const DAY: i64 = 86_400_000;
 /// 2026-01-01T00:00:00Z.
@@ -98,16 +98,17 @@ conformance!(
     a_version_4_store_keeps_its_rows_through_migration_5,
     a_large_batch_stores_every_row_once,
     only_the_sqlite_writer_thread_yields_the_cores,
+    how_far_behind_the_indexer_was_is_stored_with_its_batch,
 );
 
 async fn migrations_apply_once_and_a_newer_schema_is_refused(target: Target) {
     let first = open(&target).await;
-    assert_eq!(first.migrations_applied(), [1, 2, 3, 4, 5, 6]);
-    assert_eq!(first.schema_version().await.unwrap(), 6);
+    assert_eq!(first.migrations_applied(), [1, 2, 3, 4, 5, 6, 7]);
+    assert_eq!(first.schema_version().await.unwrap(), 7);
     drop(first);
     let (applied, version) = hookline_log::migrate(&target).await.unwrap();
     assert!(applied.is_empty(), "nothing left to apply: {applied:?}");
-    assert_eq!(version, 6);
+    assert_eq!(version, 7);
     // The store's id stays with it; the SQLite indexer's group is the file's own.
     let again = open(&target).await;
     let id = again.store_id().await.unwrap();
@@ -132,7 +133,7 @@ async fn migrations_apply_once_and_a_newer_schema_is_refused(target: Target) {
         }
     }
     match LogStore::open(&target).await {
-        Err(e @ StoreError::SchemaTooNew { found: 99, known: 6 }) => assert!(e.to_string().contains("upgrade hookline"), "{e}"),
+        Err(e @ StoreError::SchemaTooNew { found: 99, known: 7 }) => assert!(e.to_string().contains("upgrade hookline"), "{e}"),
         Err(e) => panic!("expected SchemaTooNew, got {e}"),
         Ok(_) => panic!("a newer schema was accepted"),
     }
@@ -634,7 +635,7 @@ async fn rows_of_a_version_3_store_read_after_migration_4(target: Target) {
         }
     }
     let store = open(&target).await;
-    assert_eq!(store.migrations_applied(), [4, 5, 6]);
+    assert_eq!(store.migrations_applied(), [4, 5, 6, 7]);
     let d = store.delivery("dlv_old").await.unwrap().expect("the old row reads");
     assert_eq!(d.delivery.state, DeliveryState::Succeeded);
     let a = &d.attempts[0];
@@ -710,8 +711,8 @@ async fn a_version_4_store_keeps_its_rows_through_migration_5(target: Target) {
         }
     }
     let store = open(&target).await;
-    assert_eq!(store.migrations_applied(), [5, 6]);
-    assert_eq!(store.schema_version().await.unwrap(), 6);
+    assert_eq!(store.migrations_applied(), [5, 6, 7]);
+    assert_eq!(store.schema_version().await.unwrap(), 7);
     let before = store.delivery("dlv_m").await.unwrap().expect("the migrated delivery reads");
     assert_eq!(
         (before.delivery.state, before.delivery.tenant.as_str(), before.delivery.attempts_made),
@@ -827,4 +828,24 @@ async fn only_the_sqlite_writer_thread_yields_the_cores(target: Target) {
     let batch = Batch { attempts: vec![attempt("dlv_n", "sub_n", "evt_n", 1, T0, 200, "succeeded")], ..Default::default() };
     assert_eq!(index(&store, batch).await.attempts, 1);
     assert!(store.delivery("dlv_n").await.unwrap().is_some(), "the lowered writer still writes");
+}
+
+/// The indexer's progress goes in with its batch (the same transaction) and reads back as written; a batch without
+/// progress (another writer's) leaves the last one; nothing is stored before the first.
+async fn how_far_behind_the_indexer_was_is_stored_with_its_batch(target: Target) {
+    let store = open(&target).await;
+    assert_eq!(store.progress().await.unwrap(), None);
+    let batch = || Batch { events: vec![(event("evt_p", "acme", "order.created"), T0)], ..Default::default() };
+    let mut folded = hookline_log::fold(batch(), KEEP_DAYS, NOW);
+    folded.progress = Some(Progress { newest_record_ms: T0, indexed_at_ms: T0 + 42_000 });
+    store.index_folded(std::sync::Arc::new(folded)).await.unwrap();
+    let p = store.progress().await.unwrap().expect("stored with the batch");
+    assert_eq!((p.newest_record_ms, p.indexed_at_ms, p.behind_ms()), (T0, T0 + 42_000, 42_000));
+    index(&store, batch()).await;
+    assert_eq!(store.progress().await.unwrap(), Some(p), "a batch without progress keeps the last");
+    let mut folded = hookline_log::fold(batch(), KEEP_DAYS, NOW);
+    // A clock behind the record's timestamp is never "behind" by a negative amount.
+    folded.progress = Some(Progress { newest_record_ms: T0 + 5, indexed_at_ms: T0 });
+    store.index_folded(std::sync::Arc::new(folded)).await.unwrap();
+    assert_eq!(store.progress().await.unwrap().map(|p| p.behind_ms()), Some(0));
 }
