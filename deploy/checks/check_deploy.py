@@ -341,21 +341,23 @@ def helm_args(values_file):
 
 
 def code_topics():
-    """{base name: (cleanup, co-partitioned, retention days)} from Topics in crates/kafka/src/topics.rs."""
+    """{base name: (cleanup, co-partitioned, retention days, min compaction lag days)} from Topics in
+    crates/kafka/src/topics.rs."""
     text = open(os.path.join(ROOT, "crates", "kafka", "src", "topics.rs")).read()
     names = dict(re.findall(r"(\w+): name\(\"([^\"]+)\"\)", text))
     tiers = re.findall(r'Tier \{ name: "([^"]+)", delay_ms', text)
     found = {}
-    spec = re.compile(r"TopicSpec \{ name: self\.(\w+)\.clone\(\), cleanup: Cleanup::(\w+), co_partitioned: (true|false), "
-                      r"retention_ms: (None|Some\((\d+) \* day\)) \}")
-    for field, cleanup, co, _, days in spec.findall(text):
-        found[names[field]] = (cleanup.lower(), co == "true", int(days or 0))
+    # As rustfmt lays it out: on one line, or one field per line.
+    spec = re.compile(r"TopicSpec \{\s*name: self\.(\w+)\.clone\(\),\s*cleanup: Cleanup::(\w+),\s*co_partitioned: (true|false),\s*"
+                      r"retention_ms: (None|Some\((\d+) \* day\)),\s*min_compaction_lag_ms: (None|Some\(day\)),?\s*\}")
+    for field, cleanup, co, _, days, lag in spec.findall(text):
+        found[names[field]] = (cleanup.lower(), co == "true", int(days or 0), 1 if lag == "Some(day)" else 0)
     m = re.search(r"specs\.extend\(TIERS\.iter\(\)\.map\(\|t\| TopicSpec \{.*?cleanup: Cleanup::(\w+),\s*co_partitioned: (true|false),"
                   r"\s*retention_ms: Some\((\d+) \* day\)", text, re.S)
     if not m or not tiers:
         raise ValueError("crates/kafka/src/topics.rs: the retry tiers' TopicSpec not found (scan broken?)")
     for t in tiers:
-        found[f"retry.{t}"] = (m.group(1).lower(), m.group(2) == "true", int(m.group(3)))
+        found[f"retry.{t}"] = (m.group(1).lower(), m.group(2) == "true", int(m.group(3)), 0)
     return found
 
 
@@ -532,13 +534,15 @@ def check_rendered(where, docs, values, schemas, strict_validate):
     if topics and config:
         prefix = config["kafka"]["topic_prefix"]
         want = {}
-        for base, (cleanup, co, days) in code_topics().items():
-            want[prefix + base] = (config["kafka"]["partitions" if co else "event_partitions"], cleanup, days * 86_400_000 or None)
+        for base, (cleanup, co, days, lag_days) in code_topics().items():
+            want[prefix + base] = (config["kafka"]["partitions" if co else "event_partitions"], cleanup, days * 86_400_000 or None,
+                                   lag_days * 86_400_000 or None)
         got = {t["spec"]["topicName"]: (t["spec"]["partitions"], t["spec"]["config"]["cleanup.policy"],
-                                        t["spec"]["config"].get("retention.ms")) for t in topics}
+                                        t["spec"]["config"].get("retention.ms"), t["spec"]["config"].get("min.compaction.lag.ms"))
+               for t in topics}
         for topic in sorted(set(want) | set(got)):
             if want.get(topic) != got.get(topic):
-                fail(f"{where} KafkaTopic {topic}: (partitions, cleanup.policy, retention.ms) {got.get(topic)}, "
+                fail(f"{where} KafkaTopic {topic}: (partitions, cleanup.policy, retention.ms, min.compaction.lag.ms) {got.get(topic)}, "
                      f"but `hookline topics create` makes {want.get(topic)}")
         if any(d["kind"] == "Job" for d in docs):
             fail(f"{where}: the topics Job is rendered beside KafkaTopics (the Topic Operator owns them)")

@@ -212,13 +212,13 @@ impl Topics {
                 retention_ms: None,
                 min_compaction_lag_ms: None,
             },
+            // A former owner's late write is a key's last record until the owner writes the state again; a day out of the
+            // cleaner's reach covers a partition with no owner to do it (`state::EndpointStates`).
             TopicSpec {
                 name: self.endpoint_state.clone(),
                 cleanup: Cleanup::Compact,
                 co_partitioned: true,
                 retention_ms: None,
-                // A former owner's late write is a key's last record until the owner writes the state again; a
-                // day out of the cleaner's reach covers a partition with no owner to do it (EndpointStates).
                 min_compaction_lag_ms: Some(day),
             },
             TopicSpec {

@@ -83,8 +83,10 @@ pub async fn run_with_store(
     maintenance.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
     let mut stopping = false;
     let mut gaps = crate::gaps::Gaps::default();
-    // The batch being written while the next one is read (one at a time, committed in order).
-    let mut in_flight: Option<InFlight> = None;
+    // The batches being written while the next one is read: as many as the store writes side by side (PostgreSQL:
+    // one per writing connection), committed in the order they were read.
+    let concurrency = store.write_concurrency();
+    let mut in_flight: std::collections::VecDeque<InFlight> = std::collections::VecDeque::with_capacity(concurrency);
     while !stopping {
         let mut batch = Batch::default();
         // Next offset to commit per (topic, partition).
@@ -106,13 +108,13 @@ pub async fn run_with_store(
                         gaps.offset_reset((source, r.partition), r.from, r.after_rebalances);
                     }
                 }
-                written = async { (&mut in_flight.as_mut().expect("guarded").task).await }, if in_flight.is_some() => {
-                    let done = in_flight.take().expect("guarded");
+                written = async { (&mut in_flight.front_mut().expect("guarded").task).await }, if !in_flight.is_empty() => {
+                    let done = in_flight.pop_front().expect("guarded");
                     if !conclude(&consumer, &topics, done.offsets, written, CommitMode::Async) {
                         return Ok(());
                     }
                 }
-                _ = maintenance.tick(), if read == 0 && in_flight.is_none() => {
+                _ = maintenance.tick(), if read == 0 && in_flight.is_empty() => {
                     match store.apply_retention(settings.retention_days, hookline_service::now_ms()).await {
                         Ok(r) => tracing::info!(deliveries = r.deliveries, attempts = r.attempts, events = r.events,
                             partitions_dropped = r.partitions_dropped, "delivery log retention applied"),
@@ -148,7 +150,8 @@ pub async fn run_with_store(
                 }
             }
         }
-        if let Some(InFlight { task, offsets }) = in_flight.take() {
+        while in_flight.len() >= concurrency {
+            let InFlight { task, offsets } = in_flight.pop_front().expect("non-empty");
             if !conclude(&consumer, &topics, offsets, task.await, CommitMode::Async) {
                 return Ok(());
             }
@@ -158,10 +161,13 @@ pub async fn run_with_store(
         }
         let (store, days, stop) = (store.clone(), settings.retention_days, shutdown.clone());
         let task = tokio::spawn(async move { write(&store, batch, days, newest_ts, &stop).await });
-        in_flight = Some(InFlight { task, offsets: Offsets { next, newest_ts } });
+        in_flight.push_back(InFlight { task, offsets: Offsets { next, newest_ts } });
     }
-    if let Some(InFlight { task, offsets }) = in_flight.take() {
-        conclude(&consumer, &topics, offsets, task.await, CommitMode::Sync);
+    while let Some(InFlight { task, offsets }) = in_flight.pop_front() {
+        let mode = if in_flight.is_empty() { CommitMode::Sync } else { CommitMode::Async };
+        if !conclude(&consumer, &topics, offsets, task.await, mode) {
+            break;
+        }
     }
     Ok(())
 }

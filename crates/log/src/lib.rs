@@ -163,6 +163,15 @@ impl LogStore {
         }
     }
 
+    /// How many batches the store writes side by side: one for SQLite (one writer), one per writing connection for
+    /// PostgreSQL ([`postgres::WRITERS`]).
+    pub fn write_concurrency(&self) -> usize {
+        match self {
+            Self::Sqlite(_) => 1,
+            Self::Postgres(_) => postgres::WRITERS,
+        }
+    }
+
     /// How far behind the topics the indexer was when it wrote its latest batch (`None` before its first).
     pub async fn progress(&self) -> Result<Option<model::Progress>, StoreError> {
         match self {

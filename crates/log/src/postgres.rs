@@ -26,7 +26,9 @@ const LOCK_KEY: i64 = 0x0068_6f6f_6b6c_6f67; // "hooklog"
 
 pub struct PgStore {
     url: String,
-    writer: tokio::sync::Mutex<Client>,
+    /// [`WRITERS`] connections: batches written side by side each get a server backend (a core) of their own.
+    writers: Vec<tokio::sync::Mutex<Client>>,
+    next_writer: std::sync::atomic::AtomicUsize,
     reader: Mutex<Arc<Client>>,
     /// Days with partitions (the same days exist for both partitioned tables).
     days: Mutex<BTreeSet<i64>>,
@@ -98,20 +100,30 @@ fn day_of_name(table: &str, name: &str) -> Option<i64> {
     Some(days_from_civil(y.parse().ok()?, m.parse().ok()?, d.parse().ok()?))
 }
 
+/// Writing connections. One server backend indexes a batch on one core, and that backend is what limits the rate
+/// (benchmarks.md: B-tree work); two let the indexer write two batches at once. Batches lock their rows in key
+/// order (`model::fold` sorts them), so two never deadlock, and the merge rule is the same whichever lands first.
+pub const WRITERS: usize = 2;
+
 impl PgStore {
     pub async fn open(url: &str, now_ms: i64) -> Result<Self, StoreError> {
         let mut writer = connect(url).await?;
         let applied = migrate(&mut writer).await?;
         let reader = connect(url).await?;
+        let mut writers = vec![tokio::sync::Mutex::new(writer)];
+        for _ in 1..WRITERS {
+            writers.push(tokio::sync::Mutex::new(connect(url).await?));
+        }
         let store = Self {
             url: url.to_owned(),
-            writer: tokio::sync::Mutex::new(writer),
+            writers,
+            next_writer: std::sync::atomic::AtomicUsize::new(0),
             reader: Mutex::new(Arc::new(reader)),
             days: Mutex::new(BTreeSet::new()),
             applied,
         };
         {
-            let mut w = store.writer.lock().await;
+            let mut w = store.writers[0].lock().await;
             let days = existing_days(&w).await?;
             *store.days.lock().unwrap_or_else(|e| e.into_inner()) = days;
             let today = now_ms.div_euclid(DAY_MS);
@@ -130,8 +142,16 @@ impl PgStore {
         Ok(fresh)
     }
 
+    /// A writing connection: a free one, else the next in turn (reconnected when it dropped).
     async fn writer(&self) -> Result<tokio::sync::MutexGuard<'_, Client>, StoreError> {
-        let mut w = self.writer.lock().await;
+        let free = self.writers.iter().find_map(|w| w.try_lock().ok());
+        let mut w = match free {
+            Some(w) => w,
+            None => {
+                let i = self.next_writer.fetch_add(1, std::sync::atomic::Ordering::Relaxed) % self.writers.len();
+                self.writers[i].lock().await
+            }
+        };
         if w.is_closed() {
             *w = connect(&self.url).await?;
         }

@@ -99,6 +99,7 @@ conformance!(
     a_large_batch_stores_every_row_once,
     only_the_sqlite_writer_thread_yields_the_cores,
     how_far_behind_the_indexer_was_is_stored_with_its_batch,
+    batches_written_side_by_side_over_the_same_deliveries_both_land,
 );
 
 async fn migrations_apply_once_and_a_newer_schema_is_refused(target: Target) {
@@ -848,4 +849,43 @@ async fn how_far_behind_the_indexer_was_is_stored_with_its_batch(target: Target)
     folded.progress = Some(Progress { newest_record_ms: T0 + 5, indexed_at_ms: T0 });
     store.index_folded(std::sync::Arc::new(folded)).await.unwrap();
     assert_eq!(store.progress().await.unwrap().map(|p| p.behind_ms()), Some(0));
+}
+
+/// Two batches over the same deliveries written at once (PostgreSQL: on two connections, as the indexer does),
+/// round after round: neither deadlocks nor loses the other's rows, and the merge is the same whichever lands first.
+async fn batches_written_side_by_side_over_the_same_deliveries_both_land(target: Target) {
+    let store = std::sync::Arc::new(open(&target).await);
+    let n: i64 = 200;
+    for round in 0..4i64 {
+        let base = T0 + round * 10_000;
+        let tries = |number: u32, at: i64, status: u32, fin: &'static str| Batch {
+            attempts: (0..n)
+                .map(|i| attempt(&format!("dlv_r{round}_{i:03}"), "sub_side", &format!("evt_r{round}_{i:03}"), number, at + i, status, fin))
+                .collect(),
+            ..Default::default()
+        };
+        let (a, b) = (store.clone(), store.clone());
+        let (first, last) = (tries(1, base, 503, ""), tries(2, base + 1_000, 200, "succeeded"));
+        let (x, y) = tokio::join!(
+            tokio::spawn(async move { a.index(first, KEEP_DAYS, NOW).await }),
+            tokio::spawn(async move { b.index(last, KEEP_DAYS, NOW).await }),
+        );
+        x.unwrap().expect("the first tries indexed");
+        y.unwrap().expect("the last tries indexed");
+    }
+    let mut seen = 0i64;
+    let mut q = ListQuery { limit: 500, ..ListQuery::new(Scope::Subscription("sub_side".into())) };
+    loop {
+        let page = store.list(&q).await.unwrap();
+        for d in &page.items {
+            assert_eq!((d.attempts_made, d.state), (2, DeliveryState::Succeeded), "{d:?}");
+            assert_eq!(d.last_at_ms - d.first_at_ms, 1_000, "both tries merged: {d:?}");
+            seen += 1;
+        }
+        match page.next {
+            Some(c) => q.after = Some(c),
+            None => break,
+        }
+    }
+    assert_eq!(seen, 4 * n, "every delivery of every round");
 }

@@ -425,7 +425,7 @@ compares the two): the base name after kafka.topicPrefix, the cleanup policy, wh
 - {base: ordered, cleanup: delete, coPartitioned: true, retentionDays: 30}
 - {base: dlq, cleanup: delete, coPartitioned: false, retentionDays: 30}
 - {base: subscriptions, cleanup: compact, coPartitioned: true, retentionDays: 0}
-- {base: endpoint-state, cleanup: compact, coPartitioned: true, retentionDays: 0}
+- {base: endpoint-state, cleanup: compact, coPartitioned: true, retentionDays: 0, minCompactionLagDays: 1}
 - {base: inflight, cleanup: compact, coPartitioned: true, retentionDays: 0}
 - {base: attempts, cleanup: delete, coPartitioned: true, retentionDays: 30}
 - {base: ops, cleanup: delete, coPartitioned: false, retentionDays: 30}

@@ -123,8 +123,11 @@ async fn measure(target: &Target, attempts: u64, queries: usize, spread: LogIds)
     let started = Instant::now();
     let mut written = 0u64;
     let mut i = 0u64;
-    // As the indexer does: the next batch is read (here: made) while the previous one is written.
-    let mut pending: Option<tokio::task::JoinHandle<Result<hookline_log::IndexSummary, hookline_log::StoreError>>> = None;
+    // As the indexer does: the next batch is read (here: made) while the previous ones are written, as many side by
+    // side as the store writes.
+    let concurrency = store.write_concurrency();
+    let mut pending: std::collections::VecDeque<tokio::task::JoinHandle<Result<hookline_log::IndexSummary, hookline_log::StoreError>>> =
+        std::collections::VecDeque::new();
     while i < deliveries {
         let mut batch = Batch::default();
         // A batch of the indexer's size: BATCH records of all three topics.
@@ -134,15 +137,15 @@ async fn measure(target: &Target, attempts: u64, queries: usize, spread: LogIds)
             batch.attempts.extend(recs);
             i += 1;
         }
-        if let Some(p) = pending.take() {
-            p.await??;
+        while pending.len() >= concurrency {
+            pending.pop_front().expect("non-empty").await??;
         }
         written += batch.attempts.len() as u64;
         let s = store.clone();
-        pending = Some(tokio::spawn(async move { s.index(batch, RETENTION_DAYS, now).await }));
+        pending.push_back(tokio::spawn(async move { s.index(batch, RETENTION_DAYS, now).await }));
         progress.tick(|t| format!("{written} attempts, {:.0}/s", written as f64 / t));
     }
-    if let Some(p) = pending.take() {
+    while let Some(p) = pending.pop_front() {
         p.await??;
     }
     let attempts_per_s = written as f64 / started.elapsed().as_secs_f64();
