@@ -196,6 +196,10 @@ impl PgStore {
             f.attempts.iter().map(|a| a.started_at_ms).chain(f.events.iter().map(|e| e.at_ms)).map(|ms| ms.div_euclid(DAY_MS)).collect();
         self.ensure_days(&mut w, days).await?;
         let tx = w.transaction().await?;
+        // Shared with every other batch, exclusive for partition DDL (created ahead, dropped by retention), taken
+        // before any table lock: a batch holding its tables' locks and a CREATE TABLE … PARTITION OF waiting on
+        // them (and holding the other table's) deadlocked with two writers.
+        tx.execute("SELECT pg_advisory_xact_lock_shared($1)", &[&LOCK_KEY]).await?;
         if !f.events.is_empty() {
             let ids: Vec<&str> = f.events.iter().map(|e| e.event_id.as_str()).collect();
             let at: Vec<i64> = f.events.iter().map(|e| e.at_ms).collect();

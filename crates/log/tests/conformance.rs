@@ -852,20 +852,23 @@ async fn how_far_behind_the_indexer_was_is_stored_with_its_batch(target: Target)
 }
 
 /// Two batches over the same deliveries written at once (PostgreSQL: on two connections, as the indexer does),
-/// round after round: neither deadlocks nor loses the other's rows, and the merge is the same whichever lands first.
+/// round after round, each round's tries on days of their own (so each batch also creates its day's partitions while
+/// the other writes): neither deadlocks nor loses the other's rows, and the merge is the same whichever lands first.
 async fn batches_written_side_by_side_over_the_same_deliveries_both_land(target: Target) {
     let store = std::sync::Arc::new(open(&target).await);
-    let n: i64 = 200;
-    for round in 0..4i64 {
-        let base = T0 + round * 10_000;
+    let (n, rounds): (i64, i64) = (1_000, 6);
+    for round in 0..rounds {
+        let base = T0 - (20 - 2 * round) * DAY;
+        // Each with its events too: a batch writes events, attempts and deliveries, in that order.
         let tries = |number: u32, at: i64, status: u32, fin: &'static str| Batch {
             attempts: (0..n)
                 .map(|i| attempt(&format!("dlv_r{round}_{i:03}"), "sub_side", &format!("evt_r{round}_{i:03}"), number, at + i, status, fin))
                 .collect(),
+            events: (0..n).map(|i| (event(&format!("evt_r{round}_{i:03}"), "acme", "order.created"), at + i)).collect(),
             ..Default::default()
         };
         let (a, b) = (store.clone(), store.clone());
-        let (first, last) = (tries(1, base, 503, ""), tries(2, base + 1_000, 200, "succeeded"));
+        let (first, last) = (tries(1, base, 503, ""), tries(2, base + DAY, 200, "succeeded"));
         let (x, y) = tokio::join!(
             tokio::spawn(async move { a.index(first, KEEP_DAYS, NOW).await }),
             tokio::spawn(async move { b.index(last, KEEP_DAYS, NOW).await }),
@@ -879,7 +882,7 @@ async fn batches_written_side_by_side_over_the_same_deliveries_both_land(target:
         let page = store.list(&q).await.unwrap();
         for d in &page.items {
             assert_eq!((d.attempts_made, d.state), (2, DeliveryState::Succeeded), "{d:?}");
-            assert_eq!(d.last_at_ms - d.first_at_ms, 1_000, "both tries merged: {d:?}");
+            assert_eq!(d.last_at_ms - d.first_at_ms, DAY, "both tries merged: {d:?}");
             seen += 1;
         }
         match page.next {
@@ -887,5 +890,5 @@ async fn batches_written_side_by_side_over_the_same_deliveries_both_land(target:
             None => break,
         }
     }
-    assert_eq!(seen, 4 * n, "every delivery of every round");
+    assert_eq!(seen, rounds * n, "every delivery of every round");
 }
