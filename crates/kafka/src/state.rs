@@ -580,29 +580,19 @@ pub struct EndpointStates {
 impl EndpointStates {
     /// Applies one record of the endpoint-state topic, unless this process owns (writes) that partition.
     pub fn apply(&self, partition: i32, key: &[u8], value: Option<&[u8]>) {
+        // This process writes an owned partition, so its own states are applied already; of the rest, only a former
+        // owner's late write matters there (see `shadow` below).
         let owned_epoch = match self.owned.lock().expect("ownership lock").get(&partition) {
             Some(Owner { state: Ownership::Owned, epoch, .. }) => Some(*epoch),
             _ => None,
         };
-        let decoded = value.filter(|v| !v.is_empty()).map(EndpointState::decode);
-        if let Some(epoch) = owned_epoch {
-            // This process writes the partition, so its own states are already applied. A former owner's late
-            // write is not applied either, but would outlive the current state under compaction.
-            if key != FENCE_KEY.as_bytes() {
-                if let Some(Ok(st)) = &decoded {
-                    if st.owner_epoch < epoch {
-                        metrics::counter!("hookline_endpoint_state_fenced_total").increment(1);
-                        let id = String::from_utf8_lossy(key).into_owned();
-                        tracing::warn!(subscription = %id, partition, epoch = st.owner_epoch, fence = epoch, "endpoint state from a former owner ignored; writing the current one again");
-                        self.map.write().expect("endpoint state lock").shadow(partition, id);
-                        self.shadowed_on_owned.notify_one();
-                    }
-                }
-            }
+        let is_fence = key == FENCE_KEY.as_bytes();
+        if owned_epoch.is_some() && (is_fence || value.is_none_or(<[u8]>::is_empty)) {
             return;
         }
+        let decoded = value.filter(|v| !v.is_empty()).map(EndpointState::decode);
         let mut states = self.map.write().expect("endpoint state lock");
-        if key == FENCE_KEY.as_bytes() {
+        if is_fence {
             if let Some(Ok(fence)) = decoded {
                 let f = states.fences.entry(partition).or_default();
                 *f = (*f).max(fence.owner_epoch);
@@ -616,17 +606,24 @@ impl EndpointStates {
                 states.by_id.remove(&id);
             }
             Some(Ok(st)) => {
-                let fence = states.fences.get(&partition).copied().unwrap_or(0);
+                let fence = owned_epoch.unwrap_or_else(|| states.fences.get(&partition).copied().unwrap_or(0));
                 if st.owner_epoch < fence {
                     metrics::counter!("hookline_endpoint_state_fenced_total").increment(1);
-                    tracing::warn!(subscription = %id, partition, epoch = st.owner_epoch, fence, "endpoint state from a former owner ignored");
+                    tracing::warn!(subscription = %id, partition, epoch = st.owner_epoch, fence, owned = owned_epoch.is_some(), "endpoint state from a former owner ignored");
+                    // Not applied, but the key's last record: compaction would keep it over the state under it.
                     states.shadow(partition, id);
+                    if owned_epoch.is_some() {
+                        self.shadowed_on_owned.notify_one();
+                    }
                     return;
                 }
-                states.unshadow(partition, &id);
-                states.by_id.insert(id, st);
+                if owned_epoch.is_none() {
+                    states.unshadow(partition, &id);
+                    states.by_id.insert(id, st);
+                }
             }
-            Some(Err(e)) => tracing::warn!(subscription = %id, error = %e, "undecodable endpoint state ignored"),
+            Some(Err(e)) if owned_epoch.is_none() => tracing::warn!(subscription = %id, error = %e, "undecodable endpoint state ignored"),
+            Some(Err(_)) => {}
         }
     }
 
